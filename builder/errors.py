@@ -1,0 +1,75 @@
+"""One error type per stage. Each names where it happened (file:line:key, or target and stage)."""
+
+from __future__ import annotations
+
+
+class BuildEnvError(Exception):
+    """Base class. ``exit_code`` is what the CLI returns: 2 bad input, 1 a check failed."""
+
+    exit_code = 2
+    stage = "build-env"
+
+    def __init__(self, message: str, *, target: str | None = None) -> None:
+        self.target = target
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        where = f"[{self.target}] " if self.target else ""
+        return f"{self.stage}: {where}{self.args[0]}"
+
+
+class SpecError(BuildEnvError):
+    """The matrix file is malformed: names file, line and key."""
+
+    stage = "matrix"
+
+    def __init__(self, message: str, *, file: str, line: int | None = None, key: str | None = None,
+                 target: str | None = None) -> None:
+        self.file, self.line, self.key = file, line, key
+        super().__init__(message, target=target)
+
+    def __str__(self) -> str:
+        loc = self.file + (f":{self.line}" if self.line else "")
+        key = f" {self.key}:" if self.key else ""
+        return f"{loc}:{key} {self.args[0]}"
+
+
+class CompatError(BuildEnvError):
+    """The pins do not fit together (a failed check, not bad syntax)."""
+
+    stage = "check"
+    exit_code = 1
+
+
+class LockError(BuildEnvError):
+    stage = "lock"
+
+
+class RenderError(BuildEnvError):
+    stage = "render"
+
+
+class EngineError(BuildEnvError):
+    """The Docker Engine refused or failed (build step, run, tag, push)."""
+
+    stage = "build"
+    exit_code = 1
+
+
+class VerifyError(BuildEnvError):
+    stage = "verify"
+    exit_code = 1
+
+
+class SifError(BuildEnvError):
+    stage = "sif"
+    exit_code = 1
+
+
+class PublishError(BuildEnvError):
+    stage = "publish"
+    exit_code = 1
+
+
+class SlurmError(BuildEnvError):
+    stage = "slurm"

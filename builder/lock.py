@@ -1,0 +1,275 @@
+"""Full dependency locks per target platform and python, with hashes, through ``uv pip compile``.
+
+The lock for target T lives at ``locks/T.txt`` beside the matrix. Its header records an input
+hash over everything that decides the resolution (pins, python, platform, provided packages,
+find-links, uv options); ``check`` recomputes it to catch a lock that no longer matches its
+matrix entry. Packages the base image provides are excluded from the graph (``--excludes``) and
+never resolved from the index. Packages built from source stay in the lock (their sdist is
+hash-pinned there) unless they have no wheel at all (flash-attn), in which case only their
+declared dependencies are locked and the sdist hash comes from the metadata snapshot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from builder.compat import marker_env
+from builder.errors import LockError
+from builder.metadata import Snapshot
+from builder.spec import Package, Target
+
+# antlr4-python3-runtime 4.9.3 (hydra-core 1.3's dependency) is sdist-only and pure python:
+# without this exception, binary-only resolution silently downgrades hydra-core to 0.11.3.
+SDIST_ALLOWED = ("antlr4-python3-runtime",)
+DEFAULT_GLIBC = "2.34"
+# The installer baked into every image (installs the layers; pinned and hash-checked like the rest).
+UV_IN_IMAGE = "uv==0.13.9"
+# What source builds need besides torch (tensordict: setuptools/pybind11/setuptools-scm/cmake;
+# flash-attn: ninja/packaging/psutil). Locked separately: they never reach the final image.
+BUILD_TOOLS = ("setuptools>=68", "wheel", "pybind11", "setuptools-scm", "cmake", "ninja",
+               "packaging", "psutil")
+LOCK_SCHEMA = "verl-env/lock/v1"
+
+
+@dataclass(frozen=True)
+class Lock:
+    path: Path
+    input_hash: str
+    text: str
+    seconds: float = 0.0
+
+    @property
+    def content_hash(self) -> str:
+        return "sha256:" + hashlib.sha256(self.text.encode()).hexdigest()
+
+
+def lock_path(matrix_path: Path, target: Target) -> Path:
+    return matrix_path.parent / "locks" / f"{target.name}.txt"
+
+
+def python_platform(target: Target) -> str:
+    glibc = Version(target.base.glibc or DEFAULT_GLIBC)
+    return f"{target.arch}-manylinux_{glibc.major}_{glibc.minor}"
+
+
+def wheelless(target: Target, snapshot: Snapshot) -> list[Package]:
+    """Source-built packages the index has no wheel for at all: kept out of the resolution."""
+    out = []
+    for p in target.enabled_packages:
+        rel = snapshot.release(p.name, p.version)
+        if p.build == "source" and rel is not None and not rel.has_wheel:
+            out.append(p)
+    return out
+
+
+def requirements_in(target: Target, snapshot: Snapshot) -> list[str]:
+    """The resolver input: every enabled pin, plus the declared deps of wheel-less packages."""
+    skip = {p.name for p in wheelless(target, snapshot)}
+    lines = [p.requirement for p in target.enabled_packages if p.name not in skip]
+    lines.append(UV_IN_IMAGE)
+    for p in wheelless(target, snapshot):
+        rel = snapshot.release(p.name, p.version)
+        if rel is None:
+            raise LockError(f"no metadata for {p.name}=={p.version}: run `build-env check "
+                            "--online` first", target=target.name)
+        for req in rel.requirements():
+            if req.marker is None or req.marker.evaluate(marker_env(target)):
+                lines.append(str(Requirement(f"{req.name}{req.specifier}")))
+    return sorted(set(lines))
+
+
+def uv_args(target: Target) -> list[str]:
+    args = ["--python-version", target.python, "--python-platform", python_platform(target),
+            "--generate-hashes", "--only-binary", ":all:", "--no-strip-extras"]
+    for name in SDIST_ALLOWED:
+        args += ["--no-binary", name]
+    for link in target.find_links:
+        args += ["--find-links", link]
+    return args
+
+
+def input_hash(target: Target, snapshot: Snapshot) -> str:
+    blob = json.dumps({"schema": LOCK_SCHEMA, "requirements": requirements_in(target, snapshot),
+                       "excludes": sorted(p.name for p in target.provided),
+                       "constraints": sorted(f"{p.name}=={p.version}" for p in target.provided),
+                       "args": uv_args(target)}, sort_keys=True).encode()
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def _uv() -> str:
+    found = shutil.which("uv")
+    if found:
+        return found
+    try:
+        from uv import find_uv_bin  # the PyPI `uv` package ships the binary
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        raise LockError("uv not found: pip install uv") from None
+
+
+def _uv_compile(target: Target, requirements: list[str], *, constraints: list[str],
+                excludes: list[str], offline: bool) -> tuple[str, float]:
+    with tempfile.TemporaryDirectory(prefix="verl-env-lock-") as tmp:
+        tmpdir = Path(tmp)
+        (tmpdir / "requirements.in").write_text("\n".join(requirements) + "\n")
+        # Relative names: the lock's "# via -r requirements.in" must not carry a temp path.
+        cmd = [_uv(), "pip", "compile", "requirements.in", "-o", "lock.txt", "--no-header",
+               "--quiet", *uv_args(target)]
+        if excludes:
+            (tmpdir / "excludes.txt").write_text("".join(f"{n}\n" for n in excludes))
+            cmd += ["--excludes", "excludes.txt"]
+        if constraints:
+            (tmpdir / "constraints.txt").write_text("".join(f"{c}\n" for c in constraints))
+            cmd += ["-c", "constraints.txt"]
+        if offline:
+            cmd.append("--offline")
+        env = {**os.environ, "UV_NO_CONFIG": "1"}
+        start = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmpdir)
+        seconds = time.monotonic() - start
+        if proc.returncode != 0:
+            detail = proc.stderr.strip().splitlines()
+            raise LockError("uv could not resolve the pins:\n  " + "\n  ".join(detail[-15:]),
+                            target=target.name)
+        return (tmpdir / "lock.txt").read_text(), seconds
+
+
+def _write(out: Path, text: str) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out.with_name(out.name + ".part")
+    tmp_out.write_text(text)
+    os.replace(tmp_out, out)
+
+
+def build_lock_path(lock: Path) -> Path:
+    return lock.with_name(lock.stem + ".build.txt")
+
+
+def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool = False
+                 ) -> Lock:
+    """Resolve ``target`` with uv and write the lock atomically to ``out``; when the target builds
+    packages from source, also the build-tools lock beside it (constrained by the main lock)."""
+    ihash = input_hash(target, snapshot)
+    body, seconds = _uv_compile(
+        target, requirements_in(target, snapshot),
+        constraints=[f"{p.name}=={p.version}" for p in target.provided],
+        excludes=[p.name for p in target.provided], offline=offline)
+    text = header(target, ihash) + body
+    build_text = None
+    if any(p.build == "source" for p in target.enabled_packages):
+        pinned = [f"{p.name}=={p.version}" for p in parse_lock(body).values()]
+        build_body, more = _uv_compile(target, list(BUILD_TOOLS), constraints=pinned,
+                                       excludes=[p.name for p in target.provided],
+                                       offline=offline)
+        build_text = header(target, ihash).replace("lock for", "build-tools lock for") + build_body
+        seconds += more
+    _write(out, text)
+    if build_text is not None:
+        _write(build_lock_path(out), build_text)
+    return Lock(out, ihash, text, seconds)
+
+
+def header(target: Target, ihash: str) -> str:
+    return (f"# verl-env lock for target {target.name}: {target.platform}, python "
+            f"{target.python}, {python_platform(target)}\n"
+            f"# input-hash: {ihash}\n"
+            f"# regenerate: build-env lock --target {target.name}\n")
+
+
+def read_lock(path: Path) -> Lock:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise LockError(f"{path}: cannot read lock ({exc.strerror})") from None
+    m = re.search(r"^# input-hash: (sha256:[0-9a-f]{64})$", text, re.M)
+    if not m:
+        raise LockError(f"{path}: not a verl-env lock (no input-hash header)")
+    return Lock(path, m.group(1), text)
+
+
+def stale_reason(target: Target, snapshot: Snapshot, path: Path) -> str | None:
+    """Why the lock at ``path`` does not match the matrix entry, or None when it does."""
+    if not path.exists():
+        return f"no lock at {path}: run `build-env lock --target {target.name}`"
+    lock = read_lock(path)
+    if (any(p.build == "source" for p in target.enabled_packages)
+            and not build_lock_path(path).exists()):
+        return f"no build-tools lock at {build_lock_path(path)}: run `build-env lock`"
+    if lock.input_hash != input_hash(target, snapshot):
+        return (f"{path} was locked from different inputs than targets.{target.name} now has: "
+                f"run `build-env lock --target {target.name}`")
+    pinned = parse_lock(lock.text)
+    for p in target.enabled_packages:
+        if p.name in pinned and pinned[p.name].version != p.version:
+            return f"{path} pins {p.name} {pinned[p.name].version}, the matrix {p.version}"
+    return None
+
+
+# --------------------------------------------------------------------------- lock parsing
+
+
+@dataclass(frozen=True)
+class LockedPackage:
+    name: str
+    version: str
+    hashes: tuple[str, ...]
+    via: tuple[str, ...]  # packages that required it ("-r requirements.in" for direct pins)
+    line: str  # the requirement as uv wrote it, without hashes
+
+    def render(self) -> str:
+        """The requirement with its hashes, one per continuation line (pip's format)."""
+        parts = [self.line] + [f"    --hash={h}" for h in self.hashes]
+        return " \\\n".join(parts) + "\n"
+
+
+_REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==(\S+)")
+
+
+def parse_lock(text: str) -> dict[str, LockedPackage]:
+    """Parse uv's requirements output (split annotations) into packages with hashes and via."""
+    out: dict[str, LockedPackage] = {}
+    name = version = line = None
+    hashes: list[str] = []
+    via: list[str] = []
+    in_via = False
+
+    def flush() -> None:
+        if name is not None:
+            out[canonicalize_name(name)] = LockedPackage(
+                canonicalize_name(name), version or "", tuple(hashes), tuple(via), line or "")
+
+    for raw in text.splitlines():
+        s = raw.strip()
+        m = _REQ.match(raw)
+        if m:
+            flush()
+            name, version = m.group(1), m.group(3).rstrip("\\").strip()
+            line = raw.split(" \\")[0].strip()
+            hashes, via, in_via = [], [], False
+        elif s.startswith("--hash="):
+            hashes.append(s[len("--hash="):].rstrip("\\").strip())
+        elif s.startswith("# via"):
+            rest = s[len("# via"):].strip()
+            in_via = True
+            if rest:
+                via.append(rest)
+        elif s.startswith("#   ") or (s.startswith("#") and in_via and s != "#"):
+            via.append(s.lstrip("#").strip())
+        elif not s or not s.startswith("#"):
+            in_via = False
+    flush()
+    return out

@@ -1,0 +1,311 @@
+"""Package metadata for the compatibility check: a committed snapshot, refreshed on demand.
+
+The snapshot (``metadata/pypi-snapshot.json`` beside the matrix) holds, for every pinned
+``name==version``: ``requires_python``, ``requires_dist`` and the sdist sha256 (for packages built
+from source), plus the list of released versions of every dependency that two pinned packages
+both constrain (so the check can tell when two ranges leave no release at all).
+
+``--online`` refreshes it from the package index's JSON simple API (PEP 691) with ``requests``. The
+index is the one this machine's tools are configured with (``VERL_ENV_INDEX_URL``,
+``UV_DEFAULT_INDEX``, ``UV_INDEX_URL``, ``PIP_INDEX_URL``, else pip's own default); no host name is
+written here.
+"""
+
+from __future__ import annotations
+
+import email.message
+import email.parser
+import io
+import json
+import os
+import time
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name,
+                             parse_sdist_filename, parse_wheel_filename)
+from packaging.version import InvalidVersion, Version
+
+from builder.errors import BuildEnvError
+
+SNAPSHOT_SCHEMA = "verl-env/pypi-snapshot/v1"
+
+
+class MetadataError(BuildEnvError):
+    stage = "metadata"
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    version: str
+    requires_python: str | None
+    requires_dist: tuple[str, ...]
+    sdist_sha256: str | None = None
+    has_wheel: bool = True
+
+    def requirements(self) -> list[Requirement]:
+        out = []
+        for line in self.requires_dist:
+            try:
+                out.append(Requirement(line))
+            except InvalidRequirement:
+                continue  # malformed metadata upstream: nothing we could check against anyway
+        return out
+
+
+@dataclass
+class Snapshot:
+    releases: dict[str, Release] = field(default_factory=dict)  # "name==version" -> Release
+    versions: dict[str, list[str]] = field(default_factory=dict)  # name -> released versions
+    fetched: str = ""
+
+    def release(self, name: str, version: str) -> Release | None:
+        return self.releases.get(f"{canonicalize_name(name)}=={version}")
+
+    def to_json(self) -> str:
+        data = {
+            "schema": SNAPSHOT_SCHEMA,
+            "fetched": self.fetched,
+            "releases": {k: {"requires_python": r.requires_python,
+                             "requires_dist": list(r.requires_dist),
+                             "sdist_sha256": r.sdist_sha256,
+                             "has_wheel": r.has_wheel}
+                         for k, r in sorted(self.releases.items())},
+            "versions": {k: v for k, v in sorted(self.versions.items())},
+        }
+        return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
+def snapshot_path(matrix_path: Path) -> Path:
+    return matrix_path.parent / "metadata" / "pypi-snapshot.json"
+
+
+def load_snapshot(path: Path) -> Snapshot:
+    if not path.exists():
+        return Snapshot()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise MetadataError(f"{path}: unreadable metadata snapshot ({exc})") from None
+    if data.get("schema") != SNAPSHOT_SCHEMA:
+        raise MetadataError(f"{path}: unknown snapshot schema {data.get('schema')!r}")
+    releases = {}
+    for key, r in data.get("releases", {}).items():
+        name, version = key.split("==", 1)
+        releases[key] = Release(name, version, r.get("requires_python"),
+                                tuple(r.get("requires_dist") or ()), r.get("sdist_sha256"),
+                                r.get("has_wheel", True))
+    return Snapshot(releases, dict(data.get("versions", {})), data.get("fetched", ""))
+
+
+def save_snapshot(snapshot: Snapshot, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(snapshot.to_json())
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- online refresh
+
+SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+
+
+def index_simple_url() -> str:
+    """The index's simple API root, from configuration (never written into this repo)."""
+    for var in ("VERL_ENV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):
+        if os.environ.get(var):
+            return os.environ[var].rstrip("/")
+    from pip._internal.models.index import PyPI  # pip's own default index
+
+    return PyPI.simple_url.rstrip("/")
+
+
+class _RangeFile(io.RawIOBase):
+    """A seekable read-only view of a remote file through HTTP Range requests (64 KiB blocks),
+    so ``zipfile`` can read one wheel's METADATA without downloading the whole wheel."""
+
+    BLOCK = 1 << 16
+
+    def __init__(self, session: requests.Session, url: str, size: int) -> None:
+        self.session, self.url, self.size, self.pos = session, url, size, 0
+        self.blocks: dict[int, bytes] = {}
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = {0: offset, 1: self.pos + offset, 2: self.size + offset}[whence]
+        return self.pos
+
+    def _block(self, n: int) -> bytes:
+        if n not in self.blocks:
+            lo, hi = n * self.BLOCK, min(self.size, (n + 1) * self.BLOCK) - 1
+            resp = self.session.get(self.url, headers={"Range": f"bytes={lo}-{hi}"}, timeout=60)
+            if resp.status_code != 206:
+                raise MetadataError(f"index does not serve byte ranges ({resp.status_code})")
+            self.blocks[n] = resp.content
+        return self.blocks[n]
+
+    def readinto(self, buf: Any) -> int:
+        want = min(len(buf), self.size - self.pos)
+        out = bytearray()
+        while len(out) < want:
+            n, off = divmod(self.pos + len(out), self.BLOCK)
+            out += self._block(n)[off: off + want - len(out)]
+        buf[: len(out)] = out
+        self.pos += len(out)
+        return len(out)
+
+
+class IndexClient:
+    """Release metadata from the index's JSON simple API (PEP 691), with retries.
+
+    Requires-Dist comes from the wheel's METADATA: the PEP 658 ``.metadata`` file when the index
+    serves it, else read out of the wheel through HTTP ranges (a few hundred KiB of a 500 MB wheel).
+    """
+
+    def __init__(self, simple_url: str | None = None, session: requests.Session | None = None,
+                 retries: int = 3) -> None:
+        self.simple = (simple_url or index_simple_url()).rstrip("/")
+        self.session = session or requests.Session()
+        self.retries = retries
+        self._projects: dict[str, dict[str, Any]] = {}
+
+    def _get(self, url: str, **kw: Any) -> requests.Response:
+        delay = 1.0
+        for attempt in range(self.retries):
+            try:
+                resp = self.session.get(url, timeout=60, **kw)
+            except requests.RequestException as exc:
+                if attempt + 1 == self.retries:
+                    raise MetadataError(f"index unreachable: {exc.__class__.__name__}") from None
+            else:
+                if resp.status_code < 500:
+                    return resp
+                if attempt + 1 == self.retries:
+                    raise MetadataError(f"index error {resp.status_code} for {url}")
+            time.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    def project(self, name: str) -> dict[str, Any]:
+        name = canonicalize_name(name)
+        if name not in self._projects:
+            resp = self._get(f"{self.simple}/{name}/", headers={"Accept": SIMPLE_JSON})
+            if resp.status_code == 404:
+                raise MetadataError(f"{name} is not on the index")
+            resp.raise_for_status()
+            self._projects[name] = resp.json()
+        return self._projects[name]
+
+    def versions(self, name: str) -> list[str]:
+        data = self.project(name)
+        listed = data.get("versions") or sorted({_file_version(f["filename"]) for f in
+                                                  data["files"]} - {None})
+        return sorted(listed, key=_sort_key)
+
+    def release(self, name: str, version: str) -> Release:
+        files = [f for f in self.project(name)["files"]
+                 if _file_version(f["filename"]) == version and not f.get("yanked")]
+        if not files:
+            raise MetadataError(f"{name}=={version} is not on the index")
+        wheels = [f for f in files if f["filename"].endswith(".whl")]
+        sdist = next((f for f in files if not f["filename"].endswith(".whl")), None)
+        requires_python = next((f.get("requires-python") for f in files
+                                if f.get("requires-python")), None)
+        if wheels:
+            meta = self._wheel_metadata(wheels[0])
+        else:  # sdist only (flash-attn): PKG-INFO is good enough for Requires-Python
+            meta = self._sdist_metadata(sdist) if sdist else email.message.Message()
+        return Release(canonicalize_name(name), version,
+                       requires_python or meta.get("Requires-Python"),
+                       tuple(meta.get_all("Requires-Dist") or ()),
+                       sdist["hashes"].get("sha256") if sdist else None, bool(wheels))
+
+    def _wheel_metadata(self, f: dict[str, Any]) -> email.message.Message:
+        if f.get("core-metadata") or f.get("data-dist-info-metadata"):
+            resp = self._get(f["url"] + ".metadata")
+            if resp.status_code == 200:
+                return email.parser.Parser().parsestr(resp.text)
+        size = int(f.get("size") or self.session.head(f["url"], timeout=60)
+                   .headers["content-length"])
+        with zipfile.ZipFile(io.BufferedReader(_RangeFile(self.session, f["url"], size),
+                                               buffer_size=1 << 16)) as zf:
+            member = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+            return email.parser.Parser().parsestr(zf.read(member).decode("utf-8", "replace"))
+
+    def _sdist_metadata(self, f: dict[str, Any]) -> email.message.Message:
+        import tarfile
+
+        resp = self._get(f["url"])
+        resp.raise_for_status()
+        with tarfile.open(fileobj=io.BytesIO(resp.content)) as tf:
+            member = next(m for m in tf.getmembers() if m.name.count("/") == 1
+                          and m.name.endswith("/PKG-INFO"))
+            data = tf.extractfile(member).read().decode("utf-8", "replace")  # type: ignore[union-attr]
+        return email.parser.Parser().parsestr(data)
+
+
+def _file_version(filename: str) -> str | None:
+    try:
+        if filename.endswith(".whl"):
+            return str(parse_wheel_filename(filename)[1])
+        return str(parse_sdist_filename(filename)[1])
+    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+        return None
+
+
+def _sort_key(v: str) -> Any:
+    try:
+        return (0, Version(v))
+    except InvalidVersion:
+        return (1, v)
+
+
+def local_release(name: str, version: str, find_links: Iterable[str]) -> Release | None:
+    """Metadata of a wheel kept in a local find-links directory (a site's own CPU torch build)."""
+    for d in find_links:
+        for wheel in sorted(Path(d).glob("*.whl")) if Path(d).is_dir() else ():
+            try:
+                wname, wver, _, _ = parse_wheel_filename(wheel.name)
+            except (InvalidWheelFilename, InvalidVersion):
+                continue
+            if wname == canonicalize_name(name) and str(wver) == version:
+                with zipfile.ZipFile(wheel) as zf:
+                    member = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+                    meta = email.parser.Parser().parsestr(zf.read(member).decode())
+                return Release(wname, version, meta.get("Requires-Python"),
+                               tuple(meta.get_all("Requires-Dist") or ()), None, True)
+    return None
+
+
+def refresh(snapshot: Snapshot, pins: Iterable[tuple[str, str]], client: IndexClient,
+            find_links: Iterable[str] = ()) -> Snapshot:
+    """Fetch every pinned release (local find-links wheels first), then the version lists of
+    dependencies that two pinned packages both constrain."""
+    find_links = tuple(find_links)
+    for name, version in sorted(set(pins)):
+        rel = local_release(name, version, find_links) or client.release(name, version)
+        snapshot.releases[f"{canonicalize_name(name)}=={version}"] = rel
+    counts: dict[str, int] = {}
+    for name, version in set(pins):
+        rel = snapshot.release(name, version)
+        for dep in {canonicalize_name(r.name) for r in rel.requirements()} if rel else ():
+            counts[dep] = counts.get(dep, 0) + 1
+    for dep, n in sorted(counts.items()):
+        if n >= 2:
+            snapshot.versions[dep] = client.versions(dep)
+    snapshot.fetched = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return snapshot

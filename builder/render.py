@@ -1,0 +1,227 @@
+"""Render a target into a complete, deterministic Docker build context (pure apart from file I/O).
+
+Same inputs give byte-identical output: templates render with ``StrictUndefined``, every mapping
+is sorted, nothing records the time or the host. The context holds the Dockerfile, the lock split
+into install layers, the baked manifest, the self-test package, local wheels the lock references
+and (when configured) the site CA bundle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from builder import __version__
+from builder.errors import RenderError
+from builder.layers import Layer, split_layers
+from builder.lock import LockedPackage, build_lock_path, parse_lock
+from builder.metadata import Snapshot
+from builder.spec import Target
+
+LABEL_NS = "org.verl-env"
+MANIFEST_SCHEMA = "verl-env/manifest/v1"
+# Build dependencies of the source-build stage, per accelerator family (compilers stay there).
+APT_BUILD = ("build-essential", "git")
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    path: Path
+    dockerfile: str
+    labels: dict[str, str]
+    manifest: dict[str, Any]
+    lock_hash: str
+
+
+def templates_dir() -> Path:
+    """``dockerfiles/`` of the source tree, or the copy packaged inside ``builder``."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "dockerfiles", here / "dockerfiles"):
+        if (candidate / "Dockerfile.j2").exists():
+            return candidate
+    raise RenderError("Dockerfile templates not found (dockerfiles/Dockerfile.j2)")
+
+
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())),
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                              autoescape=False)
+
+
+def sha256_text(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def manifest(target: Target, matrix_hash: str, lock_hash: str) -> dict[str, Any]:
+    """What the image must hold; the self-test asserts it (schema in docs/architecture.md)."""
+    pins = {p.name: p.version for p in target.enabled_packages}
+    provided = {p.name: p.version for p in target.provided}
+    imports = {p.name: p.module for p in (*target.enabled_packages, *target.provided)
+               if p.name in {"verl", "vllm", "sglang", "torch", "ray", "transformers",
+                             "tensordict", "flash-attn", "hydra-core"}}
+    return {
+        "schema": MANIFEST_SCHEMA, "target": target.name, "accelerator": target.accelerator,
+        "arch": target.arch, "python": target.python, "cuda": target.cuda, "rocm": target.rocm,
+        "pins": dict(sorted(pins.items())), "provided": dict(sorted(provided.items())),
+        "imports": dict(sorted(imports.items())),
+        "source_builds": sorted(p.name for p in target.enabled_packages if p.build == "source"),
+        "matrix_hash": matrix_hash, "lock_hash": lock_hash, "override": target.override,
+    }
+
+
+def labels(target: Target, matrix_hash: str, lock_hash: str, ca_hash: str | None
+           ) -> dict[str, str]:
+    """OCI labels: every pin, provided package, the matrix and lock hashes."""
+    out = {
+        "org.opencontainers.image.title": f"verl-env {target.name}",
+        "org.opencontainers.image.description": target.description or target.name,
+        f"{LABEL_NS}.target": target.name, f"{LABEL_NS}.accelerator": target.accelerator,
+        f"{LABEL_NS}.arch": target.arch, f"{LABEL_NS}.python": target.python,
+        f"{LABEL_NS}.base": target.base.ref, f"{LABEL_NS}.matrix-hash": matrix_hash,
+        f"{LABEL_NS}.lock-hash": lock_hash, f"{LABEL_NS}.override": str(target.override).lower(),
+        f"{LABEL_NS}.builder": __version__,
+    }
+    if target.cuda:
+        out[f"{LABEL_NS}.cuda"] = target.cuda
+    if target.rocm:
+        out[f"{LABEL_NS}.rocm"] = target.rocm
+    for p in target.enabled_packages:
+        out[f"{LABEL_NS}.pin.{p.name}"] = p.version + (" (source)" if p.build == "source" else "")
+    for p in target.provided:
+        out[f"{LABEL_NS}.provided.{p.name}"] = p.version
+    if ca_hash:
+        out[f"{LABEL_NS}.site-ca"] = ca_hash
+    return dict(sorted(out.items()))
+
+
+def _source_requirements(target: Target, snapshot: Snapshot, locked: dict[str, LockedPackage]
+                         ) -> tuple[str, bool]:
+    """requirements.txt for ``pip wheel`` in the source stage; hashed unless a git source."""
+    lines, hashed = [], True
+    for p in target.enabled_packages:
+        if p.build != "source":
+            continue
+        if p.source:
+            lines.append(f"{p.name} @ {p.source}\n")
+            hashed = False
+            continue
+        rel = snapshot.release(p.name, p.version)
+        if rel is None or not rel.sdist_sha256:
+            raise RenderError(f"{p.name} {p.version}: build: source needs an sdist on the index "
+                              "(none in the metadata snapshot) or a `source: git+https://...@TAG`",
+                              target=target.name)
+        lines.append(f"{p.name}=={p.version} --hash=sha256:{rel.sdist_sha256}\n")
+    return "".join(lines), hashed
+
+
+def _local_wheels(target: Target, locked: dict[str, LockedPackage]) -> list[Path]:
+    """Wheels in the target's find-links directories that the lock pins (site builds)."""
+    found = []
+    for d in target.find_links:
+        for wheel in sorted(Path(d).glob("*.whl")) if Path(d).is_dir() else ():
+            digest = "sha256:" + _file_sha256(wheel)
+            if any(digest in p.hashes for p in locked.values()):
+                found.append(wheel)
+    return found
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, lock_hash: str,
+                      ca_bundle: bool, ca_hash: str | None, wheels: bool,
+                      source_hashed: bool) -> str:
+    source_builds = [p for p in target.enabled_packages if p.build == "source"]
+    try:
+        return _env().get_template("Dockerfile.j2").render(
+            target=target, layers=layers, matrix_hash=matrix_hash, lock_hash=lock_hash,
+            base_ref=target.base.ref, source_base=target.base.source_image or target.base.ref,
+            python_bin=f"python{target.python}", apt=sorted(target.apt),
+            apt_build=sorted({*target.apt, *APT_BUILD, f"python{target.python}-dev"}),
+            ca_bundle=ca_bundle, wheels=wheels,
+            find_links=["/tmp/verl-env/wheels"] if wheels else [],
+            source_builds=source_builds, source_hashed=source_hashed,
+            labels=labels(target, matrix_hash, lock_hash, ca_hash))
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"template error: {exc}", target=target.name) from None
+
+
+def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path, *,
+                   lock_file: Path | None = None, ca_bundle: Path | None = None) -> BuildContext:
+    """Write the whole build context into ``out`` (replaced atomically; no partial directory is
+    left behind on error)."""
+    locked = parse_lock(lock_text)
+    lock_hash = sha256_text(lock_text)
+    matrix_hash = target.entry_hash
+    engine = target.engine.name if target.engine and target.engine in target.packages else None
+    source_names = {p.name for p in target.enabled_packages if p.build == "source"}
+    tools = [locked.pop("uv")] if "uv" in locked else []
+    if not tools:
+        raise RenderError("the lock has no uv pin: regenerate it with `build-env lock`",
+                          target=target.name)
+    layers = split_layers(locked, engine=engine, exclude=source_names)
+    source_txt, source_hashed = _source_requirements(target, snapshot, locked)
+    build_lock = build_lock_path(lock_file) if lock_file else None
+    if source_names and (build_lock is None or not build_lock.exists()):
+        raise RenderError(f"no build-tools lock beside {lock_file}: run `build-env lock`",
+                          target=target.name)
+    wheels = _local_wheels(target, locked)
+    ca_hash = "sha256:" + _file_sha256(ca_bundle) if ca_bundle else None
+    if ca_bundle and not ca_bundle.is_file():
+        raise RenderError(f"--ca-bundle {ca_bundle}: no such file", target=target.name)
+    dockerfile = render_dockerfile(target, layers, matrix_hash=matrix_hash, lock_hash=lock_hash,
+                                   ca_bundle=ca_bundle is not None, ca_hash=ca_hash,
+                                   wheels=bool(wheels), source_hashed=source_hashed)
+    man = manifest(target, matrix_hash, lock_hash)
+
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "Dockerfile").write_text(dockerfile)
+        (tmp / "lock.txt").write_text(lock_text)
+        (tmp / "manifest.json").write_text(json.dumps(man, indent=2, sort_keys=True) + "\n")
+        (tmp / "layers").mkdir()
+        (tmp / "layers" / "00-tools.txt").write_text(
+            "# verl-env tools: the installer\n" + "".join(p.render() for p in tools))
+        for layer in layers:
+            (tmp / "layers" / layer.filename).write_text(layer.render())
+        if source_names:
+            (tmp / "source").mkdir()
+            (tmp / "source" / "requirements.txt").write_text(source_txt)
+            assert build_lock is not None
+            (tmp / "layers" / "build-tools.txt").write_text(build_lock.read_text())
+        if wheels:
+            (tmp / "wheels").mkdir()
+            for w in wheels:
+                shutil.copyfile(w, tmp / "wheels" / w.name)
+        if ca_bundle:
+            shutil.copyfile(ca_bundle, tmp / "site-ca.pem")
+        selftest = Path(str(resources.files("builder") / "selftest"))
+        shutil.copytree(selftest, tmp / "selftest",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for path in sorted(tmp.rglob("*")):  # fixed mtimes/modes: stable context hashes
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return BuildContext(out, dockerfile, labels(target, matrix_hash, lock_hash, ca_hash), man,
+                        lock_hash)
+

@@ -1,0 +1,458 @@
+"""Load and validate ``matrix.yaml``: the reviewed compatibility matrix.
+
+Every error names the file, the line and the key (``matrix.yaml:14: targets.cuda-x86_64.packages.ray:
+...``). Unknown keys are rejected. Versions are parsed with :mod:`packaging`. The result is a tree
+of frozen dataclasses; nothing here touches the network or the Docker Engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from builder.errors import SpecError
+
+RAY_FLOOR = Version("2.40")
+GLIBC_FLOOR = Version("2.34")
+ACCELERATORS = ("cuda", "rocm", "cpu")
+ARCHES = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
+ENGINES = ("vllm", "sglang")
+REQUIRED_PACKAGES = ("verl", "ray", "transformers", "tensordict", "torch")
+BUILD_KINDS = ("wheel", "source")
+
+# Distribution name -> importable top-level module, where they differ.
+IMPORT_NAMES = {"flash-attn": "flash_attn", "hydra-core": "hydra", "ray": "ray"}
+
+_TOP_KEYS = {"schema", "defaults", "targets"}
+_TARGET_KEYS = {"description", "accelerator", "arch", "base", "python", "cuda", "rocm",
+                "packages", "provided", "find_links", "apt"}
+_BASE_KEYS = {"image", "digest", "glibc", "source_image"}
+_PACKAGE_KEYS = {"version", "extras", "build", "enabled", "import", "source"}
+
+
+@dataclass(frozen=True)
+class Package:
+    """One pinned distribution. ``build='source'`` builds it from its sdist inside the image."""
+
+    name: str
+    version: str
+    extras: tuple[str, ...] = ()
+    build: str = "wheel"
+    enabled: bool = True
+    import_name: str = ""
+    line: int | None = None
+    source: str = ""  # where a source build gets its code (git+https://...@tag); default: sdist
+
+    @property
+    def requirement(self) -> str:
+        extras = f"[{','.join(self.extras)}]" if self.extras else ""
+        return f"{self.name}{extras}=={self.version}"
+
+    @property
+    def module(self) -> str:
+        return self.import_name or IMPORT_NAMES.get(self.name, self.name.replace("-", "_"))
+
+
+@dataclass(frozen=True)
+class Base:
+    image: str
+    digest: str | None = None
+    glibc: str | None = None
+    source_image: str | None = None  # a -devel variant for source builds (nvcc, headers)
+
+    @property
+    def ref(self) -> str:
+        """The reference to build FROM: pinned by digest when one is declared."""
+        if self.digest:
+            return f"{self.image.split('@')[0]}@{self.digest}"
+        return self.image
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    accelerator: str
+    arch: str
+    base: Base
+    python: str
+    packages: tuple[Package, ...]
+    provided: tuple[Package, ...] = ()
+    cuda: str | None = None
+    rocm: str | None = None
+    description: str = ""
+    find_links: tuple[str, ...] = ()
+    apt: tuple[str, ...] = ()
+    file: str = "matrix.yaml"
+    lines: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
+    override: bool = False
+
+    @property
+    def platform(self) -> str:
+        return ARCHES[self.arch]
+
+    @property
+    def enabled_packages(self) -> tuple[Package, ...]:
+        return tuple(p for p in self.packages if p.enabled)
+
+    def package(self, name: str) -> Package | None:
+        name = canonicalize_name(name)
+        for p in (*self.packages, *self.provided):
+            if p.name == name:
+                return p
+        return None
+
+    @property
+    def engine(self) -> Package | None:
+        for name in ENGINES:
+            p = self.package(name)
+            if p is not None and p.enabled:
+                return p
+        return None
+
+    def where(self, key: str) -> str:
+        """``file:line`` for a dotted key inside this target (best effort)."""
+        line = self.lines.get(key) or self.lines.get(key.rsplit(".", 1)[0]) or self.lines.get("")
+        return f"{self.file}:{line}" if line else self.file
+
+    def to_dict(self) -> dict[str, Any]:
+        """Canonical, order-stable form used for hashing and for ``list --json``."""
+
+        def pkg(p: Package) -> dict[str, Any]:
+            d: dict[str, Any] = {"version": p.version}
+            if p.extras:
+                d["extras"] = list(p.extras)
+            if p.build != "wheel":
+                d["build"] = p.build
+            if not p.enabled:
+                d["enabled"] = False
+            if p.source:
+                d["source"] = p.source
+            return d
+
+        return {
+            "name": self.name, "accelerator": self.accelerator, "arch": self.arch,
+            "base": {k: v for k, v in vars(self.base).items() if v},
+            "python": self.python, "cuda": self.cuda, "rocm": self.rocm,
+            "packages": {p.name: pkg(p) for p in sorted(self.packages, key=lambda p: p.name)},
+            "provided": {p.name: p.version for p in sorted(self.provided, key=lambda p: p.name)},
+            "find_links": list(self.find_links), "apt": list(self.apt),
+        }
+
+    @property
+    def entry_hash(self) -> str:
+        """sha256 of the target's canonical matrix entry (independent of YAML formatting)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path
+    targets: dict[str, Target]
+    warnings: tuple[str, ...] = ()
+
+    def target(self, name: str) -> Target:
+        if name not in self.targets:
+            known = ", ".join(sorted(self.targets)) or "none"
+            raise SpecError(f"unknown target {name!r} (known: {known})", file=str(self.path),
+                            key="targets")
+        return self.targets[name]
+
+
+# --------------------------------------------------------------------------- YAML with lines
+
+
+def _compose(text: str, file: str) -> Any:
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        raise SpecError(f"YAML syntax error: {exc.problem or exc}", file=file, line=line) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"YAML error: {exc}", file=file) from None
+
+
+def _plain(node: Any, path: str, lines: dict[str, int], file: str) -> Any:
+    """Turn a composed node into plain python, recording each key's line under its dotted path."""
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, Any] = {}
+        for knode, vnode in node.value:
+            key = str(knode.value)
+            sub = f"{path}.{key}" if path else key
+            if key in out:
+                raise SpecError("duplicate key", file=file, line=knode.start_mark.line + 1, key=sub)
+            lines[sub] = knode.start_mark.line + 1
+            out[key] = _plain(vnode, sub, lines, file)
+            lines[sub] = knode.start_mark.line + 1  # the key's line, not its value's
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_plain(v, f"{path}[{i}]", lines, file) for i, v in enumerate(node.value)]
+    # Scalars: resolve with the safe constructor so 2.60 stays a float we can report on.
+    return _scalar(node)
+
+
+def _scalar(node: yaml.ScalarNode) -> Any:
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    finally:
+        loader.dispose()
+
+
+# --------------------------------------------------------------------------- validation
+
+
+class _Ctx:
+    def __init__(self, file: str, lines: dict[str, int]) -> None:
+        self.file, self.lines = file, lines
+
+    def error(self, key: str, message: str, target: str | None = None) -> SpecError:
+        return SpecError(message, file=self.file, line=self.lines.get(key), key=key, target=target)
+
+    def mapping(self, value: Any, key: str, allowed: set[str]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.error(key, f"expected a mapping, got {type(value).__name__}")
+        for k in value:
+            if k not in allowed:
+                sub = f"{key}.{k}" if key else str(k)
+                raise self.error(sub, f"unknown key {k!r} (allowed: {', '.join(sorted(allowed))})")
+        return value
+
+    def string(self, value: Any, key: str) -> str:
+        if isinstance(value, bool) or value is None or isinstance(value, (dict, list)):
+            raise self.error(key, f"expected a string, got {value!r}")
+        if isinstance(value, float):
+            # YAML reads 3.10 as 3.1: refuse rather than silently mangle a version.
+            raise self.error(key, f"write versions as quoted strings (got the number {value!r})")
+        return str(value)
+
+    def version(self, value: Any, key: str) -> str:
+        text = self.string(value, key)
+        try:
+            return str(Version(text))
+        except InvalidVersion:
+            raise self.error(key, f"invalid version {text!r} (PEP 440)") from None
+
+
+def _package(ctx: _Ctx, name: str, value: Any, key: str) -> Package:
+    if isinstance(value, dict):
+        ctx.mapping(value, key, _PACKAGE_KEYS)
+        if "version" not in value:
+            raise ctx.error(key, f"missing pin: {name} needs a 'version'")
+        extras = value.get("extras", [])
+        if not isinstance(extras, list) or not all(isinstance(e, str) for e in extras):
+            raise ctx.error(f"{key}.extras", "expected a list of extra names")
+        build = value.get("build", "wheel")
+        if build not in BUILD_KINDS:
+            raise ctx.error(f"{key}.build", f"build must be one of {', '.join(BUILD_KINDS)}")
+        enabled = value.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise ctx.error(f"{key}.enabled", "expected true or false")
+        source = value.get("source", "")
+        if source and not (isinstance(source, str) and source.startswith("git+https://")
+                           and "@" in source.split("://", 1)[1]):
+            raise ctx.error(f"{key}.source", "expected git+https://HOST/REPO@TAG")
+        if source and build != "source":
+            raise ctx.error(f"{key}.source", "a source location needs build: source")
+        return Package(canonicalize_name(name), ctx.version(value["version"], f"{key}.version"),
+                       tuple(sorted(canonicalize_name(e) for e in extras)), build, enabled,
+                       str(value.get("import", "")), ctx.lines.get(key), source)
+    if value is None:
+        raise ctx.error(key, f"missing pin: {name} has no version")
+    return Package(canonicalize_name(name), ctx.version(value, key), line=ctx.lines.get(key))
+
+
+def _packages(ctx: _Ctx, value: Any, key: str) -> tuple[Package, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ctx.error(key, "expected a mapping of package name to version")
+    return tuple(_package(ctx, str(n), v, f"{key}.{n}") for n, v in value.items())
+
+
+def _merge(defaults: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    out = dict(defaults)
+    for k, v in entry.items():
+        out[k] = {**out[k], **v} if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
+    t = raw
+    for req in ("accelerator", "arch", "base", "python", "packages"):
+        if req not in t:
+            raise ctx.error(key, f"missing key {req!r}", target=name)
+    accel = ctx.string(t["accelerator"], f"{key}.accelerator")
+    if accel not in ACCELERATORS:
+        raise ctx.error(f"{key}.accelerator", f"must be one of {', '.join(ACCELERATORS)}")
+    arch = ctx.string(t["arch"], f"{key}.arch")
+    if arch not in ARCHES:
+        raise ctx.error(f"{key}.arch", f"must be one of {', '.join(ARCHES)}")
+    b = ctx.mapping(t["base"], f"{key}.base", _BASE_KEYS)
+    if "image" not in b:
+        raise ctx.error(f"{key}.base", "missing key 'image'")
+    digest = b.get("digest")
+    if digest is not None and not (isinstance(digest, str) and digest.startswith("sha256:")
+                                   and len(digest) == 71):
+        raise ctx.error(f"{key}.base.digest", "expected sha256:<64 hex digits>")
+    glibc = ctx.version(b["glibc"], f"{key}.base.glibc") if "glibc" in b else None
+    if glibc and Version(glibc) < GLIBC_FLOOR:
+        raise ctx.error(f"{key}.base.glibc", f"glibc {glibc} is below {GLIBC_FLOOR}: vLLM's "
+                        "dependencies need manylinux_2_34 wheels (llguidance, tilelang, z3-solver)")
+    base = Base(ctx.string(b["image"], f"{key}.base.image"), digest, glibc,
+                ctx.string(b["source_image"], f"{key}.base.source_image")
+                if "source_image" in b else None)
+    python = ctx.string(t["python"], f"{key}.python")
+    try:
+        pv = Version(python)
+    except InvalidVersion:
+        raise ctx.error(f"{key}.python", f"invalid python version {python!r}") from None
+    if len(pv.release) != 2:
+        raise ctx.error(f"{key}.python", f"give python as MAJOR.MINOR (got {python!r})")
+    packages = _packages(ctx, t["packages"], f"{key}.packages")
+    provided = _packages(ctx, t.get("provided"), f"{key}.provided")
+    cuda = ctx.version(t["cuda"], f"{key}.cuda") if t.get("cuda") is not None else None
+    rocm = ctx.version(t["rocm"], f"{key}.rocm") if t.get("rocm") is not None else None
+    for listkey in ("find_links", "apt"):
+        v = t.get(listkey, [])
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise ctx.error(f"{key}.{listkey}", "expected a list of strings")
+    target = Target(name, accel, arch, base, python, packages, provided, cuda, rocm,
+                    str(t.get("description", "")), tuple(t.get("find_links", [])),
+                    tuple(t.get("apt", [])), ctx.file,
+                    {k[len(key) + 1:] if k != key else "": v for k, v in ctx.lines.items()
+                     if k == key or k.startswith(key + ".")})
+    _rules(ctx, target, key)
+    return target
+
+
+def _rules(ctx: _Ctx, t: Target, key: str) -> None:
+    """Matrix policy that needs no package metadata."""
+    names = [p.name for p in (*t.packages, *t.provided)]
+    for n in set(names):
+        if names.count(n) > 1:
+            raise ctx.error(f"{key}.provided.{n}", f"{n} is both pinned and provided", t.name)
+    for req in REQUIRED_PACKAGES:
+        if t.package(req) is None:
+            raise ctx.error(f"{key}.packages", f"missing pin: {req} (pin it under packages, or "
+                            "under provided when the base image ships it)", t.name)
+    ray = t.package("ray")
+    assert ray is not None
+    if Version(ray.version) < RAY_FLOOR:
+        k = f"{key}.packages.ray" if ray in t.packages else f"{key}.provided.ray"
+        raise ctx.error(k, f"Ray {ray.version} is refused: verl-env requires Ray >= {RAY_FLOOR} "
+                        "(older Ray breaks GPU assignment and the debugger)", t.name)
+    engines = [e for e in ENGINES if t.package(e) is not None and t.package(e).enabled]
+    if len(engines) > 1:
+        raise ctx.error(f"{key}.packages", "vllm and sglang cannot share one environment: "
+                        "make them separate targets", t.name)
+    if t.accelerator in ("cuda", "rocm") and not engines:
+        raise ctx.error(f"{key}.packages", "missing pin: a GPU target needs a rollout engine "
+                        "(vllm or sglang)", t.name)
+    if t.accelerator == "cuda" and not t.cuda:
+        raise ctx.error(key, "missing key 'cuda' (the CUDA version of the stack)", t.name)
+    if t.accelerator == "rocm" and not t.rocm:
+        raise ctx.error(key, "missing key 'rocm' (the ROCm version of the base image)", t.name)
+    if t.accelerator != "cuda" and t.cuda:
+        raise ctx.error(f"{key}.cuda", f"a {t.accelerator} target cannot declare cuda", t.name)
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    """Parse and validate a matrix file. Raises :class:`SpecError` naming file:line:key."""
+    path = Path(path)
+    file = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot read matrix: {exc.strerror}", file=file) from None
+    node = _compose(text, file)
+    if node is None:
+        raise SpecError("empty matrix file", file=file)
+    lines: dict[str, int] = {}
+    raw = _plain(node, "", lines, file)
+    ctx = _Ctx(file, lines)
+    ctx.mapping(raw, "", _TOP_KEYS)
+    if raw.get("schema") != 1:
+        raise ctx.error("schema", "expected 'schema: 1'")
+    targets_raw = raw.get("targets")
+    if not isinstance(targets_raw, dict) or not targets_raw:
+        raise ctx.error("targets", "expected a non-empty mapping of targets")
+    defaults = ctx.mapping(raw.get("defaults") or {}, "defaults", _TARGET_KEYS)
+    targets: dict[str, Target] = {}
+    warnings: list[str] = []
+    for name, entry in targets_raw.items():
+        key = f"targets.{name}"
+        ctx.mapping(entry, key, _TARGET_KEYS)
+        for k, v in defaults.items():  # defaults report their own lines when they are the culprit
+            if k not in entry:
+                for dk, dl in list(lines.items()):
+                    if dk == f"defaults.{k}" or dk.startswith(f"defaults.{k}."):
+                        lines.setdefault(key + dk[len("defaults"):], dl)
+        merged = _merge(defaults, entry)
+        for k in ("base", "packages", "provided"):
+            if isinstance(defaults.get(k), dict) and isinstance(entry.get(k), dict):
+                for sub in defaults[k]:
+                    if sub not in entry[k]:
+                        lines.setdefault(f"{key}.{k}.{sub}", lines.get(f"defaults.{k}.{sub}", 0))
+        t = _target(ctx, str(name), merged, key)
+        if not t.base.digest:
+            warnings.append(f"{t.where('base.image')}: targets.{name}.base: base image "
+                            f"{t.base.image!r} is pinned by tag only; add its digest")
+        targets[str(name)] = t
+    return Matrix(path, targets, tuple(warnings))
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def apply_overrides(target: Target, assignments: list[str], *, base_image: str | None = None
+                    ) -> Target:
+    """Apply ``--set KEY=VALUE`` / ``--base-image`` for local experiments.
+
+    Keys: ``python``, ``cuda``, ``rocm``, ``packages.NAME`` (version), ``packages.NAME.enabled``,
+    ``packages.NAME.build``, ``provided.NAME``. The result is marked ``override=True`` and is
+    re-validated by the same rules as the matrix.
+    """
+    if not assignments and not base_image:
+        return target
+    raw = target.to_dict()
+    for item in assignments:
+        if "=" not in item:
+            raise SpecError(f"--set expects KEY=VALUE, got {item!r}", file="--set", key=item)
+        key, value = item.split("=", 1)
+        parts = key.split(".")
+        if parts[0] in ("python", "cuda", "rocm") and len(parts) == 1:
+            raw[parts[0]] = value
+        elif parts[0] == "packages" and len(parts) in (2, 3):
+            name = canonicalize_name(parts[1])
+            entry = raw["packages"].setdefault(name, {"version": value})
+            if len(parts) == 2:
+                entry["version"] = value
+            elif parts[2] == "enabled":
+                entry["enabled"] = value.lower() in ("1", "true", "yes", "on")
+            elif parts[2] in ("build", "source"):
+                entry[parts[2]] = value
+            else:
+                raise SpecError(f"cannot override {key!r}", file="--set", key=key)
+        elif parts[0] == "provided" and len(parts) == 2:
+            raw["provided"][canonicalize_name(parts[1])] = value
+        else:
+            raise SpecError(f"cannot override {key!r} (python, cuda, rocm, packages.NAME[.enabled|"
+                            ".build], provided.NAME)", file="--set", key=key)
+    if base_image:
+        raw["base"] = {"image": base_image}
+    name = raw.pop("name")
+    lines = {"": 0}
+    ctx = _Ctx("--set", lines)
+    body = {k: v for k, v in raw.items() if v not in (None, [], {}) or k in ("packages",)}
+    t = _target(ctx, name, body, f"targets.{name}")
+    return replace(t, override=True, file=target.file, lines=target.lines)
