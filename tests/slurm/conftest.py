@@ -1,0 +1,270 @@
+"""Fixtures for the Slurm tests: a real two-node Slurm on this host, a stand-in container runtime,
+and free port blocks.
+
+The cluster is Debian's slurmctld + two ``slurmd -N nodeI`` on localhost with ``auth/none``
+(research/feasibility.md §2). Every daemon is started here and stopped here by its PID, also
+when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+SLURM_TOOLS = ("slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "srun")
+
+# A stand-in for apptainer: `pull DEST SRC` copies $FAKE_SIF_STORE/<digest hex> (or a path),
+# `exec [--nv|--rocm] [-B SRC[:DST]]... SIF CMD...` checks what apptainer would check (the SIF
+# and every bind source exist) and runs CMD on the host. Every call is logged. Test switches:
+# $FAKE_NODE_ENV_DIR/NODE.env (KEY=VALUE lines exported on that node only) and
+# FAKE_RUNTIME_BROKEN_NODE=NODE (exec fails there, as an unmountable image would).
+STANDIN_RUNTIME = r"""#!/usr/bin/env bash
+set -euo pipefail
+echo "${SLURMD_NODENAME:-batch} $*" >>"${FAKE_RUNTIME_LOG:-/dev/null}"
+cmd=${1:-}
+shift || true
+case $cmd in
+  version|--version) echo "apptainer version 0.0.0-standin" ;;
+  pull)
+    dest=$1 src=$2
+    [ ! -e "$dest" ] || { echo "FATAL: $dest exists" >&2; exit 255; }
+    case $src in
+      *@sha256:*) file="$FAKE_SIF_STORE/${src##*@sha256:}" ;;
+      *) file=$src ;;
+    esac
+    sleep "${FAKE_PULL_SECONDS:-0}"
+    cp "$file" "$dest"
+    ;;
+  exec)
+    while [ $# -gt 0 ]; do
+      case $1 in
+        --nv|--rocm|--cleanenv|--contain) shift ;;
+        -B|--bind)
+          src=${2%%:*}
+          [ -e "$src" ] || { echo "FATAL: bind source $src does not exist" >&2; exit 255; }
+          shift 2 ;;
+        -*) echo "standin: unknown option $1" >&2; exit 255 ;;
+        *) break ;;
+      esac
+    done
+    sif=$1
+    shift
+    [ -f "$sif" ] || { echo "FATAL: image $sif not found" >&2; exit 255; }
+    # a node-specific environment (as a node's prolog or module setup could leave it)
+    node_env="${FAKE_NODE_ENV_DIR:-/nonexistent}/${SLURMD_NODENAME:-none}.env"
+    if [ -f "$node_env" ]; then
+      while IFS= read -r line; do export "${line?}"; done <"$node_env"
+    fi
+    if [ -n "${FAKE_RUNTIME_BROKEN_NODE:-}" ] && [ "${SLURMD_NODENAME:-}" = "$FAKE_RUNTIME_BROKEN_NODE" ]; then
+      echo "FATAL: could not mount $sif on this node (FAKE_RUNTIME_BROKEN_NODE)" >&2
+      exit 255
+    fi
+    exec "$@"
+    ;;
+  *) echo "standin: unsupported command $cmd" >&2; exit 255 ;;
+esac
+"""
+
+
+def port_free(port: int) -> bool:
+    """True when nothing holds ``port`` on any local address (TCP)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(size: int, low: int = 20000, high: int = 32000) -> int:
+    """A base port such that base .. base+size-1 are all free now."""
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        base = rng.randrange(low, high - size)
+        if all(port_free(p) for p in range(base, base + size)):
+            return base
+    raise RuntimeError(f"no block of {size} free ports")
+
+
+@dataclass
+class SlurmCluster:
+    """A running fake cluster; ``env`` is what clients (sbatch, scontrol) need."""
+
+    root: Path
+    conf: Path
+    env: dict[str, str]
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def run(self, *cmd: str, env: dict[str, str] | None = None) -> str:
+        """Run a Slurm client command against this cluster, return stdout."""
+        proc = subprocess.run(list(cmd), env=env or self.env, capture_output=True, text=True,
+                              timeout=30)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cmd}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def sbatch(self, script: Path, output: Path, env: dict[str, str]) -> str:
+        """Submit ``script`` with ``env`` as the job's environment; return the job id."""
+        out = self.run("sbatch", "--parsable", f"--output={output}", str(script), env=env)
+        return out.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job`` as a dict of its KEY=VALUE fields."""
+        text = self.run("scontrol", "show", "job", "-o", job_id)
+        return dict(re.findall(r"(\w+)=(\S*)", text))
+
+    def wait(self, job_id: str, timeout: float) -> dict[str, str]:
+        """Poll until the job leaves PENDING/RUNNING; cancel it and fail on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info.get("JobState") not in {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING"}:
+                return info
+            time.sleep(0.5)
+        subprocess.run(["scancel", job_id], env=self.env, check=False)
+        raise AssertionError(f"job {job_id} still {self.job(job_id).get('JobState')} "
+                             f"after {timeout}s (cancelled)")
+
+
+def _write_conf(root: Path, nodes: int, ctld_port: int, node_ports: list[int]) -> Path:
+    lines = [
+        "ClusterName=verlenvtest",
+        "SlurmctldHost=localhost",
+        f"SlurmctldPort={ctld_port}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/none",
+        "CredType=cred/none",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "MpiDefault=none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_CPU",
+        "ReturnToService=2",
+        "MinJobAge=600",
+        "KillWait=5",
+        f"StateSaveLocation={root}/state",
+        f"SlurmdSpoolDir={root}/spool-%n",
+        f"SlurmctldPidFile={root}/slurmctld.pid",
+        f"SlurmdPidFile={root}/slurmd-%n.pid",
+        f"SlurmctldLogFile={root}/slurmctld.log",
+        f"SlurmdLogFile={root}/slurmd-%n.log",
+        f"PlugStackConfig={root}/plugstack.conf",
+    ]
+    for i, port in enumerate(node_ports, start=1):
+        lines.append(f"NodeName=node{i} NodeHostname=localhost Port={port} CPUs=2 "
+                     "RealMemory=4000 State=UNKNOWN")
+    lines.append(f"PartitionName=debug Nodes=node[1-{nodes}] Default=YES MaxTime=INFINITE State=UP")
+    (root / "plugstack.conf").write_text("")
+    (root / "state").mkdir()
+    conf = root / "slurm.conf"
+    conf.write_text("\n".join(lines) + "\n")
+    return conf
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in reversed(procs):
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def slurm_skip_reason() -> str | None:
+    """Why the real-Slurm tests cannot run here, or None."""
+    missing = [t for t in SLURM_TOOLS if shutil.which(t) is None]
+    if missing:
+        return f"Slurm tools missing: {', '.join(missing)} (apt-get install slurmctld slurmd slurm-client)"
+    if os.geteuid() != 0:
+        return "the fake Slurm cluster needs root (slurmd runs jobs as their users)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """Two fake nodes (node1, node2; 2 CPUs each) on localhost, torn down by PID."""
+    reason = slurm_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("slurm")
+    base = free_port_block(3)
+    conf = _write_conf(root, 2, base, [base + 1, base + 2])
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    cluster = SlurmCluster(root, conf, env)
+    log = open(root / "daemons.out", "wb")
+    try:
+        cluster.procs.append(subprocess.Popen(["slurmctld", "-D", "-f", str(conf)], env=env,
+                                              stdout=log, stderr=subprocess.STDOUT))
+        for i in (1, 2):
+            cluster.procs.append(subprocess.Popen(["slurmd", "-D", "-f", str(conf), "-N", f"node{i}"],
+                                                  env=env, stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 30
+        state = ""
+        while time.monotonic() < deadline:
+            dead = [p.args for p in cluster.procs if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"Slurm daemon exited: {dead}; see {root}")
+            try:
+                state = cluster.run("sinfo", "-h", "-o", "%t %D").strip()
+            except (RuntimeError, subprocess.TimeoutExpired):
+                state = ""
+            if state == "idle 2":
+                break
+            time.sleep(0.2)
+        else:
+            raise RuntimeError(f"Slurm not idle after 30 s (sinfo: {state!r}); logs in {root}")
+        yield cluster
+    finally:
+        try:
+            jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True,
+                                  text=True, timeout=10).stdout.split()
+            if jobs:
+                subprocess.run(["scancel", *jobs], env=env, timeout=10, check=False)
+                time.sleep(2)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        _stop(cluster.procs)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def standin_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding the stand-in ``apptainer``; put it first on PATH."""
+    bindir = tmp_path_factory.mktemp("standin-bin")
+    runtime = bindir / "apptainer"
+    runtime.write_text(STANDIN_RUNTIME)
+    runtime.chmod(0o755)
+    return bindir
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains ``text`` (to find what a test started, by its unique
+    temp path, and stop exactly those)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            pids.append(int(entry.name))
+    return pids
