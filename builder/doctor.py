@@ -1,0 +1,316 @@
+"""``build-env doctor``: pre-flight one cluster node for the known multi-node pitfalls.
+
+Each check returns a :class:`Finding` with a one-line fix. Everything the checks read (the
+environment, sysfs, /dev/shm, the runtime command) can be pointed elsewhere, so the checks are
+tested against real sockets, real mounts and a fake sysfs tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import fcntl
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Mapping
+
+from builder.slurm import RayPorts
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+_SIOCGIFADDR = 0x8915
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One pre-flight result: ``status`` is ok|warn|fail|skip; ``fix`` is a one-line remedy."""
+
+    id: str
+    status: str
+    message: str
+    fix: str = ""
+
+
+def _port_taken(port: int) -> bool:
+    """True when a server could not bind ``port`` on all addresses (someone holds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def check_ports(ports: RayPorts) -> list[Finding]:
+    """Ray's fixed ports (GCS, dashboard, client, per-node) and the worker port range."""
+    fixed = {**ports.head_only(), **ports.per_node()}
+    taken = [f"{p} ({name})" for name, p in fixed.items() if _port_taken(p)]
+    out = [Finding("ports.ray", FAIL, f"in use: {', '.join(taken)}",
+                   "stop the old Ray/Redis holding them (`ss -ltnp` names it; `ray stop`)")
+           if taken else
+           Finding("ports.ray", OK, f"free: {', '.join(str(p) for p in fixed.values())}")]
+    workers = ports.worker_range()
+    busy = [p for p in workers if _port_taken(p)]
+    span = f"{workers.start}-{workers.stop - 1}"
+    if len(busy) == len(workers):
+        out.append(Finding("ports.ray_workers", FAIL, f"every port of {span} is in use",
+                           "free the worker range or pick another with --min/--max-worker-port"))
+    elif busy:
+        shown = ", ".join(map(str, busy[:5])) + (" …" if len(busy) > 5 else "")
+        out.append(Finding("ports.ray_workers", WARN, f"{len(busy)} of {span} in use: {shown}",
+                           "stop what holds them; Ray workers fail to start on a taken port"))
+    else:
+        out.append(Finding("ports.ray_workers", OK, f"{span} free"))
+    out.append(_ephemeral_overlap(workers))
+    return out
+
+
+def _ephemeral_overlap(workers: range, path: str = "/proc/sys/net/ipv4/ip_local_port_range"
+                       ) -> Finding:
+    try:
+        low, high = map(int, Path(path).read_text().split())
+    except (OSError, ValueError):
+        return Finding("ports.ephemeral", SKIP, f"cannot read {path}",
+                       "check the ephemeral range with `sysctl net.ipv4.ip_local_port_range`")
+    if low <= workers.stop - 1 and workers.start <= high:
+        return Finding("ports.ephemeral", WARN,
+                       f"worker range {workers.start}-{workers.stop - 1} overlaps the ephemeral "
+                       f"range {low}-{high}: outgoing connections can take worker ports",
+                       "move the worker range below the ephemeral range (or set "
+                       "net.ipv4.ip_local_reserved_ports)")
+    return Finding("ports.ephemeral", OK, f"ephemeral range {low}-{high} outside the worker range")
+
+
+def check_infiniband(sysfs: Path) -> list[Finding]:
+    """State of every InfiniBand port under ``sysfs``/class/infiniband."""
+    root = sysfs / "class" / "infiniband"
+    states = sorted(root.glob("*/ports/*/state"))
+    if not states:
+        return [Finding("ib.ports", SKIP, "no InfiniBand devices (NCCL will use sockets)",
+                        "nothing to do without IB; on IB nodes load the driver (mlx5_ib) first")]
+    down = []
+    for state in states:
+        text = state.read_text().strip()
+        if "ACTIVE" not in text:
+            down.append(f"{state.parts[-4]} port {state.parts[-2]}: {text}")
+    if down:
+        return [Finding("ib.ports", FAIL, "; ".join(down),
+                        "bring the port up (`ibstat`, check cable/subnet manager) or exclude the "
+                        "HCA with NCCL_IB_HCA")]
+    return [Finding("ib.ports", OK, f"{len(states)} port(s) ACTIVE")]
+
+
+def _names_in(spec: str) -> tuple[bool, bool, list[str]]:
+    """Parse NCCL list syntax: leading ``^`` excludes, ``=`` exact; ``dev:port`` entries."""
+    exclude = spec.startswith("^")
+    spec = spec.lstrip("^")
+    exact = spec.startswith("=")
+    names = [n.split(":")[0].strip() for n in spec.lstrip("=").split(",") if n.strip()]
+    return exclude, exact, names
+
+
+def check_nccl_env(env: Mapping[str, str], sysfs: Path) -> list[Finding]:
+    """NCCL/RCCL/gloo variables that name HCAs or interfaces which do not exist here."""
+    hcas = {p.name for p in (sysfs / "class" / "infiniband").glob("*")}
+    nets = {p.name for p in (sysfs / "class" / "net").glob("*")}
+    problems = []
+    spec = env.get("NCCL_IB_HCA")
+    if spec:
+        exclude, exact, names = _names_in(spec)
+        if not exclude:
+            missing = [n for n in names if not (n in hcas if exact else
+                                                any(h.startswith(n) for h in hcas))]
+            if missing:
+                problems.append(f"NCCL_IB_HCA names missing HCA(s) {', '.join(missing)} "
+                                f"(present: {', '.join(sorted(hcas)) or 'none'})")
+    for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        spec = env.get(var)
+        if not spec:
+            continue
+        exclude, exact, names = _names_in(spec)
+        if not exclude and not any(n in nets if exact or var.startswith("GLOO")
+                                   else any(i.startswith(n) for i in nets) for n in names):
+            problems.append(f"{var}={spec} matches no interface (present: {', '.join(sorted(nets))})")
+    if env.get("NCCL_IB_DISABLE") == "1" and hcas:
+        problems.append("NCCL_IB_DISABLE=1 although InfiniBand devices exist")
+    if problems:
+        return [Finding("nccl.env", FAIL, "; ".join(problems),
+                        "fix the site profile (build-env slurm --env NAME=VALUE) to name devices "
+                        "that exist (`ibdev2netdev`, `ip -br link`)")]
+    named = [k for k in ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if env.get(k)]
+    return [Finding("nccl.env", OK, f"consistent ({', '.join(named) or 'nothing set'})")]
+
+
+def check_visible_devices(env: Mapping[str, str]) -> list[Finding]:
+    """HIP_VISIBLE_DEVICES == CUDA_VISIBLE_DEVICES, and no ROCR_VISIBLE_DEVICES under Ray."""
+    hip, cuda, rocr = (env.get(k) for k in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
+                                            "ROCR_VISIBLE_DEVICES"))
+    if hip is not None and cuda is not None and hip != cuda:
+        return [Finding("env.visible_devices", FAIL,
+                        f"HIP_VISIBLE_DEVICES={hip} but CUDA_VISIBLE_DEVICES={cuda}",
+                        'export HIP_VISIBLE_DEVICES="$CUDA_VISIBLE_DEVICES"')]
+    if rocr is not None:
+        return [Finding("env.visible_devices", FAIL,
+                        f"ROCR_VISIBLE_DEVICES={rocr} is set: Ray refuses it",
+                        'export HIP_VISIBLE_DEVICES="$ROCR_VISIBLE_DEVICES"; unset ROCR_VISIBLE_DEVICES')]
+    return [Finding("env.visible_devices", OK, "visible-device variables consistent")]
+
+
+def check_ray_debug(env: Mapping[str, str]) -> list[Finding]:
+    """RAY_DEBUG=legacy with RAY_DEBUG_POST_MORTEM, or post-mortem alone (a failed task waits)."""
+    legacy = env.get("RAY_DEBUG", "").lower() == "legacy"
+    post = env.get("RAY_DEBUG_POST_MORTEM", "") not in ("", "0")
+    if legacy and post:
+        return [Finding("env.ray_debug", FAIL,
+                        "RAY_DEBUG=legacy with RAY_DEBUG_POST_MORTEM: breakpoints never fire",
+                        "unset RAY_DEBUG (Ray >= 2.39 uses the new debugger)")]
+    if post:
+        return [Finding("env.ray_debug", WARN,
+                        "RAY_DEBUG_POST_MORTEM is set: a failed task waits for a debugger forever",
+                        "unset RAY_DEBUG_POST_MORTEM for unattended jobs")]
+    return [Finding("env.ray_debug", OK, "no conflicting Ray debugger variables")]
+
+
+def check_hf_cache(path: Path) -> list[Finding]:
+    """The Hugging Face cache exists (or can be made) and accepts a new file."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".doctor-"):
+            pass
+    except OSError as exc:
+        return [Finding("hf.cache", FAIL, f"{path} is not writable: {exc.strerror or exc}",
+                        "point HF_HOME (build-env slurm --hf-home) at a shared directory you own")]
+    return [Finding("hf.cache", OK, f"{path} writable")]
+
+
+def check_shm(path: Path) -> list[Finding]:
+    """/dev/shm size: fail under 1 GiB, warn under 30 % of RAM (Ray's object store default)."""
+    try:
+        size = shutil.disk_usage(path).total
+    except OSError as exc:
+        return [Finding("shm.size", FAIL, f"{path}: {exc.strerror}", "mount a tmpfs on /dev/shm")]
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    msg = f"{path} {size / GIB:.1f} GiB (RAM {ram / GIB:.1f} GiB)"
+    if size < GIB:
+        return [Finding("shm.size", FAIL, msg, "enlarge /dev/shm (docker: --shm-size=16g; "
+                                                "apptainer uses the host's)")]
+    if size < 0.3 * ram:
+        return [Finding("shm.size", WARN, msg + ": Ray's object store falls back to /tmp",
+                        "enlarge /dev/shm to >= 30% of RAM")]
+    return [Finding("shm.size", OK, msg)]
+
+
+def check_runtime(runtime: str) -> list[Finding]:
+    """The container runtime is on PATH, and its version."""
+    path = shutil.which(runtime)
+    if path is None:
+        return [Finding("runtime", FAIL, f"{runtime} not found on PATH",
+                        f"module load {runtime} (or install it on every node)")]
+    try:
+        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20)
+        version = (proc.stdout or proc.stderr).strip().splitlines()[0] if proc.returncode == 0 else ""
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        version = ""
+    if not version:
+        return [Finding("runtime", FAIL, f"{path} --version failed", f"reinstall {runtime}")]
+    return [Finding("runtime", OK, f"{path}: {version}")]
+
+
+def check_cpus(env: Mapping[str, str]) -> list[Finding]:
+    """CPUs this process may use (affinity, SLURM_CPUS_ON_NODE) vs os.cpu_count() (what Ray
+    takes without --num-cpus)."""
+    total = os.cpu_count() or 0
+    allowed = len(os.sched_getaffinity(0))
+    limits = [allowed]
+    slurm = env.get("SLURM_CPUS_ON_NODE")
+    if slurm and slurm.isdigit():
+        limits.append(int(slurm))
+    usable = min(limits)
+    msg = f"Ray would take {total} CPUs; allowed {allowed} (affinity)" + (
+        f", SLURM_CPUS_ON_NODE={slurm}" if slurm else "")
+    if usable < total:
+        return [Finding("slurm.cpus", WARN, msg,
+                        f"start Ray with --num-cpus={usable} (the build-env slurm script does)")]
+    return [Finding("slurm.cpus", OK, msg)]
+
+
+def _ipv4_of(interface: str) -> str | None:
+    packed = struct.pack("256s", interface.encode()[:15])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            data = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, packed)
+        except OSError:
+            return None
+    return socket.inet_ntoa(data[20:24])
+
+
+def check_interface(interface: str, sysfs: Path) -> list[Finding]:
+    """The chosen interface exists and has a routable (non-loopback) IPv4 address."""
+    nets = sorted(p.name for p in (sysfs / "class" / "net").glob("*"))
+    if interface not in nets:
+        return [Finding("net.interface", FAIL, f"no interface {interface} (have: {', '.join(nets)})",
+                        "pass --interface with one of those (the one on the fast fabric)")]
+    addr = _ipv4_of(interface)
+    if addr is None:
+        return [Finding("net.interface", FAIL, f"{interface} has no IPv4 address",
+                        f"configure {interface} or choose another --interface")]
+    if addr.startswith("127."):
+        return [Finding("net.interface", FAIL, f"{interface} has loopback address {addr}: "
+                        "other nodes cannot reach Ray or NCCL there",
+                        "choose the cluster fabric interface (ib0, or the node's data NIC)")]
+    return [Finding("net.interface", OK, f"{interface} {addr}")]
+
+
+def run_doctor(interface: str = "ib0", hf_home: str | None = None, runtime: str = "apptainer",
+               ports: RayPorts | None = None, env: Mapping[str, str] | None = None,
+               sysfs: str = "/sys", shm: str = "/dev/shm") -> list[Finding]:
+    """Run every check; nothing here raises for a bad node, it reports."""
+    env = os.environ if env is None else env
+    root = Path(sysfs)
+    hf = Path(hf_home or env.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+    findings: list[Finding] = []
+    findings += check_ports(ports or RayPorts())
+    findings += check_interface(interface, root)
+    findings += check_infiniband(root)
+    findings += check_nccl_env(env, root)
+    findings += check_visible_devices(env)
+    findings += check_ray_debug(env)
+    findings += check_hf_cache(hf)
+    findings += check_shm(Path(shm))
+    findings += check_runtime(runtime)
+    findings += check_cpus(env)
+    return findings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``build-env doctor``."""
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument("--interface", default="ib0", help="interface Ray/NCCL will use")
+    parser.add_argument("--hf-home", default=None, help="HF cache to test (default $HF_HOME)")
+    parser.add_argument("--runtime", default="apptainer", help="container runtime command")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``build-env doctor``: 0 when nothing failed, 1 otherwise."""
+    findings = run_doctor(interface=args.interface, hf_home=args.hf_home, runtime=args.runtime)
+    failed = any(f.status == FAIL for f in findings)
+    if args.json:
+        summary = {s: sum(f.status == s for f in findings) for s in (OK, WARN, FAIL, SKIP)}
+        json.dump({"findings": [asdict(f) for f in findings], "summary": summary,
+                   "ok": not failed}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for f in findings:
+            print(f"[{f.status.upper():4}] {f.id:20} {f.message}")
+            if f.status != OK and f.fix:
+                print(f"{'':27}fix: {f.fix}")
+    return 1 if failed else 0
