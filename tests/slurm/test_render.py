@@ -32,7 +32,7 @@ OPTION_SETS: dict[str, dict[str, object]] = {
     "custom-train": dict(train_cmd="python3 -m verl.trainer.main_ppo 'data.train_files=[\"a b\"]' "
                                    "trainer.nnodes=${SLURM_NNODES} trainer.project_name='it''s' "
                                    "actor_rollout_ref.model.path=$HF_HOME/m"),
-    "docker-source": dict(sif=f"docker://ghcr.io/x/verl@sha256:{DIGEST}", runtime="singularity",
+    "docker-source": dict(sif=f"docker://images.example.net/x/verl@sha256:{DIGEST}", runtime="singularity",
                           cache_dir="/scratch/$USER/sif", hf_home="/scratch/${USER}/hf"),
     "path-source": dict(sif="/shared/images/verl.sif", exclusive=False, port_stride=100,
                         ray_ports=RayPorts(min_worker=20000, max_worker=20050)),
