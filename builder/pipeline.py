@@ -166,14 +166,14 @@ def run(args: argparse.Namespace) -> int:
                                        "report": v.report})
     except KeyboardInterrupt:
         report.result, report.error = "interrupted", "interrupted by a signal"
-        if image_id and not tagged:
+        if image_id and not tagged and not engine.tags_of(image_id):
             engine.remove_image(image_id)
         report.write(report_path)
         console.stage("abort", "fail", "interrupted: no tag applied, candidate removed")
         return 130
     except BaseException as exc:
         report.result, report.error = "error", str(exc)
-        if image_id and not tagged:
+        if image_id and not tagged and not engine.tags_of(image_id):
             engine.remove_image(image_id)
         report.write(report_path)
         raise

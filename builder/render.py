@@ -180,9 +180,9 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
         raise RenderError(f"no build-tools lock beside {lock_file}: run `build-env lock`",
                           target=target.name)
     wheels = _local_wheels(target, locked)
-    ca_hash = "sha256:" + _file_sha256(ca_bundle) if ca_bundle else None
     if ca_bundle and not ca_bundle.is_file():
         raise RenderError(f"--ca-bundle {ca_bundle}: no such file", target=target.name)
+    ca_hash = "sha256:" + _file_sha256(ca_bundle) if ca_bundle else None
     dockerfile = render_dockerfile(target, layers, matrix_hash=matrix_hash, lock_hash=lock_hash,
                                    ca_bundle=ca_bundle is not None, ca_hash=ca_hash,
                                    wheels=bool(wheels), source_hashed=source_hashed)

@@ -184,13 +184,26 @@ def _plain(node: Any, path: str, lines: dict[str, int], file: str) -> Any:
     """Turn a composed node into plain python, recording each key's line under its dotted path."""
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
+        explicit = sum(1 for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge")
+        loader = yaml.SafeLoader("")
+        try:
+            loader.flatten_mapping(node)  # YAML merge keys (<<: *anchor) keep their own lines
+        except yaml.MarkedYAMLError as exc:
+            line = exc.problem_mark.line + 1 if exc.problem_mark else None
+            raise SpecError(f"YAML merge error: {exc.problem}", file=file, line=line) from None
+        finally:
+            loader.dispose()
+        merged = len(node.value) - explicit  # flatten_mapping puts merged pairs first
         out: dict[str, Any] = {}
-        for knode, vnode in node.value:
+        written: set[str] = set()  # keys written in this mapping itself (not merged in)
+        for i, (knode, vnode) in enumerate(node.value):
             key = str(knode.value)
             sub = f"{path}.{key}" if path else key
-            if key in out:
+            if key in written:
                 raise SpecError("duplicate key", file=file, line=knode.start_mark.line + 1, key=sub)
-            lines[sub] = knode.start_mark.line + 1
+            if i >= merged:
+                written.add(key)
+            out.pop(key, None)  # an explicit key overrides a merged one
             out[key] = _plain(vnode, sub, lines, file)
             lines[sub] = knode.start_mark.line + 1  # the key's line, not its value's
         return out

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install the OS packages the tests and the quick start use (Debian 12). Needs root.
+# Real parts only: Docker Engine, an OCI registry, Slurm, siftool/mksquashfs, shellcheck,
+# debootstrap for the base image, charliecloud (runs a SIF's squashfs), skopeo/umoci.
+set -euo pipefail
+packages=(docker.io docker-registry apache2-utils slurmctld slurmd slurm-client munge shellcheck
+          squashfuse squashfs-tools siftool skopeo umoci charliecloud-runtime debootstrap)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "os-packages.sh: need root to install: ${missing[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

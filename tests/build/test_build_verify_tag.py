@@ -1,0 +1,185 @@
+"""The main job on a real Docker Engine: build -> verify inside -> tag only on pass.
+
+The fixture target is a real CPU-only verl environment (torch CPU, Ray, tensordict, verl) built
+FROM a debootstrapped Debian base; the package index is reached through the injected CA bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.conftest import REPO, run_build_env
+
+pytestmark = [pytest.mark.docker, pytest.mark.network]
+FIXTURE = "tests/fixtures/cpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def client(docker_host: str) -> docker.DockerClient:
+    return docker.from_env()
+
+
+def _checks(report: dict) -> dict[str, dict]:
+    return {c["id"]: c for c in report["verification"]["checks"]}
+
+
+def _no_containers(client: docker.DockerClient, timeout: float = 30) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [c.name for c in client.containers.list(all=True)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def test_fixture_is_built_verified_and_tagged(cpu_image: dict, client: docker.DockerClient
+                                              ) -> None:
+    assert cpu_image["result"] == "pass"
+    assert cpu_image["tags"][-1] == "verl-env:cpu-x86_64"
+    assert cpu_image["tags"][0].startswith("verl-env:cpu-x86_64-verl0.9.1-")
+    image = client.images.get("verl-env:cpu-x86_64")
+    assert image.id == cpu_image["image_id"]
+    labels = image.labels
+    assert labels["org.verl-env.pin.verl"] == "0.9.1"
+    assert labels["org.verl-env.pin.torch"] == "2.13.0+cpu"
+    assert labels["org.verl-env.lock-hash"] == cpu_image["lock_hash"]
+    assert labels["org.verl-env.site-ca"].startswith("sha256:")
+    checks = _checks(cpu_image)
+    for cid in ("imports.verl", "imports.torch", "imports.ray", "versions.pin.verl",
+                "versions.verl_requires", "cpu.tensordict_membership", "cpu.gloo_allreduce",
+                "ray.local_start"):
+        assert checks[cid]["status"] == "pass", checks[cid]
+    # GPU checks did not run here: reported as skip with a reason, never as pass
+    gpu = [c for c in checks.values() if c["phase"] in ("gpu", "collective")]
+    assert gpu and all(c["status"] == "skip" and c["reason"] for c in gpu)
+    stages = cpu_image["stages"]
+    assert stages["build"]["steps"] > 10 and stages["verify"]["overall"] == "pass"
+    assert _no_containers(client) == []
+
+
+def test_no_change_rebuild_is_all_cache(cpu_image: dict, ca_bundle: Path, tmp_path: Path
+                                        ) -> None:
+    proc = run_build_env("--target", "cpu-x86_64", "--matrix", FIXTURE, "--ca-bundle",
+                         str(ca_bundle), "--workdir", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["image_id"] == cpu_image["image_id"]
+    build = report["stages"]["build"]
+    assert build["cache_hits"] == build["steps"] - 1  # every step but FROM
+
+
+def test_wrong_pin_is_refused_and_tags_stay(cpu_image: dict, ca_bundle: Path, tmp_path: Path,
+                                            client: docker.DockerClient) -> None:
+    # a previous release of this target exists (here: the good image under its name)
+    client.images.get(cpu_image["image_id"]).tag("verl-env", "cpu-x86_64-badpin")
+    proc = run_build_env("--target", "cpu-x86_64-badpin", "--matrix", FIXTURE, "--ca-bundle",
+                         str(ca_bundle), "--workdir", str(tmp_path))
+    assert proc.returncode == 1, proc.stderr
+    assert "versions.provided.pip" in proc.stderr and "no release tag applied" in proc.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["result"] == "fail" and report["tags"] == []
+    bad = _checks(report)["versions.provided.pip"]
+    assert bad["status"] == "fail" and "99.0" in json.dumps(bad)
+    # the previous release tag still points at the previous image; the candidate is gone
+    assert client.images.get("verl-env:cpu-x86_64-badpin").id == cpu_image["image_id"]
+    tags = {t for i in client.images.list() for t in i.tags}
+    assert not any(t.startswith("verl-env:cpu-x86_64-badpin-verl") for t in tags)
+    with pytest.raises(docker.errors.ImageNotFound):
+        client.images.get(report["image_id"])
+    assert _no_containers(client) == []
+    client.images.remove("verl-env:cpu-x86_64-badpin")
+
+
+def test_keep_candidate(cpu_image: dict, ca_bundle: Path, tmp_path: Path,
+                        client: docker.DockerClient) -> None:
+    proc = run_build_env("--target", "cpu-x86_64-badpin", "--matrix", FIXTURE, "--ca-bundle",
+                         str(ca_bundle), "--workdir", str(tmp_path), "--keep-candidate")
+    assert proc.returncode == 1
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["tags"] == ["verl-env:cpu-x86_64-badpin-candidate"]
+    assert client.images.get(report["tags"][0]).id == report["image_id"]
+    client.images.remove(report["tags"][0])
+
+
+def _popen(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "builder", *args], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
+
+
+def _wait_for(predicate, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.2)
+
+
+def test_interrupted_build_leaves_nothing(cpu_image: dict, debian_base: str, ca_bundle: Path,
+                                          tmp_path: Path, client: docker.DockerClient) -> None:
+    # a different base forces a real (uncached) build; interrupt it inside a RUN step
+    client.images.build(fileobj=__import__("io").BytesIO(
+        f"FROM {debian_base}\nRUN echo other > /etc/verl-env-test\n".encode()),
+        tag="verl-env-test/debian:other", network_mode="host", rm=True)
+    before = {t for i in client.images.list() for t in i.tags}
+    proc = _popen("--target", "cpu-x86_64", "--matrix", FIXTURE, "--ca-bundle", str(ca_bundle),
+                  "--workdir", str(tmp_path), "--base-image", "verl-env-test/debian:other")
+    try:
+        _wait_for(lambda: client.containers.list() or proc.poll() is not None)
+        assert proc.poll() is None, proc.communicate()[1]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert _no_containers(client) == []
+    after = {t for i in client.images.list() for t in i.tags}
+    assert after == before  # no candidate, no release tag
+    client.images.remove("verl-env-test/debian:other")
+
+
+def test_interrupted_verification_leaves_nothing(cpu_image: dict, ca_bundle: Path,
+                                                 tmp_path: Path, client: docker.DockerClient
+                                                 ) -> None:
+    before = {t: client.images.get(t).id for i in client.images.list() for t in i.tags}
+    proc = _popen("--target", "cpu-x86_64", "--matrix", FIXTURE, "--ca-bundle", str(ca_bundle),
+                  "--workdir", str(tmp_path))
+    try:
+        _wait_for(lambda: client.containers.list(filters={"label": "org.verl-env.owner"})
+                  or proc.poll() is not None)
+        assert proc.poll() is None, proc.communicate()[1]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert _no_containers(client) == []
+    after = {t: client.images.get(t).id for i in client.images.list() for t in i.tags}
+    assert after == before
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["result"] == "interrupted" and report["tags"] == []
+
+
+def test_verify_command_on_the_release_and_on_a_foreign_image(
+        cpu_image: dict, debian_base: str, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = run_build_env("verify", "verl-env:cpu-x86_64", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(out.read_text())["overall"] == "pass"
+    # an image this tool never built: the host's self-test is mounted in; no manifest, no
+    # pins to hold it to, and no torch: it must not pass
+    out2 = tmp_path / "foreign.json"
+    proc = run_build_env("verify", debian_base, "--json", str(out2))
+    report = json.loads(out2.read_text())
+    assert proc.returncode in (1, 2), proc.stdout + proc.stderr
+    assert report["overall"] in ("fail", "incomplete") and report["checks"]

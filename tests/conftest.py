@@ -1,0 +1,104 @@
+"""Shared fixtures: a real Docker Engine per session and the debootstrap base image.
+
+Tests that need a real part are marked (docker, registry, slurm, gpu, apptainer) and skip with a
+visible reason when it cannot run here; they never pass without having run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.dockerd import Dockerd, import_debian_base, start_dockerd, unavailable_reason
+
+REPO = Path(__file__).resolve().parents[1]
+CA_BUNDLE = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"))
+
+
+@pytest.fixture(scope="session")
+def dockerd() -> Iterator[Dockerd]:
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    d = start_dockerd()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+@pytest.fixture(scope="session")
+def docker_host(dockerd: Dockerd) -> Iterator[str]:
+    """DOCKER_HOST of the session's engine, exported for the code under test."""
+    old = os.environ.get("DOCKER_HOST")
+    os.environ["DOCKER_HOST"] = dockerd.host
+    try:
+        yield dockerd.host
+    finally:
+        if old is None:
+            os.environ.pop("DOCKER_HOST", None)
+        else:
+            os.environ["DOCKER_HOST"] = old
+
+
+@pytest.fixture(scope="session")
+def debian_base(docker_host: str) -> str:
+    """``verl-env-test/debian:bookworm`` built with debootstrap from this machine's apt sources."""
+    try:
+        return import_debian_base(docker_host)
+    except RuntimeError as exc:
+        pytest.skip(f"no debootstrap base image: {exc}")
+
+
+@pytest.fixture(scope="session")
+def ca_bundle() -> Path:
+    """The host CA bundle: containers reach the package index only with it injected."""
+    if not CA_BUNDLE.is_file():
+        pytest.skip(f"no CA bundle at {CA_BUNDLE}")
+    return CA_BUNDLE
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Verdicts and caches of the code under test go to a per-session directory."""
+    state = tmp_path_factory.mktemp("state")
+    old = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(state)
+    try:
+        yield state
+    finally:
+        if old is None:
+            os.environ.pop("XDG_STATE_HOME", None)
+        else:
+            os.environ["XDG_STATE_HOME"] = old
+
+
+def run_build_env(*args: str, timeout: float = 1800, env: dict[str, str] | None = None
+                  ) -> "subprocess.CompletedProcess[str]":
+    """Run the real command line (``python -m builder``) from the repository root."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=REPO, text=True,
+                          capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="session")
+def cpu_image(debian_base: str, ca_bundle: Path, tmp_path_factory: pytest.TempPathFactory
+              ) -> dict:
+    """The CI fixture target built, verified and tagged for real by the pipeline.
+
+    Returns the build report (``image_id``, ``tags``, ``verification``...). Needs the package
+    index reachable from containers (through the injected CA bundle).
+    """
+    import json
+
+    workdir = tmp_path_factory.mktemp("cpu-build")
+    proc = run_build_env("--target", "cpu-x86_64", "--matrix", "tests/fixtures/cpu.yaml",
+                         "--ca-bundle", str(ca_bundle), "--workdir", str(workdir), "--json")
+    if proc.returncode != 0:
+        pytest.fail(f"fixture build failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout)

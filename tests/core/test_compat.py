@@ -1,0 +1,86 @@
+"""Decision logic of the cross-package check, on synthetic metadata."""
+
+from __future__ import annotations
+
+from builder.compat import check_target
+from builder.metadata import Release, Snapshot
+from builder.spec import Base, Package, Target
+
+
+def _target(*pkgs: Package, provided: tuple[Package, ...] = (), python: str = "3.12") -> Target:
+    return Target("t", "cpu", "x86_64", Base("img"), python, pkgs, provided,
+                  lines={"": 3, "python": 5, "packages.b": 9})
+
+
+def _snap(*releases: Release, versions: dict[str, list[str]] | None = None) -> Snapshot:
+    return Snapshot({f"{r.name}=={r.version}": r for r in releases}, versions or {})
+
+
+def test_pins_that_fit_pass() -> None:
+    t = _target(Package("a", "1.0"), Package("b", "2.0"))
+    s = _snap(Release("a", "1.0", ">=3.10", ("b>=2,<3",)), Release("b", "2.0", None, ()))
+    assert check_target(t, s) == []
+
+
+def test_pin_outside_a_requirement() -> None:
+    t = _target(Package("a", "1.0"), Package("b", "3.0"))
+    s = _snap(Release("a", "1.0", None, ("b>=2,<3",)), Release("b", "3.0", None, ()))
+    [p] = check_target(t, s)
+    assert p.key == "targets.t.packages.b" and p.where == "matrix.yaml:9"
+    assert p.message == "b 3.0 does not satisfy a 1.0's requirement b<3,>=2"
+
+
+def test_two_requirers_with_disjoint_ranges_name_both() -> None:
+    t = _target(Package("a", "1.0"), Package("b", "1.0"))
+    s = _snap(Release("a", "1.0", None, ("c<2",)), Release("b", "1.0", None, ("c>=3",)),
+              versions={"c": ["1.0", "2.0", "3.0"]})
+    [p] = check_target(t, s)
+    assert "conflict on c: a 1.0 requires c<2 but b 1.0 requires c>=3" in p.message
+
+
+def test_overlapping_ranges_without_a_release_in_common_conflict() -> None:
+    t = _target(Package("a", "1.0"), Package("b", "1.0"))
+    s = _snap(Release("a", "1.0", None, ("c<2.5",)), Release("b", "1.0", None, ("c>2.1",)),
+              versions={"c": ["2.0", "3.0"]})
+    assert len(check_target(t, s)) == 1
+
+
+def test_unknown_release_list_does_not_invent_a_conflict() -> None:
+    t = _target(Package("a", "1.0"), Package("b", "1.0"))
+    s = _snap(Release("a", "1.0", None, ("c<2",)), Release("b", "1.0", None, ("c>=3",)))
+    assert check_target(t, s) == []
+
+
+def test_requires_python() -> None:
+    t = _target(Package("a", "1.0"), python="3.13")
+    [p] = check_target(t, _snap(Release("a", "1.0", "<3.13,>=3.10", ())))
+    assert p.key == "targets.t.python" and "outside a 1.0's Requires-Python" in p.message
+
+
+def test_markers_follow_python_arch_and_extras() -> None:
+    reqs = ("b<2; python_version < '3.11'", "b>=9; platform_machine == 'aarch64'",
+            "b>=5; extra == 'x'")
+    s = _snap(Release("a", "1.0", None, reqs), Release("b", "3.0", None, ()))
+    assert check_target(_target(Package("a", "1.0"), Package("b", "3.0")), s) == []
+    [p] = check_target(_target(Package("a", "1.0", extras=("x",)), Package("b", "3.0")), s)
+    assert "b>=5" in p.message
+
+
+def test_provided_packages_are_checked_as_dependencies_only() -> None:
+    # vendor builds (AMD's vLLM on its own torch) are not described by index metadata
+    t = _target(Package("a", "1.0"), provided=(Package("torch", "2.12.0"),
+                                                Package("vllm", "0.27.0")))
+    s = _snap(Release("a", "1.0", None, ("torch>=2.13",)),
+              Release("vllm", "0.27.0", None, ("torch==2.13.0",)))
+    [p] = check_target(t, s)
+    assert p.message.startswith("torch 2.12.0 does not satisfy a 1.0's")
+
+
+def test_missing_metadata_is_reported_not_passed() -> None:
+    [p] = check_target(_target(Package("a", "1.0")), _snap())
+    assert "no metadata for a==1.0" in p.message and "--online" in p.message
+
+
+def test_disabled_packages_are_ignored() -> None:
+    t = _target(Package("a", "1.0", enabled=False))
+    assert check_target(t, _snap()) == []

@@ -1,0 +1,116 @@
+"""Lock parsing, staleness, layer splitting (pure), and a real uv resolution (network)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from builder.layers import split_layers
+from builder.lock import compile_lock, input_hash, lock_path, parse_lock, python_platform, \
+    stale_reason
+from builder.metadata import load_snapshot
+from builder.spec import apply_overrides, load_matrix
+
+REPO = Path(__file__).resolve().parents[2]
+LOCK = """\
+# verl-env lock for target t
+# input-hash: sha256:{h}
+a==1.0 \\
+    --hash=sha256:aaa
+    # via -r requirements.in
+b==2.0 \\
+    --hash=sha256:bbb \\
+    --hash=sha256:bb2
+    # via
+    #   a
+    #   torch
+torch==2.11.0 \\
+    --hash=sha256:ttt
+    # via
+    #   -r requirements.in
+    #   verl
+    #   vllm
+nvidia-nccl==2.28 \\
+    --hash=sha256:nnn
+    # via torch
+vllm==0.24.0 \\
+    --hash=sha256:vvv
+    # via -r requirements.in
+xgrammar==0.2 \\
+    --hash=sha256:xxx
+    # via vllm
+verl==0.9.1 \\
+    --hash=sha256:lll
+    # via -r requirements.in
+""".format(h="0" * 64)
+
+
+def test_parse_lock_reads_hashes_and_via() -> None:
+    pk = parse_lock(LOCK)
+    assert list(pk) == ["a", "b", "torch", "nvidia-nccl", "vllm", "xgrammar", "verl"]
+    assert pk["b"].hashes == ("sha256:bbb", "sha256:bb2")
+    assert pk["b"].via == ("a", "torch")
+    assert pk["torch"].via == ("-r requirements.in", "verl", "vllm")
+    assert pk["b"].render() == "b==2.0 \\\n    --hash=sha256:bbb \\\n    --hash=sha256:bb2\n"
+
+
+def test_layers_put_torch_first_engine_next_verl_last() -> None:
+    layers = split_layers(parse_lock(LOCK), engine="vllm")
+    names = {layer.name: [p.name for p in layer.packages] for layer in layers}
+    assert [layer.name for layer in layers] == ["torch", "engine", "deps", "verl"]
+    assert names["torch"] == ["b", "nvidia-nccl", "torch"]  # b is also needed by torch
+    assert names["engine"] == ["vllm", "xgrammar"]
+    assert names["deps"] == ["a"]
+    assert names["verl"] == ["verl"]
+    assert [layer.filename for layer in layers] == ["10-torch.txt", "20-engine.txt",
+                                                    "30-deps.txt", "40-verl.txt"]
+
+
+def test_layers_cover_the_lock_exactly_once() -> None:
+    locked = parse_lock((REPO / "locks" / "cuda-x86_64.txt").read_text())
+    locked.pop("uv")
+    layers = split_layers(locked, engine="vllm", exclude={"flash-attn"})
+    names = [p.name for layer in layers for p in layer.packages]
+    assert sorted(names) == sorted(locked) and len(names) == len(set(names))
+    assert layers[-1].name == "verl" and [p.name for p in layers[-1].packages] == ["verl"]
+
+
+def test_committed_locks_match_the_matrix() -> None:
+    m = load_matrix(REPO / "matrix.yaml")
+    snap = load_snapshot(REPO / "metadata" / "pypi-snapshot.json")
+    for t in m.targets.values():
+        assert stale_reason(t, snap, lock_path(m.path, t)) is None
+    assert python_platform(m.target("cuda-arm64")) == "aarch64-manylinux_2_39"
+
+
+def test_a_changed_pin_makes_the_lock_stale() -> None:
+    m = load_matrix(REPO / "matrix.yaml")
+    snap = load_snapshot(REPO / "metadata" / "pypi-snapshot.json")
+    t = apply_overrides(m.target("cuda-x86_64"), ["packages.transformers=5.8.1"])
+    assert input_hash(t, snap) != input_hash(m.target("cuda-x86_64"), snap)
+    reason = stale_reason(t, snap, lock_path(m.path, t))
+    assert reason and "different inputs" in reason
+
+
+@pytest.mark.network
+def test_uv_resolves_the_fixture_target_reproducibly(tmp_path: Path) -> None:
+    fixtures = REPO / "tests" / "fixtures"
+    m = load_matrix(fixtures / "cpu.yaml")
+    snap = load_snapshot(fixtures / "metadata" / "pypi-snapshot.json")
+    t = m.target("cpu-x86_64")
+    if not all(Path(d).is_dir() for d in t.find_links):
+        pytest.skip("no local CPU torch wheel directory on this machine")
+    if not shutil.which("uv"):
+        pytest.skip("uv not installed")
+    first = compile_lock(t, snap, tmp_path / "a.txt")
+    second = compile_lock(t, snap, tmp_path / "b.txt")
+    assert first.text == second.text  # no temp paths, no timestamps
+    assert "# via -r requirements.in" in first.text and str(tmp_path) not in first.text
+    locked = parse_lock(first.text)
+    for p in t.enabled_packages:
+        assert locked[p.name].version == p.version
+        assert locked[p.name].hashes
+    assert locked["hydra-core"].version.startswith("1.3")  # not 0.11.3 through antlr4
+    assert stale_reason(t, snap, tmp_path / "a.txt") is None

