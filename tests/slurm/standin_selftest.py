@@ -16,7 +16,7 @@ import sys
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="verl_env_selftest (stand-in)")
-    for opt in ("--phases", "--json", "--expect-gpus", "--manifest"):
+    for opt in ("--phases", "--json", "--expect-gpus", "--manifest", "--timeout"):
         parser.add_argument(opt)
     args = parser.parse_args()
     node = os.environ.get("SLURMD_NODENAME", "?")
