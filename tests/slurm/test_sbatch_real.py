@@ -69,7 +69,7 @@ class Bench:
             target="cpu-test", family="cpu", sif=self.sif_ref, nodes=2, cpus_per_task=1,
             partition="debug", time="10", interface="lo", cache_dir=str(self.root / "sifcache"),
             hf_home=str(self.root / "hf"), ray_ports=ports, port_stride=50,
-            ray_tmp_root=str(self.ray_tmp), ray_wait_timeout=90, selftest_port=b + 3,
+            ray_tmp_root=str(self.ray_tmp), ray_wait_timeout=150, selftest_port=b + 3,
             selftest_timeout=120, job_dir=str(self.root / "job-${SLURM_JOB_ID}"),
             exclusive=False, selftest_phases="preflight,env",
             selftest_args=f"--manifest {self.root / 'manifest.json'} --timeout 90",
@@ -79,7 +79,7 @@ class Bench:
         values.update(overrides)
         return SlurmJob(**values)  # type: ignore[arg-type]
 
-    def submit(self, job: SlurmJob, name: str, timeout: float = 150) -> tuple[dict[str, str], str, float]:
+    def submit(self, job: SlurmJob, name: str, timeout: float = 300) -> tuple[dict[str, str], str, float]:
         """Write, sbatch, wait; return (scontrol fields, job output, wall seconds)."""
         script = write_sbatch(job, self.root / f"{name}.sbatch")
         out = self.root / f"{name}.out"
