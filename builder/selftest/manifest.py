@@ -1,0 +1,178 @@
+"""The baked manifest (``/opt/verl-env/manifest.json``), pin matching, and what the target
+expects of GPUs. Pure apart from ``load_manifest`` reading one file."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping
+
+from . import MANIFEST_SCHEMA
+from .report import CPU_TARGET, NO_GPU_BUILD_HOST
+
+ACCELERATORS = ("cuda", "rocm", "cpu")
+
+
+class ManifestError(Exception):
+    """The manifest is missing or malformed (the self-test cannot know what to check)."""
+
+
+def normalize(name: str) -> str:
+    """PEP 503 normalised distribution name."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _name_map(raw: Any, key: str, path: str) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise ManifestError(f"{path}: '{key}' must map names to strings")
+    return {normalize(k): v for k, v in raw.items()}
+
+
+def parse_manifest(data: Any, path: str = "manifest.json") -> dict[str, Any]:
+    """Validate and normalise a manifest dict; raises ManifestError naming the key."""
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path}: not a JSON object")
+    schema = data.get("schema", MANIFEST_SCHEMA)
+    if schema != MANIFEST_SCHEMA:
+        raise ManifestError(f"{path}: schema {schema!r}, expected {MANIFEST_SCHEMA!r}")
+    acc = data.get("accelerator")
+    if acc not in ACCELERATORS:
+        raise ManifestError(f"{path}: 'accelerator' must be one of {ACCELERATORS}, got {acc!r}")
+    out = dict(data)
+    out["schema"] = schema
+    out["pins"] = _name_map(data.get("pins"), "pins", path)
+    out["provided"] = _name_map(data.get("provided"), "provided", path)
+    out["imports"] = _name_map(data.get("imports"), "imports", path)
+    out.setdefault("target", None)
+    out.setdefault("cuda", None)
+    out.setdefault("rocm", None)
+    return out
+
+
+def load_manifest(path: str) -> dict[str, Any]:
+    """Read and validate the manifest file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: manifest not found (pass --manifest)") from None
+    except (OSError, ValueError) as e:
+        raise ManifestError(f"{path}: cannot read manifest: {e}") from None
+    return parse_manifest(data, path)
+
+
+def declared(manifest: Mapping[str, Any], name: str) -> bool:
+    """Whether the target pins, provides or imports the distribution ``name``."""
+    n = normalize(name)
+    return any(n in manifest.get(k, {}) for k in ("pins", "provided", "imports"))
+
+
+def split_local(version: str) -> tuple[str, str | None]:
+    """``"2.6.0+cu124"`` → ``("2.6.0", "cu124")``."""
+    public, sep, local = version.partition("+")
+    return public, (local if sep else None)
+
+
+def pin_matches(pin: str, installed: str,
+                parse: Callable[[str], Any] | None = None) -> bool:
+    """A pin matches when equal, or when the pin has no local segment and the installed
+    public version equals it. ``parse`` (``packaging.version.Version`` when the image has it)
+    makes ``2.6`` equal ``2.6.0``; without it the comparison is textual."""
+    pin_pub, pin_local = split_local(pin.strip())
+    inst_pub, inst_local = split_local(installed.strip())
+    if pin_local is not None and pin_local != inst_local:
+        return False
+    if parse is not None:
+        try:
+            return bool(parse(pin_pub) == parse(inst_pub))
+        except Exception:  # noqa: BLE001 - unparsable: fall back to text
+            pass
+    return pin_pub == inst_pub
+
+
+@dataclass(frozen=True)
+class GpuExpectation:
+    """What the run expects of GPUs.
+
+    ``expected``: GPU and NCCL/RCCL checks are required. ``count``: how many GPUs must be
+    visible (None: whatever is visible). ``applies``: the target has an accelerator, so a skip
+    counts under ``--strict``. ``skip_reason``: why GPU checks are skipped when not expected.
+    """
+
+    expected: bool
+    count: int | None
+    applies: bool
+    skip_reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (travels to the phase subprocesses)."""
+        return asdict(self)
+
+
+def parse_expect(text: str) -> int | None:
+    """``auto`` → None, ``N`` → N (≥ 0); ValueError otherwise."""
+    if text.strip().lower() == "auto":
+        return None
+    n = int(text)
+    if n < 0:
+        raise ValueError("must be auto or a count >= 0")
+    return n
+
+
+def needs_detection(expect: int | None, accelerator: str) -> bool:
+    """Only ``auto`` on a GPU target needs to look at the visible GPUs to decide."""
+    return expect is None and accelerator in ("cuda", "rocm")
+
+
+def resolve_expectation(expect: int | None, accelerator: str,
+                        visible: int | None) -> GpuExpectation:
+    """Decide whether GPU checks are required.
+
+    ``--expect-gpus N>0``: required, N must be visible. ``--expect-gpus 0``: skipped (reason
+    says so) but they still apply to a GPU target. ``auto``: required when the target is
+    cuda/rocm and GPUs are visible; with none visible they are skipped with
+    "no GPU visible (build host)", not required. If detection itself failed (``visible`` None)
+    they stay required, so nothing can pass by default.
+    """
+    gpu_target = accelerator in ("cuda", "rocm")
+    if expect is not None and expect > 0:
+        return GpuExpectation(True, expect, True, None)
+    if expect == 0:
+        reason = "--expect-gpus 0" if gpu_target else CPU_TARGET
+        return GpuExpectation(False, 0, gpu_target, reason)
+    if not gpu_target:
+        return GpuExpectation(False, 0, False, CPU_TARGET)
+    if visible is None:
+        return GpuExpectation(True, None, True, None)
+    if visible == 0:
+        return GpuExpectation(False, 0, True, NO_GPU_BUILD_HOST)
+    return GpuExpectation(True, visible, True, None)
+
+
+def expectation_from_dict(d: Mapping[str, Any]) -> GpuExpectation:
+    """Inverse of ``GpuExpectation.to_dict``."""
+    return GpuExpectation(bool(d["expected"]), d.get("count"), bool(d["applies"]),
+                          d.get("skip_reason"))
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``"1G"``, ``"256MiB"``, ``"4096"`` → bytes (K/M/G/T are powers of 1024)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"not a size: {text!r}")
+    mult = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2).lower()]
+    size = int(float(m.group(1)) * mult)
+    if size <= 0:
+        raise ValueError(f"size must be > 0: {text!r}")
+    return size
+
+
+def truthy(value: str | None) -> bool:
+    """Environment-variable truthiness: unset, empty, 0, false, no, off are false."""
+    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")

@@ -1,0 +1,115 @@
+"""Ray: start a private local head (``address="local"``: never joins an existing cluster),
+run one CPU task, and with GPUs one GPU task; then shut down and remove its temp dir."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from .manifest import GpuExpectation, declared
+from .phase import Run, Step, gpu_skip
+from .report import FAIL, PASS, SKIP, Check
+
+PHASE = "ray"
+OBJECT_STORE = 128 << 20
+
+
+def decide_start(result: Any, error: str | None, version: str | None) -> Check:
+    """The head must start and a task must return its value."""
+    cid = "ray.local_start"
+    if error is not None:
+        return Check(cid, PHASE, FAIL, value=version, reason=error)
+    if result != 42:
+        return Check(cid, PHASE, FAIL, value=version, reason=f"task returned {result!r}")
+    return Check(cid, PHASE, PASS, value=version, reason="local head + 1 CPU task")
+
+
+def decide_gpu_task(expect: GpuExpectation, visible: int, cluster_gpus: float | None,
+                    task: dict[str, Any] | None, error: str | None,
+                    noset: bool = False) -> Check:
+    """With GPUs: Ray must count them all, and a ``num_gpus=1`` task must see exactly one
+    (any number when Ray is told not to set the visibility variables)."""
+    cid = "ray.gpu_task"
+    if not expect.expected:
+        return gpu_skip(cid, PHASE, expect)
+    if visible == 0:
+        return Check(cid, PHASE, SKIP, required=True, reason="no GPU visible")
+    if error is not None:
+        return Check(cid, PHASE, FAIL, reason=error)
+    if cluster_gpus != visible:
+        return Check(cid, PHASE, FAIL, value=cluster_gpus,
+                     reason=f"Ray counts {cluster_gpus} GPU(s), torch sees {visible}")
+    seen = (task or {}).get("count")
+    if not seen or (not noset and seen != 1):
+        return Check(cid, PHASE, FAIL, value=task,
+                     reason=f"num_gpus=1 task sees {seen} device(s)")
+    return Check(cid, PHASE, PASS, value=task, reason=f"Ray counts {visible} GPU(s)")
+
+
+def gpu_task() -> dict[str, Any]:
+    """Runs inside a Ray worker with one GPU."""
+    import torch  # type: ignore[import-not-found]
+
+    n = torch.cuda.device_count()
+    ok = n > 0 and float(torch.ones(4, device="cuda").sum().item()) == 4.0
+    return {"count": n, "ok": ok,
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES") or
+            os.environ.get("HIP_VISIBLE_DEVICES")}
+
+
+def ray_step(run: Run) -> list[Check]:
+    """Start, run tasks, shut down."""
+    expect = run.expect
+    visible = 0
+    if expect.expected:
+        import torch  # type: ignore[import-not-found]
+
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    tmp = tempfile.mkdtemp(prefix="vst-ray-", dir="/tmp")
+    version = None
+    start: Check
+    gpu: Check
+    try:
+        import ray  # type: ignore[import-not-found]
+
+        version = ray.__version__
+        run.fact("versions.ray", version)
+        ray.init(address="local", include_dashboard=False, num_cpus=1, num_gpus=visible,
+                 object_store_memory=OBJECT_STORE, _temp_dir=tmp, log_to_driver=False,
+                 configure_logging=False)
+        try:
+            start = decide_start(ray.get(ray.remote(lambda: 42).remote(), timeout=60), None,
+                                 version)
+            if expect.expected and visible:
+                try:
+                    task = ray.get(ray.remote(num_gpus=1, num_cpus=0)(gpu_task).remote(),
+                                   timeout=120)
+                    gpu = decide_gpu_task(expect, visible, ray.cluster_resources().get("GPU"),
+                                          task, None, noset=_noset())
+                except Exception as e:  # noqa: BLE001
+                    gpu = decide_gpu_task(expect, visible, None, None, f"{type(e).__name__}: {e}")
+            else:
+                gpu = decide_gpu_task(expect, visible, None, None, None)
+        finally:
+            ray.shutdown()
+    except Exception as e:  # noqa: BLE001
+        start = decide_start(None, f"{type(e).__name__}: {e}", version)
+        gpu = decide_gpu_task(expect, visible, None, None, "Ray did not start") \
+            if expect.expected and visible else decide_gpu_task(expect, visible, None, None, None)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [start, gpu]
+
+
+def _noset() -> bool:
+    return any(os.environ.get(f"RAY_EXPERIMENTAL_NOSET_{v}_VISIBLE_DEVICES") == "1"
+               for v in ("CUDA", "HIP", "ROCR"))
+
+
+def plan(run: Run) -> list[Step]:
+    """One step producing both records, when the target has Ray."""
+    if not declared(run.manifest, "ray"):
+        return []
+    return [Step(("ray.local_start", "ray.gpu_task"), ray_step)]

@@ -1,0 +1,109 @@
+"""The phase runner: stream parsing, and real subprocess phases (stdlib-only phases run with
+this interpreter) that finish, crash and resume, hang and get killed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from builder.selftest import runner
+from builder.selftest.manifest import resolve_expectation
+
+from .helpers import REPO, clean_env
+
+
+def test_parse_stream_and_in_progress() -> None:
+    text = "\n".join(json.dumps(r) for r in [
+        {"t": "plan", "steps": [{"ids": ["a.1"], "required": True, "applies": True},
+                                {"ids": ["a.2", "a.3"], "required": False, "applies": True}]},
+        {"t": "begin", "id": "a.1"},
+        {"t": "check", "check": {"id": "a.1", "phase": "a", "status": "pass"}},
+        {"t": "fact", "key": "versions.x", "value": "1"},
+        {"t": "done", "id": "a.1"},
+        {"t": "begin", "id": "a.2"},
+    ]) + '\n{"t": "che'   # truncated by a crash
+    s = runner.parse_stream(text)
+    assert s.plan and len(s.plan) == 2 and s.facts == {"versions.x": "1"}
+    assert [c.id for c in s.checks] == ["a.1"] and s.in_progress == "a.2" and not s.ended
+    skipped = runner.not_run(s.plan, {"a.1", "a.2"}, "a", "phase 'a' timed out")
+    assert [(c.id, c.status, c.required) for c in skipped] == [("a.3", "skip", False)]
+    assert skipped[0].reason == "not run: phase 'a' timed out"
+
+
+def test_describe_rc() -> None:
+    assert runner.describe_rc(-11) == "killed by SIGSEGV"
+    assert runner.describe_rc(-9) == "killed by SIGKILL"
+    assert runner.describe_rc(1) == "exit status 1"
+
+
+def test_kill_session_kills_grandchildren() -> None:
+    proc = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 300 & wait"],
+                            start_new_session=True)
+    time.sleep(0.3)
+    assert len(runner.session_pids(proc.pid)) >= 3
+    runner.kill_session(proc.pid)
+    proc.wait(timeout=10)
+    assert runner.session_pids(proc.pid) == []
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> str:
+    manifest = {"accelerator": "cpu", "pins": {}, "provided": {}, "imports": {}}
+    path = tmp_path / "ctx.json"
+    path.write_text(json.dumps({"manifest": manifest, "options": {},
+                                "expect": resolve_expectation(None, "cpu", 0).to_dict()}))
+    return str(path)
+
+
+def phase_env(fault: str = "") -> dict[str, str]:
+    env = clean_env(PYTHONPATH=str(REPO))
+    if fault:
+        env["VERL_ENV_SELFTEST_FAULT"] = fault
+    return env
+
+
+def test_phase_runs_in_subprocess(ctx: str, tmp_path: Path) -> None:
+    res = runner.run_phase("env", ctx, 30, str(tmp_path), python=sys.executable, env=phase_env())
+    assert res.ended == "ok" and res.attempts == 1
+    assert [c.id for c in res.checks][:3] == ["env.hip_cuda_visible_devices",
+                                              "env.rocr_visible_devices", "env.ray_debug"]
+    assert all(c.status == "pass" for c in res.checks), [c.reason for c in res.checks]
+
+
+def test_crash_is_a_named_failure_and_the_phase_resumes(ctx: str, tmp_path: Path) -> None:
+    res = runner.run_phase("env", ctx, 30, str(tmp_path), python=sys.executable,
+                           env=phase_env("crash:env.ray_debug"))
+    by_id = {c.id: c for c in res.checks}
+    crashed = by_id["env.ray_debug"]
+    assert crashed.status == "fail" and "killed by SIGABRT while running it" in crashed.reason
+    assert "phase 'env'" in crashed.reason
+    assert res.attempts == 2 and by_id["env.hf_cache"].status == "pass"   # resumed after it
+    assert len(res.checks) == 7
+
+
+def test_hang_is_killed_and_named(ctx: str, tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    res = runner.run_phase("env", ctx, 3, str(tmp_path), python=sys.executable,
+                           env=phase_env("hang:env.nccl_ib_hca"))
+    assert time.monotonic() - t0 < 10
+    by_id = {c.id: c for c in res.checks}
+    hung = by_id["env.nccl_ib_hca"]
+    assert res.ended == "timeout" and hung.status == "fail"
+    assert hung.reason == "phase 'env' timed out after 3 s (killed); hung in env.nccl_ib_hca"
+    assert by_id["env.ray_debug"].status == "pass"
+    later = by_id["env.hf_cache"]
+    assert later.status == "skip" and later.reason.startswith("not run: phase 'env' timed out")
+
+
+def test_crash_before_plan(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"manifest": {}, "options": {}}))
+    res = runner.run_phase("env", str(bad), 30, str(tmp_path), python=sys.executable,
+                           env=phase_env())
+    assert [c.id for c in res.checks] == ["env.error"]
+    assert res.checks[0].status == "fail" and "KeyError" in res.checks[0].reason
