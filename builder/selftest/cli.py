@@ -25,8 +25,8 @@ from typing import Any
 from . import DEFAULT_MANIFEST, SCHEMA, __version__
 from .bandwidth import FAIL_FRAC, WARN_FRAC, BwRefError, load_reference
 from .launcher import LauncherError, RankInfo, detect
-from .manifest import (ManifestError, needs_detection, parse_expect, parse_size,
-                       resolve_expectation)
+from .manifest import (ManifestError, load_manifest, needs_detection, parse_expect,
+                       parse_size, resolve_expectation)
 from .report import (EXIT_ERROR, Check, ReportMeta, apply_strict, build_report, exit_code,
                      render_table, verdict, worst)
 from .runner import PhaseResult, kill_active, run_phase
@@ -177,7 +177,6 @@ def run(a: argparse.Namespace, started: str, t0: float) -> int:
 
 
 def _load(a: argparse.Namespace) -> dict[str, Any]:
-    from .manifest import load_manifest
     try:
         return load_manifest(a.manifest)
     except ManifestError as e:
@@ -198,7 +197,7 @@ def _run(a: argparse.Namespace, started: str, t0: float, manifest: dict[str, Any
         ctx["expect"] = resolve_expectation(None, manifest["accelerator"], None).to_dict()
         _write_json(ctx_path, ctx)
         det = run_phase("detect", ctx_path, timeouts["detect"], workdir)
-        checks += det.checks
+        checks += [c for c in det.checks if c.status != "pass"]  # only a failure is news
         visible = det.facts.get("detect.gpu_count")
     expect = resolve_expectation(expect_n, manifest["accelerator"], visible)
     ctx["expect"] = expect.to_dict()
@@ -235,7 +234,7 @@ def _run(a: argparse.Namespace, started: str, t0: float, manifest: dict[str, Any
         meta.world_size = info.world_size
     meta.duration_s = time.monotonic() - t0
     print(f"verl-env self-test: target {manifest.get('target')} ({manifest['accelerator']}), "
-          f"{info.launcher} x{meta.world_size}, GPUs "
+          f"{info.launcher}, world size {meta.world_size}, GPUs "
           f"{'expected' if expect.expected else 'not expected: ' + str(expect.skip_reason)}")
     print(render_table(checks, overall, meta.duration_s, shutil.get_terminal_size((120, 20))[0]))
     if a.json:

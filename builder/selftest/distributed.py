@@ -119,8 +119,6 @@ def main(argv: list[str] | None = None) -> int:
     collective = judge(run, correctness, busbw, info.world_size, nodes, infos[0]["device"],
                        all_logs, backend, max(info.world_size // nodes, 1),
                        any(i["rdma"] for i in infos))
-    if not nccl:
-        collective[0].id = cid
     strict = bool(opts.get("strict"))
     own = apply_strict(host_records(local, mine["host"], nodes > 1) + collective, strict)
     sev = torch.tensor([SEVERITY[verdict(own)]], dtype=torch.int64)

@@ -196,6 +196,8 @@ def run_phase(phase: str, ctx_path: str, timeout: float, workdir: str,
         result.facts.update(stream.facts)
         produced = {c.id for c in result.checks}
         if stream.ended and rc == 0 and not timed_out:
+            result.checks.extend(not_run(plan or [], produced, phase,
+                                         f"phase '{phase}' produced no record for it"))
             return result
         current = stream.in_progress
         if timed_out:

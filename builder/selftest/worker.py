@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable
 
 from .phase import Run, Step, maybe_inject
-from .report import FAIL, Check
+from .report import FAIL, SKIP, Check
 
 # phase name -> (module, plan function name)
 PHASES: dict[str, tuple[str, str]] = {
@@ -51,8 +51,12 @@ def run_steps(phase: str, run: Run, steps: list[Step], done: set[str],
             maybe_inject(step.id)
             result = step.fn(run)
         except Exception as e:  # noqa: BLE001 - a failing probe is a failed check
-            result = Check(id=step.id, phase=phase, status=FAIL, required=step.required,
-                           applies=step.applies, reason=f"{type(e).__name__}: {e}")
+            why = f"{type(e).__name__}: {e}"
+            result = [Check(id=step.id, phase=phase, status=FAIL, required=step.required,
+                            applies=step.applies, reason=why)]
+            result += [Check(id=cid, phase=phase, status=SKIP, required=step.required,
+                             applies=step.applies, reason=f"not run: {step.id} raised {why}")
+                       for cid in step.ids[1:]]
         checks = result if isinstance(result, list) else [result]
         elapsed = time.monotonic() - t0
         for c in checks:

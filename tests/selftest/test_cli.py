@@ -89,7 +89,8 @@ def test_package_imports_only_stdlib(tmp_path: Path) -> None:
     mods = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__main__")
     code = ("import sys, importlib\n"
             f"for m in {mods!r}:\n"
-            "    importlib.import_module('verl_env_selftest' + ('' if m == '__init__' else '.' + m))\n"
+            "    name = 'verl_env_selftest' + ('' if m == '__init__' else '.' + m)\n"
+            "    importlib.import_module(name)\n"
             "bad = [m for m in ('torch', 'ray', 'tensordict', 'packaging', 'builder') "
             "if m in sys.modules]\n"
             "print(','.join(bad))\n")

@@ -107,3 +107,15 @@ def test_crash_before_plan(tmp_path: Path) -> None:
                            env=phase_env())
     assert [c.id for c in res.checks] == ["env.error"]
     assert res.checks[0].status == "fail" and "KeyError" in res.checks[0].reason
+
+
+def test_detect_without_torch_is_a_failure(ctx: str, tmp_path: Path) -> None:
+    """If torch cannot even say how many GPUs there are, that is a failed check (and the
+    CLI then keeps GPU checks required), never a silent 'no GPU'."""
+    res = runner.run_phase("detect", ctx, 30, str(tmp_path), python=sys.executable,
+                           env=phase_env())
+    if res.checks and res.checks[0].status == "pass":
+        pytest.skip("this interpreter has torch")
+    assert [c.id for c in res.checks] == ["gpu.detect"]
+    assert res.checks[0].status == "fail" and "torch" in res.checks[0].reason
+    assert "detect.gpu_count" not in res.facts
