@@ -169,9 +169,13 @@ def run(a: argparse.Namespace, started: str, t0: float) -> int:
     timeouts = {k: (a.timeout if a.timeout else v) for k, v in TIMEOUTS.items()}
     options = _options(a, timeouts)
     workdir = tempfile.mkdtemp(prefix="verl-env-selftest-", dir=a.keep_logs)
+    # Ray's sockets need a short path, so its temp dir is not under workdir; made and removed
+    # here so that a Ray phase killed on timeout leaves nothing behind.
+    options["ray_tmp"] = tempfile.mkdtemp(prefix="vst-ray-", dir="/tmp")
     try:
         return _run(a, started, t0, manifest, expect_n, info, phases, options, workdir)
     finally:
+        shutil.rmtree(options["ray_tmp"], ignore_errors=True)
         if not a.keep_logs:
             shutil.rmtree(workdir, ignore_errors=True)
 

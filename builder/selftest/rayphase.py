@@ -67,7 +67,7 @@ def ray_step(run: Run) -> list[Check]:
         import torch  # type: ignore[import-not-found]
 
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    tmp = tempfile.mkdtemp(prefix="vst-ray-", dir="/tmp")
+    tmp = tempfile.mkdtemp(prefix="run-", dir=run.options.get("ray_tmp") or "/tmp")
     version = None
     start: Check
     gpu: Check
