@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
             sp = sub.add_parser(name, help=helptext)
             if name in ("sif", "publish", "slurm"):
                 _common(sp)
+            if name == "slurm":
+                sp.add_argument("--target", default=None,
+                                help="matrix target (sets the accelerator family)")
             mod.add_arguments(sp)
     return parser
 
@@ -238,12 +241,21 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_slurm(args: argparse.Namespace) -> int:
+    """``build-env slurm``: the target's accelerator family comes from the matrix."""
+    from builder import slurm
+
+    if args.target and not args.family:
+        args.family = load_matrix(args.matrix).target(args.target).accelerator
+    return slurm.run(args)
+
+
 def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     from builder import pipeline, verify
 
     table: dict[str, Callable[[argparse.Namespace], int]] = {
         "build": pipeline.run, "list": cmd_list, "check": cmd_check, "lock": cmd_lock,
-        "render": cmd_render, "verify": verify.run,
+        "render": cmd_render, "verify": verify.run, "slurm": cmd_slurm,
     }
     if args.command in table:
         return table[args.command]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -20,7 +21,6 @@ from typing import Any
 
 from builder import verdicts
 from builder.engine import Engine
-from builder.errors import VerifyError
 
 VERDICTS = {0: "pass", 1: "fail", 2: "incomplete", 3: "error"}
 # Runs under /bin/sh in the image: prefer the baked self-test, else the mounted host copy.
@@ -122,13 +122,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the self-test report here")
     p.add_argument("--timeout", type=float, default=900, help="seconds before the run is killed")
     p.add_argument("--gpus", choices=["auto", "nvidia", "amd", "none"], default="auto")
-    p.add_argument("selftest_args", nargs=argparse.REMAINDER,
-                   help="after --: arguments for the self-test (e.g. -- --strict)")
+    p.add_argument("--selftest-args", default="", metavar="ARGS",
+                   help="extra self-test arguments, one string (e.g. '--strict --phases imports')")
 
 
 def run(args: argparse.Namespace) -> int:
     engine = Engine.connect()
-    extra = [a for a in args.selftest_args if a != "--"]
+    extra = shlex.split(args.selftest_args)
     gpus = None if args.gpus == "none" else args.gpus
     image = engine.image(args.image)
     v = verify_image(engine, image.id, timeout=args.timeout, gpus=gpus, extra_args=extra)

@@ -1,6 +1,12 @@
 """Imports, driven by the manifest's ``imports`` map (distribution → module): a target
 imports only what it pins or provides. Compiled extensions that a plain import can miss are
-imported explicitly (``vllm._C``: ``import vllm`` only warns when it fails to load)."""
+imported explicitly (vLLM's ``_C``: ``import vllm`` only warns when it fails to load).
+
+A compiled GPU extension links the driver's user-space library (``libcuda.so.1``, ROCm's
+``libamdhip64``/``libhsa-runtime64``), which exists only where a driver is installed. On a build
+host without GPUs that import cannot run: it is reported as ``skip`` with the reason (required
+only when GPUs are expected), never as a pass.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +19,46 @@ from .report import FAIL, PASS, Check
 
 PHASE = "imports"
 
-# Extra modules imported after the main one, per distribution.
-EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "vllm": ("vllm._C",),
-    "verl": ("verl.single_controller",),
+# Extra modules imported after the main one, per distribution. A tuple of alternatives names
+# one check: the first that exists is imported (vLLM >= 0.24 ships ``_C_stable_libtorch``).
+EXTRA_MODULES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "vllm": (("vllm._C", "vllm._C_stable_libtorch"),),
+    "verl": (("verl.single_controller",),),
 }
+DRIVER_LIBS = ("libcuda.so", "libamdhip64.so", "libhsa-runtime64.so", "libnvidia-ml.so")
+
+
+def driver_missing(error: str | None) -> str | None:
+    """The driver library an import failed on, if that is why it failed."""
+    if error and error.startswith(("ImportError", "OSError")):
+        for lib in DRIVER_LIBS:
+            if lib in error:
+                return lib
+    return None
+
+
+def first_existing(candidates: tuple[str, ...]) -> str:
+    """The first candidate module that can be found (else the first, to report its error)."""
+    import importlib.util
+
+    for name in candidates:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return name
+        except (ImportError, ValueError):
+            continue
+    return candidates[0]
+
+
+def decide_extension(cid: str, module: str, error: str | None, version: str | None,
+                     gpus_expected: bool) -> Check:
+    """Like :func:`decide_import`, but a missing GPU driver library is a skip unless GPUs are
+    expected (then it is a failure: the image cannot run on this node)."""
+    lib = driver_missing(error)
+    if lib and not gpus_expected:
+        return skip(cid, PHASE, f"import {module} needs the GPU driver's {lib}, absent on this "
+                    "host (no GPU expected): not run", required=False)
+    return decide_import(cid, module, error, version)
 
 
 def module_version(dist: str, module: Any) -> str | None:
@@ -63,15 +104,17 @@ def plan(run: Run) -> list[Step]:
             return decide_import(f"imports.{dist}", module, err, version)
 
         steps.append(Step((f"imports.{dist}",), main))
-        for extra in EXTRA_MODULES.get(dist, ()):
+        for candidates in EXTRA_MODULES.get(dist, ()):
+            cid = f"imports.{candidates[0]}"
 
-            def sub(r: Run, extra: str = extra, dist: str = dist) -> Check:
+            def sub(r: Run, candidates: tuple[str, ...] = candidates, dist: str = dist,
+                    cid: str = cid) -> Check:
                 if dist in failed:
-                    return skip(f"imports.{extra}", PHASE, f"not tried: import of {dist} failed",
-                                required=True)
+                    return skip(cid, PHASE, f"not tried: import of {dist} failed", required=True)
+                extra = first_existing(candidates)
                 mod, err = try_import(extra)
-                return decide_import(f"imports.{extra}", extra, err, None if err else
-                                     getattr(mod, "__version__", None))
+                return decide_extension(cid, extra, err, None if err else
+                                        getattr(mod, "__version__", None), r.expect.expected)
 
-            steps.append(Step((f"imports.{extra}",), sub))
+            steps.append(Step((cid,), sub))
     return steps

@@ -238,3 +238,23 @@ class TestRay:
         assert rayphase.decide_gpu_task(EIGHT, 8, 8.0, many, None).status == "fail"
         assert rayphase.decide_gpu_task(EIGHT, 8, 8.0, many, None, noset=True).status == "pass"
         assert rayphase.decide_gpu_task(EIGHT, 8, None, None, "Timeout").status == "fail"
+
+
+def test_compiled_extension_without_a_driver_is_a_skip_not_a_pass() -> None:
+    err = "ImportError: libcuda.so.1: cannot open shared object file: No such file or directory"
+    c = imports.decide_extension("imports.vllm._C", "vllm._C_stable_libtorch", err, None,
+                                 gpus_expected=False)
+    assert c.status == "skip" and not c.required and "libcuda.so" in c.reason
+    c = imports.decide_extension("imports.vllm._C", "vllm._C_stable_libtorch", err, None,
+                                 gpus_expected=True)
+    assert c.status == "fail"
+    c = imports.decide_extension("imports.vllm._C", "vllm._C", "ImportError: undefined symbol: x",
+                                 None, gpus_expected=False)
+    assert c.status == "fail"  # a broken build is a failure, driver or not
+    ok = imports.decide_extension("imports.vllm._C", "vllm._C", None, None, gpus_expected=False)
+    assert ok.status == "pass"
+
+
+def test_first_existing_extension_name() -> None:
+    assert imports.first_existing(("no_such_mod_x", "json")) == "json"
+    assert imports.first_existing(("no_such_mod_x", "no_such_mod_y")) == "no_such_mod_x"

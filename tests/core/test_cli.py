@@ -1,0 +1,61 @@
+"""The command line: list, render, lock/check round trip, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from builder.cli import main
+from builder.metadata import IndexClient
+
+REPO = Path(__file__).resolve().parents[2]
+MATRIX = str(REPO / "matrix.yaml")
+
+
+def test_list_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "--matrix", MATRIX]) == 0
+    out = capsys.readouterr().out
+    assert "cuda-arm64" in out and "0.10.0(src)" in out and "2.12.0*" in out
+    assert main(["list", "--matrix", MATRIX, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == {"cuda-x86_64", "cuda-arm64", "rocm-mi300"}
+    assert data["rocm-mi300"]["provided"] == {"torch": "2.12.0", "vllm": "0.27.0"}
+    assert data["cuda-x86_64"]["entry_hash"].startswith("sha256:")
+
+
+def test_render_command_writes_the_context(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ctx"
+    assert main(["render", "--matrix", MATRIX, "--target", "cuda-x86_64", "--output",
+                 str(out)]) == 0
+    assert (out / "Dockerfile").read_text() == (REPO / "tests/golden/cuda-x86_64.Dockerfile"
+                                                ).read_text()
+    assert sorted(p.name for p in out.iterdir()) == [
+        "Dockerfile", "layers", "lock.txt", "manifest.json", "selftest", "source"]
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["render"])  # --target is required
+    assert exc.value.code == 2
+    assert main(["render", "--matrix", MATRIX, "--target", "cuda-x86_64", "--set", "nokey"]) == 2
+    assert "--set expects KEY=VALUE" in capsys.readouterr().err
+
+
+def test_missing_matrix_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--matrix", str(tmp_path / "none.yaml")]) == 2
+    assert "none.yaml: cannot read matrix" in capsys.readouterr().err
+
+
+@pytest.mark.network
+def test_index_metadata_is_read_from_the_wheel_without_downloading_it() -> None:
+    client = IndexClient()
+    rel = client.release("verl", "0.9.1")
+    assert rel.requires_python == "<3.13,>=3.10"
+    assert any(r.startswith("ray[default]") for r in rel.requires_dist)
+    big = client.release("vllm", "0.24.0")  # a 270 MB wheel: only ranges are fetched
+    assert any(r.startswith("transformers") for r in big.requires_dist)
+    assert "0.9.1" in client.versions("verl")
