@@ -31,6 +31,11 @@ if [ ! -s "$tarball" ]; then
   tar --numeric-owner -C "$work/root" -cf "$tarball.part" .
   mv "$tarball.part" "$tarball"
 fi
-docker import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-  --change 'CMD ["/bin/bash"]' "$tarball" "$tag" >/dev/null
+# Re-importing would give a new image ID and invalidate every build cache on top of it.
+have=$(docker image inspect -f '{{ index .Config.Labels "org.verl-env.debian-key" }}' "$tag" 2>/dev/null || true)
+if [ "$have" != "$key" ]; then
+  docker import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'CMD ["/bin/bash"]' --change "LABEL org.verl-env.debian-key=$key" \
+    "$tarball" "$tag" >/dev/null
+fi
 echo "$tag"
