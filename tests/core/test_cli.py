@@ -59,3 +59,16 @@ def test_index_metadata_is_read_from_the_wheel_without_downloading_it() -> None:
     big = client.release("vllm", "0.24.0")  # a 270 MB wheel: only ranges are fetched
     assert any(r.startswith("transformers") for r in big.requires_dist)
     assert "0.9.1" in client.versions("verl")
+
+
+@pytest.mark.network
+def test_check_online_refreshes_the_snapshot(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    snap = tmp_path / "snap.json"
+    code = main(["check", "--online", "--matrix", str(REPO / "tests/fixtures/conflict.yaml"),
+                 "--snapshot", str(snap)])
+    captured = capsys.readouterr()
+    assert code == 1 and "conflict on transformers" in captured.err  # found from fresh data
+    data = json.loads(snap.read_text())
+    assert "verl==0.9.1" in data["releases"] and "vllm==0.33.0" in data["releases"]
+    assert "transformers" in data["versions"]  # constrained by two pins: version list kept

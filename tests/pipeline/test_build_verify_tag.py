@@ -183,3 +183,18 @@ def test_verify_command_on_the_release_and_on_a_foreign_image(
     report = json.loads(out2.read_text())
     assert proc.returncode in (1, 2), proc.stdout + proc.stderr
     assert report["overall"] in ("fail", "incomplete") and report["checks"]
+
+
+def test_a_failing_build_step_is_surfaced(debian_base: str, ca_bundle: Path, tmp_path: Path,
+                                          client: docker.DockerClient) -> None:
+    before = {t for i in client.images.list() for t in i.tags}
+    proc = run_build_env("--target", "cpu-x86_64-badapt", "--matrix", FIXTURE, "--ca-bundle",
+                         str(ca_bundle), "--workdir", str(tmp_path))
+    assert proc.returncode == 1
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("error:"))
+    assert "[cpu-x86_64-badapt] build failed at step" in line and "apt-get" in line
+    assert "verl-env-no-such-package" in proc.stderr  # the engine's own message is shown
+    assert {t for i in client.images.list() for t in i.tags} == before
+    assert _no_containers(client) == []
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["result"] == "error" and "build failed" in report["error"]
