@@ -1,0 +1,323 @@
+"""Prove a SIF: its structure (our own parser and ``siftool``, the reference implementation), its
+contents (``unsquashfs`` at the partition offset), and that it executes: the image's self-test run
+from the SIF's squashfs by a real container runtime (apptainer where installed, else charliecloud's
+``ch-run`` on a ``squashfuse`` mount of the partition, or on an extracted copy of it).
+
+:func:`verify_sif` returns a report; every check is ``pass``, ``fail`` or ``skip`` with a reason,
+and a skipped check makes the verdict ``incomplete``, never ``pass``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder import sif_format, sif_meta
+
+SCHEMA = "verl-env/sif-verify/v1"
+DEFAULT_PHASES = "preflight,env,imports,versions,cpu"
+EXPECTED_OBJECTS = [("Def.FILE", ""), ("JSON.Generic", "inspect-metadata.json"),
+                    ("JSON.Generic", "oci-config.json")]
+_LIST_ROW = re.compile(r"^(\d+)\s*\|(\S+)\s*\|(.+?)\s*\|(\d+)-(\d+)\s*\|(.*)$")
+TREE = [".singularity.d/runscript", ".singularity.d/env/10-docker2singularity.sh",
+        ".singularity.d/env/90-environment.sh", ".singularity.d/env/99-base.sh",
+        ".singularity.d/actions/exec", ".singularity.d/actions/run", ".singularity.d/labels.json",
+        ".singularity.d/Singularity", ".singularity.d/libs", "singularity", "environment",
+        "etc/hosts", "etc/resolv.conf", "proc", "sys", "dev", "tmp", "home"]
+# Runs under the image's /bin/sh after the env scripts: the baked self-test, else the host copy.
+_LAUNCH = ('[ -d /opt/verl-env/verl_env_selftest ] || '
+           'export PYTHONPATH="$VERL_ENV_HOST_SELFTEST${PYTHONPATH:+:$PYTHONPATH}"; '
+           'PY=$(command -v python || command -v python3) || { echo "no python in image" >&2; '
+           'exit 3; }; exec "$PY" -m verl_env_selftest "$@"')
+
+
+@dataclass
+class Report:
+    path: str
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    selftest: dict[str, Any] | None = None
+
+    def add(self, ident: str, ok: bool | None, detail: str = "") -> bool:
+        status = "skip" if ok is None else ("pass" if ok else "fail")
+        self.checks.append({"id": ident, "status": status, "detail": detail})
+        return bool(ok)
+
+    @property
+    def overall(self) -> str:
+        statuses = {c["status"] for c in self.checks}
+        return "fail" if "fail" in statuses else ("incomplete" if "skip" in statuses else "pass")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "path": self.path, "overall": self.overall, **self.info,
+                "checks": self.checks, "selftest": self.selftest}
+
+
+def _run(cmd: list[str], timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+# --------------------------------------------------------------------------- structure
+
+
+def check_structure(path: Path, report: Report) -> sif_format.SifInfo | None:
+    """Header and descriptors, parsed here: the object set apptainer writes."""
+    try:
+        info = sif_format.read_info(path)
+    except (OSError, sif_format.SifFormatError) as exc:
+        report.add("structure.header", False, str(exc))
+        return None
+    launch = info.launch_script.strip()
+    report.add("structure.header", launch == sif_format.LAUNCH_SCRIPT.decode().strip()
+               and info.version == "01", f"launch {launch!r}, version {info.version}")
+    objects = [(d.type_name, d.name) for d in info.descriptors]
+    part = info.primary_partition()
+    report.add("structure.objects", objects[:3] == EXPECTED_OBJECTS and part is not None
+               and part.ident == 4, f"{objects}")
+    data = [d for d in info.descriptors if d.datatype != sif_format.DATA_SIGNATURE]
+    report.add("structure.groups", all(d.group == 1 and d.link == 0 for d in data),
+               "all objects in group 1, unlinked (signatures aside)")
+    if part is None:
+        report.add("structure.partition", False, "no primary system partition")
+        return info
+    with open(path, "rb") as f:
+        f.seek(part.offset)
+        sb = f.read(22)
+    compression = int.from_bytes(sb[20:22], "little") if len(sb) == 22 else -1
+    report.add("structure.partition", part.fstype == sif_format.FS_SQUASH
+               and part.offset % 4096 == 0 and sb[:4] == b"hsqs" and compression == 1
+               and part.offset + part.size <= path.stat().st_size,
+               f"squashfs at {part.offset} ({part.size} bytes), compression id {compression}")
+    report.add("structure.arch", part.arch != "unknown" and part.arch == info.arch,
+               f"partition {part.arch}, header {info.arch}")
+    report.info.update(arch=part.arch, partition_offset=part.offset, partition_size=part.size,
+                       size=path.stat().st_size)
+    return info
+
+
+def parse_siftool_list(text: str) -> list[dict[str, str]]:
+    """Rows of ``siftool list``."""
+    rows = []
+    for line in text.splitlines():
+        m = _LIST_ROW.match(line.strip())
+        if m:
+            rows.append({"id": m.group(1), "group": m.group(2), "link": m.group(3).strip(),
+                         "start": m.group(4), "end": m.group(5), "type": m.group(6).strip()})
+    return rows
+
+
+def check_siftool(path: Path, info: sif_format.SifInfo, report: Report) -> None:
+    """The reference implementation agrees: header, object list, partition and JSON names."""
+    siftool = shutil.which("siftool")
+    if not siftool:
+        report.add("siftool", None, "siftool not installed (apt-get install siftool)")
+        return
+    head = _run([siftool, "header", str(path)])
+    arch = info.arch
+    launch = re.search(r"Launch Script:\s+(.*)", head.stdout)
+    prim = re.search(r"Primary Architecture:\s+(\S+)", head.stdout)
+    report.add("siftool.header", head.returncode == 0 and launch is not None
+               and launch.group(1).strip() == "#!/usr/bin/env run-singularity"
+               and prim is not None and prim.group(1) == arch,
+               f"launch {launch.group(1).strip() if launch else None!r}, primary "
+               f"{prim.group(1) if prim else None}" if head.returncode == 0
+               else head.stderr.strip()[:300])
+    listing = _run([siftool, "list", str(path)])
+    rows = parse_siftool_list(listing.stdout)
+    types = [r["type"] for r in rows]
+    want = ["Def.FILE", "JSON.Generic", "JSON.Generic", f"FS (Squashfs/*System/{arch})"]
+    report.add("siftool.list", listing.returncode == 0 and types[:4] == want
+               and all(r["group"] == "1" and r["link"] == "NONE" for r in rows[:4]),
+               f"{types}" if rows else listing.stderr.strip()[:300])
+    names = []
+    for row in rows[1:3]:
+        out = _run([siftool, "info", row["id"], str(path)]).stdout
+        m = re.search(r"Name:\s+(\S+)", out)
+        names.append(m.group(1) if m else "")
+    fs = _run([siftool, "info", rows[3]["id"], str(path)]).stdout if len(rows) > 3 else ""
+    report.add("siftool.info", names == ["inspect-metadata.json", "oci-config.json"]
+               and re.search(r"Filesystem Type:\s+Squashfs", fs) is not None
+               and re.search(r"Partition Type:\s+\*System", fs) is not None
+               and re.search(rf"Architecture:\s+{arch}\b", fs) is not None,
+               f"JSON objects {names}")
+
+
+# --------------------------------------------------------------------------- contents
+
+
+def _cat(path: Path, offset: int, member: str) -> str | None:
+    proc = _run(["unsquashfs", "-o", str(offset), "-cat", str(path), member])
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def check_contents(path: Path, info: sif_format.SifInfo, report: Report) -> None:
+    """The squashfs holds the tree apptainer adds, consistent with the SIF's metadata objects."""
+    part = info.primary_partition()
+    if part is None:
+        return
+    if not shutil.which("unsquashfs"):
+        report.add("contents", None, "unsquashfs not installed (apt-get install squashfs-tools)")
+        return
+    off = part.offset
+    sb = _run(["unsquashfs", "-o", str(off), "-s", str(path)]).stdout
+    report.add("contents.squashfs", "Compression gzip" in sb and "Block size 131072" in sb,
+               "gzip, 128 KiB blocks" if "Compression gzip" in sb else sb.strip()[:200])
+    listing = _run(["unsquashfs", "-o", str(off), "-lln", str(path), *TREE]).stdout
+    present = {line.split("squashfs-root/", 1)[1].split(" -> ")[0]
+               for line in listing.splitlines() if "squashfs-root/" in line}
+    missing = [p for p in TREE if p not in present]
+    report.add("contents.tree", not missing, f"missing {missing}" if missing else
+               f"{len(TREE)} entries of the /.singularity.d tree and mount points present")
+    runscript = _cat(path, off, ".singularity.d/runscript") or ""
+    report.add("contents.runscript", sif_meta.RUN_MARKER in runscript.splitlines(),
+               "docker runscript marker line present")
+    meta = _json_object(path, info, "inspect-metadata.json")
+    attrs = (meta or {}).get("data", {}).get("attributes", {})
+    env = _cat(path, off, sif_meta.ENV_SCRIPT)
+    labels = _cat(path, off, ".singularity.d/labels.json")
+    deffile = _cat(path, off, ".singularity.d/Singularity")
+    definition = sif_format.read_object(path, info.descriptors[0]).decode(errors="replace")
+    consistent = (env is not None and attrs.get("environment", {}).get(
+        "/" + sif_meta.ENV_SCRIPT) == env.rstrip("\n")
+        and labels is not None and json.loads(labels) == attrs.get("labels")
+        and deffile == definition and attrs.get("deffile") == definition.rstrip("\n")
+        and attrs.get("runscript") == runscript.rstrip("\n"))
+    report.add("contents.metadata", consistent,
+               "env script, labels, runscript and definition match the SIF's JSON objects")
+    report.info["labels"] = attrs.get("labels", {})
+
+
+def _json_object(path: Path, info: sif_format.SifInfo, name: str) -> dict[str, Any] | None:
+    d = info.named(name)
+    if d is None:
+        return None
+    try:
+        return json.loads(sif_format.read_object(path, d))
+    except (ValueError, sif_format.SifFormatError):
+        return None
+
+
+# --------------------------------------------------------------------------- execution
+
+
+@contextlib.contextmanager
+def squashfs_root(path: Path, offset: int, size: int, scratch: Path) -> Iterator[Path]:
+    """The partition as something ``ch-run`` can run: a squashfuse mount at the offset
+    (unmounted on exit), or else an extracted ``.sqfs`` copy (removed on exit)."""
+    if shutil.which("squashfuse") and Path("/dev/fuse").exists():
+        mnt = scratch / "root"
+        mnt.mkdir()
+        proc = _run(["squashfuse", "-o", f"offset={offset}", str(path), str(mnt)])
+        if proc.returncode == 0:
+            try:
+                yield mnt
+            finally:
+                _run(["umount", str(mnt)])
+                with contextlib.suppress(OSError):
+                    mnt.rmdir()
+            return
+    copy = scratch / "rootfs.sqfs"
+    with open(path, "rb") as src, open(copy, "wb") as dst:
+        left, pos = size, offset
+        while left:
+            n = os.copy_file_range(src.fileno(), dst.fileno(), left, pos)
+            if n == 0:
+                break
+            left, pos = left - n, pos + n
+    try:
+        yield copy
+    finally:
+        copy.unlink(missing_ok=True)
+
+
+def _selftest_copy(scratch: Path) -> Path:
+    from builder.verify import selftest_source
+
+    host = scratch / "host"
+    shutil.copytree(selftest_source(), host / "verl_env_selftest",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return host
+
+
+def runtime_command(image: Path, home: Path, args: list[str]) -> list[str]:
+    """``ch-run`` with a clean environment like ``apptainer exec``: the image's env scripts
+    are sourced by its exec action; HOME is a scratch directory (the image is read-only)."""
+    return ["env", "-i", "USER=root", f"HOME={home}", "PATH=/usr/bin:/bin", "LANG=C.UTF-8",
+            "ch-run", "--no-passwd", str(image), "--", *args]
+
+
+def run_selftest(path: Path, info: sif_format.SifInfo, report: Report, *, phases: str,
+                 timeout: float) -> None:
+    """Run the image's self-test from the SIF with a real runtime; record its report."""
+    part = info.primary_partition()
+    if part is None:
+        return
+    apptainer = shutil.which("apptainer") or shutil.which("singularity")
+    if not apptainer and not shutil.which("ch-run"):
+        report.add("selftest", None, "no container runtime (apptainer or charliecloud ch-run)")
+        return
+    # /tmp is shared with the container by apptainer and ch-run alike.
+    with tempfile.TemporaryDirectory(prefix="verl-env-sifrun-", dir="/tmp") as tmp:
+        scratch = Path(tmp)
+        out = scratch / "report.json"
+        host = _selftest_copy(scratch)
+        inner = ["/bin/sh", "-c", _LAUNCH, "selftest", "--phases", phases, "--json", str(out)]
+        env = {"VERL_ENV_HOST_SELFTEST": str(host)}
+        start = time.monotonic()
+        if apptainer:
+            runtime = Path(apptainer).name
+            cmd = [apptainer, "exec", "--cleanenv", "--env",
+                   f"VERL_ENV_HOST_SELFTEST={host}", str(path), *inner]
+            proc = _run(cmd, timeout=timeout)
+        else:
+            runtime = "ch-run"
+            with squashfs_root(path, part.offset, part.size, scratch) as image:
+                cmd = runtime_command(image, scratch, ["/.singularity.d/actions/exec", "env",
+                                                       *(f"{k}={v}" for k, v in env.items()),
+                                                       *inner])
+                proc = _run(cmd, timeout=timeout)
+        seconds = time.monotonic() - start
+        result = json.loads(out.read_text()) if out.exists() else {}
+    overall = result.get("overall", "error")
+    report.selftest = {"runtime": runtime, "phases": phases, "exit_code": proc.returncode,
+                       "overall": overall, "summary": result.get("summary"),
+                       "seconds": round(seconds, 1),
+                       "not_passed": [{k: c.get(k) for k in ("id", "status", "reason")}
+                                      for c in result.get("checks", [])
+                                      if c.get("status") != "pass"]}
+    reason = result.get("error") or ""
+    if not result:
+        report.selftest["log_tail"] = (proc.stdout + proc.stderr)[-2000:]
+        reason = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
+        reason = reason[0][:300]
+    report.add("selftest", proc.returncode == 0 and overall == "pass",
+               f"{runtime}: exit {proc.returncode}, {overall}, {seconds:.1f} s"
+               + (f": {reason}" if reason else ""))
+
+
+def verify_sif(path: Path, *, run: bool = True, phases: str = DEFAULT_PHASES,
+               timeout: float = 900) -> dict[str, Any]:
+    """Check a SIF's structure, contents and (``run``) that its self-test passes in it."""
+    report = Report(str(path))
+    info = check_structure(path, report)
+    if info is not None and info.primary_partition() is not None:
+        check_siftool(path, info, report)
+        check_contents(path, info, report)
+        if run:
+            try:
+                run_selftest(path, info, report, phases=phases, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                report.add("selftest", False, f"killed after {timeout:.0f} s")
+        else:
+            report.add("selftest", None, "not run (--no-run)")
+    return report.to_dict()
