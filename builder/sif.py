@@ -1,0 +1,279 @@
+"""``build-env sif``: convert a verified image to an Apptainer SIF, then prove the SIF.
+
+Backends: ``apptainer`` (the real one, driven through ``spython`` from a ``docker save``
+archive, the route that also works on a cluster) or ``native`` (:mod:`builder.sif_native`; no
+apptainer needed). ``auto`` picks apptainer when it is installed.
+
+The SIF is built under a temporary name beside the output, verified (:func:`verify_sif`: siftool,
+unsquashfs, and the self-test run from it by a real runtime), and only then renamed to the output
+path. A failed or interrupted conversion leaves nothing at the output path (a file that was there
+before stays untouched) and no temporary files behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from builder import sif_native, verdicts
+from builder.engine import Engine, interrupts_raise
+from builder.errors import EngineError, SifError
+from builder.sif_verify import DEFAULT_PHASES, verify_sif
+
+__all__ = ["add_arguments", "run", "convert", "convert_verified", "verify_sif"]
+REPORT_SCHEMA = "verl-env/sif-report/v1"
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``build-env sif`` (``--matrix``/``--snapshot`` are added by the CLI)."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--target", help="convert the release image of this matrix target")
+    src.add_argument("--image", metavar="REF", help="convert this image (reference or ID)")
+    p.add_argument("--output", "-o", type=Path, default=None, metavar="PATH",
+                   help="the .sif to write (default: ./<target>.sif)")
+    p.add_argument("--backend", choices=["auto", "apptainer", "native"], default="auto",
+                   help="apptainer (through spython) or native (mksquashfs + SIF writer); "
+                        "auto: apptainer when installed")
+    p.add_argument("--tag-prefix", default="verl-env", metavar="REPO",
+                   help="repository of the release tags (default: verl-env)")
+    p.add_argument("--force", action="store_true",
+                   help="convert an image that has no passing verdict")
+    p.add_argument("--phases", default=DEFAULT_PHASES,
+                   help=f"self-test phases run from the SIF (default: {DEFAULT_PHASES})")
+    p.add_argument("--no-run", action="store_true",
+                   help="check structure and contents only; do not run the self-test from the "
+                        "SIF (the verification is then incomplete, and accepted as such)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds for the self-test run")
+    p.add_argument("--tmpdir", type=Path, default=None,
+                   help="scratch space (default: beside the output)")
+    p.add_argument("--report", type=Path, default=None, metavar="PATH",
+                   help="also write the conversion and verification report here")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _target_ref(args: argparse.Namespace) -> tuple[str, str | None]:
+    if args.target:
+        from builder.spec import load_matrix
+
+        load_matrix(args.matrix).target(args.target)  # an unknown target is a usage error
+        return f"{args.tag_prefix}:{args.target}", args.target
+    return args.image, None
+
+
+def _default_output(ref: str, target: str | None) -> Path:
+    name = target or ref.split("/")[-1].replace(":", "_").replace("@", "_")
+    return Path(f"{name}.sif")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``build-env sif``."""
+    ref, target = _target_ref(args)
+    output = args.output or _default_output(ref, target)
+    engine = Engine.connect()
+    try:
+        image = engine.image(ref)
+    except EngineError as exc:
+        raise SifError(str(exc).split(": ", 1)[-1], target=target) from None
+    report = convert(engine, image, output=output, source=ref, target=target,
+                     backend=args.backend, force=args.force, run=not args.no_run,
+                     phases=args.phases, timeout=args.timeout, tmpdir=args.tmpdir)
+    if args.report:
+        _write_json(args.report, report)
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        for line in summary(report):
+            print(line)
+    return 0
+
+
+def summary(report: dict[str, Any]) -> list[str]:
+    """A few human lines: what was written, how, and what proved it."""
+    v = report["verification"]
+    lines = [f"{report['output']}: {report['size'] / 2**20:.0f} MiB SIF ({report['backend']}, "
+             f"{report['seconds']['convert']:.1f} s) from {report['source']} "
+             f"({report['image_size'] / 2**20:.0f} MiB image)",
+             "verification: {} ({})".format(v["overall"], ", ".join(
+                 f"{n} {s}" for s in ("pass", "fail", "skip")
+                 if (n := sum(c["status"] == s for c in v["checks"]))))]
+    st = v.get("selftest")
+    if st:
+        lines.append(f"self-test from the SIF under {st['runtime']}: {st['overall']} "
+                     f"(phases {st['phases']}, {st['seconds']} s)")
+    if v["overall"] != "pass":
+        lines += [f"  {c['status']}: {c['id']} {c['detail']}" for c in v["checks"]
+                  if c["status"] != "pass"]
+    return lines
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+def convert_verified(image_id: str, output: Path, *, target: str) -> Path:
+    """Pipeline entry (``build-env --target T --sif PATH``): convert the just-verified image."""
+    engine = Engine.connect()
+    image = engine.image(image_id)
+    tags = list(image.tags)
+    source = next((t for t in tags if t.endswith(f":{target}")), tags[0] if tags else image_id)
+    convert(engine, image, output=Path(output), source=source, target=target)
+    return Path(output)
+
+
+def convert(engine: Engine, image: Any, *, output: Path, source: str, target: str | None = None,
+            backend: str = "auto", force: bool = False, run: bool = True,
+            phases: str = DEFAULT_PHASES, timeout: float = 900,
+            tmpdir: Path | None = None) -> dict[str, Any]:
+    """Build, verify, then atomically place the SIF. Raises SifError on any failure."""
+    if not force and not verdicts.is_verified(image.id):
+        raise SifError(f"image {source} ({image.id[7:19]}) has no passing verdict; run "
+                       "`build-env verify` on it first, or pass --force", target=target)
+    chosen = pick_backend(backend, target)
+    output = output.absolute()
+    partial = output.parent / f".{output.name}.partial-{os.getpid()}"
+    scratch: Path | None = None
+    started = time.monotonic()
+    try:
+        with interrupts_raise():
+            scratch = sif_native.scratch_dir(output, tmpdir)
+            partial.unlink(missing_ok=True)
+            details = _build(chosen, image, partial, source, scratch, target)
+            converted = time.monotonic() - started
+            verification = verify_sif(partial, run=run, phases=phases, timeout=timeout)
+            _accept(verification, run, target)
+            os.replace(partial, output)
+    finally:
+        partial.unlink(missing_ok=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return {"schema": REPORT_SCHEMA, "target": target, "image_id": image.id, "source": source,
+            "output": str(output), "backend": chosen, "size": output.stat().st_size,
+            "image_size": int(image.attrs.get("Size") or 0), "build": details,
+            "seconds": {"convert": round(converted, 1),
+                        "total": round(time.monotonic() - started, 1)},
+            "verification": verification}
+
+
+def _accept(verification: dict[str, Any], run: bool, target: str | None) -> None:
+    overall = verification["overall"]
+    if overall == "pass":
+        return
+    bad = [c for c in verification["checks"] if c["status"] != "pass"]
+    if overall == "incomplete" and not run and [c["id"] for c in bad] == ["selftest"]:
+        return  # --no-run: the caller accepted an unexecuted SIF
+    st = verification.get("selftest") or {}
+    failing = "; ".join(f"{c['id']}: {c['status']} {c['detail']}".strip() for c in bad)
+    extra = "".join(f"; {c['id']} {c['status']}" for c in st.get("not_passed", [])
+                    if c.get("status") == "fail")
+    raise SifError(f"the SIF did not verify ({overall}): {failing}{extra}", target=target)
+
+
+def _build(backend: str, image: Any, partial: Path, source: str, scratch: Path,
+           target: str | None) -> dict[str, Any]:
+    try:
+        if backend == "native":
+            result = sif_native.build(image, partial, source=source, workdir=scratch)
+            return {"arch": result.arch, "members": result.members,
+                    "whiteouts": result.whiteouts, "save_format": result.save_format,
+                    "seconds": {k: round(v, 2) for k, v in result.timings.items()}}
+        return build_apptainer(image, partial, scratch)
+    except SifError:
+        raise
+    except (OSError, ValueError, RuntimeError, tarfile.TarError) as exc:
+        raise SifError(f"{backend} conversion failed: {exc}", target=target) from None
+
+
+def pick_backend(requested: str, target: str | None = None) -> str:
+    """``auto``: apptainer when installed, else native (which needs mksquashfs)."""
+    if requested in ("auto", "apptainer") and apptainer_binary():
+        return "apptainer"
+    if requested == "apptainer":
+        raise SifError("--backend apptainer: neither apptainer nor singularity is installed",
+                       target=target)
+    why = sif_native.have_tools()
+    if why:
+        raise SifError(f"native backend unavailable: {why}", target=target)
+    return "native"
+
+
+# --------------------------------------------------------------------------- apptainer backend
+
+
+def apptainer_binary() -> str | None:
+    return shutil.which("singularity") or shutil.which("apptainer")
+
+
+@contextlib.contextmanager
+def _singularity_on_path(scratch: Path) -> Iterator[None]:
+    """spython only ever runs ``singularity``; where only ``apptainer`` exists, put a
+    ``singularity`` link to it first on PATH for the duration."""
+    if shutil.which("singularity"):
+        yield
+        return
+    shim = scratch / "shim"
+    shim.mkdir(exist_ok=True)
+    (shim / "singularity").symlink_to(shutil.which("apptainer") or "apptainer")
+    old = os.environ.get("PATH", "")
+    os.environ["PATH"] = f"{shim}{os.pathsep}{old}"
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = old
+
+
+def save_archive(image: Any, path: Path) -> None:
+    """``docker save`` of the image to a file (the SDK stream, 4 MiB chunks)."""
+    with open(path, "wb") as f:
+        for chunk in image.save(chunk_size=4 << 20):
+            f.write(chunk)
+
+
+def build_apptainer(image: Any, partial: Path, scratch: Path) -> dict[str, Any]:
+    """``singularity build --tmpdir S PARTIAL docker-archive://S/image.tar`` through spython.
+
+    spython discards the exit code and returns the path if the file exists afterwards, so the
+    stale output is deleted first and a missing output is the failure signal; its captured
+    stderr (spython prints it to stdout) becomes the error message.
+    """
+    from spython.main import Client
+
+    archive = scratch / "image.tar"
+    t0 = time.monotonic()
+    save_archive(image, archive)
+    saved = time.monotonic() - t0
+    partial.unlink(missing_ok=True)
+    captured = io.StringIO()
+    with _singularity_on_path(scratch), contextlib.redirect_stdout(captured):
+        try:
+            result = Client.build(recipe=f"docker-archive://{archive}", image=str(partial),
+                                  sudo=False, force=True, quiet=False,
+                                  options=["--tmpdir", str(scratch)])
+        except FileNotFoundError as exc:
+            raise SifError(f"apptainer backend: cannot run singularity ({exc})") from None
+    archive.unlink(missing_ok=True)
+    if not result or not partial.exists():
+        tail = captured.getvalue().strip()[-2000:] or "(no output)"
+        raise SifError(f"apptainer build wrote no image; its output:\n{tail}")
+    return {"seconds": {"save": round(saved, 2), "total": round(time.monotonic() - t0, 2)},
+            "log_tail": captured.getvalue()[-1000:]}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(f.name, path)
+
