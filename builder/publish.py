@@ -1,0 +1,462 @@
+"""``build-env publish``: push a verified image and its SIF to an OCI registry, by digest.
+
+* The image goes through the Docker Engine (``images.push``, whose stream never raises: every
+  event is scanned for ``error``/``errorDetail``). Its manifest digest is then read back from the
+  registry API with the v2/OCI ``Accept`` headers (without them a registry may answer with a
+  schema1 manifest whose digest differs) and must equal the digest the engine reported.
+* The SIF goes as an ORAS artifact with the media types ``apptainer pull oras://`` accepts
+  (config ``application/vnd.sylabs.sif.config.v1+json`` = ``{}``, one
+  ``application/vnd.sylabs.sif.layer.v1.sif`` layer with a title), through ``oras``. Its manifest
+  is read back, and its layer must have the SIF's own sha256 and size.
+* Only then the publish record (target, pins, both digests, SIF size, time) is written,
+  atomically. An auth failure or a digest mismatch is an error and no record is written.
+
+Credentials come from ``VERL_ENV_REGISTRY_USER``/``VERL_ENV_REGISTRY_PASSWORD`` or the Docker
+config (``auths`` entries); they are never printed, logged or recorded. Transient registry errors
+(5xx, connection reset) are retried with backoff. Loopback registries are spoken to over plain
+HTTP (Docker's default config trusts 127.0.0.0/8 as insecure); others over HTTPS unless
+``--insecure``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import hashlib
+import ipaddress
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import requests
+
+from builder import sif_format, verdicts
+from builder.engine import Engine
+from builder.errors import EngineError, PublishError
+
+RECORD_SCHEMA = "verl-env/publish-record/v1"
+MANIFEST_ACCEPT = ("application/vnd.docker.distribution.manifest.v2+json, "
+                   "application/vnd.oci.image.manifest.v1+json")
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+SIF_CONFIG_MEDIA = "application/vnd.sylabs.sif.config.v1+json"
+SIF_LAYER_MEDIA = "application/vnd.sylabs.sif.layer.v1.sif"
+PIN_LABEL = "org.verl-env.pin."
+USER_ENV, PASSWORD_ENV = "VERL_ENV_REGISTRY_USER", "VERL_ENV_REGISTRY_PASSWORD"
+RETRY_BASE_S = 1.0
+_TRANSIENT = re.compile(r"\b(50[0-4])\b|connection reset|broken pipe|unexpected EOF|\bEOF\b|"
+                        r"timeout|temporarily unavailable|connection refused", re.IGNORECASE)
+_AUTH = re.compile(r"unauthorized|authentication required|denied|no basic auth", re.IGNORECASE)
+T = TypeVar("T")
+
+
+class Transient(Exception):
+    """A registry error worth retrying (5xx, connection reset...)."""
+
+
+# --------------------------------------------------------------------------- registry address
+
+
+@dataclass(frozen=True)
+class Registry:
+    """``HOST[:PORT]/REPO`` with how to talk to it (credentials kept out of ``repr``)."""
+
+    host: str
+    repo: str
+    scheme: str
+    user: str | None = None
+    password: str | None = None
+
+    def __repr__(self) -> str:  # never show the password
+        return f"Registry({self.host}/{self.repo}, {self.scheme}, user={self.user!r})"
+
+    @property
+    def auth(self) -> tuple[str, str] | None:
+        return (self.user, self.password) if self.user and self.password else None
+
+    def url(self, path: str) -> str:
+        return f"{self.scheme}://{self.host}/v2/{path}"
+
+
+def is_loopback(host: str) -> bool:
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    name = name.strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_registry(text: str, *, insecure: bool = False) -> tuple[str, str, str]:
+    """``HOST[:PORT]/REPO`` -> (host, repo, scheme)."""
+    host, sep, repo = text.partition("/")
+    if not sep or not repo or not re.fullmatch(r"[a-z0-9]+(?:[._/-][a-z0-9]+)*", repo):
+        raise PublishError(f"--registry must be HOST[:PORT]/REPO (lower-case repository), "
+                           f"got {text!r}")
+    scheme = "http" if insecure or is_loopback(host) else "https"
+    return host, repo, scheme
+
+
+def docker_config_path() -> Path:
+    return Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
+
+
+def credentials(host: str) -> tuple[str | None, str | None, str]:
+    """(user, password, source) from the environment, else the Docker config's ``auths``."""
+    user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
+    if user and password:
+        return user, password, "environment"
+    try:
+        auths = json.loads(docker_config_path().read_text()).get("auths", {})
+    except (OSError, ValueError):
+        auths = {}
+    for key in (host, f"https://{host}", f"http://{host}", f"https://{host}/v1/"):
+        encoded = (auths.get(key) or {}).get("auth")
+        if encoded:
+            try:
+                u, _, p = base64.b64decode(encoded).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if u and p:
+                return u, p, "docker-config"
+    return None, None, "none"
+
+
+def connect(text: str, *, insecure: bool = False) -> tuple[Registry, str]:
+    """The registry with its credentials resolved, and where they came from."""
+    host, repo, scheme = parse_registry(text, insecure=insecure)
+    user, password, source = credentials(host)
+    return Registry(host, repo, scheme, user, password), source
+
+
+# --------------------------------------------------------------------------- retries and HTTP
+
+
+def retrying(action: Callable[[], T], what: str, attempts: int) -> T:
+    """Run ``action``; on :class:`Transient` errors retry with exponential backoff."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except Transient as exc:
+            if attempt == attempts:
+                raise PublishError(f"{what}: still failing after {attempts} attempts: {exc}"
+                                   ) from None
+            time.sleep(min(RETRY_BASE_S * 2 ** (attempt - 1), 30.0))
+    raise AssertionError("unreachable")
+
+
+def http(reg: Registry, method: str, path: str, **kw: Any) -> requests.Response:
+    """One registry API request; 5xx and connection errors raise :class:`Transient`."""
+    try:
+        r = requests.request(method, reg.url(path), auth=reg.auth, timeout=60, **kw)
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise Transient(f"{method} {path}: {exc.__class__.__name__}") from None
+    if r.status_code >= 500:
+        raise Transient(f"{method} {path}: HTTP {r.status_code}")
+    return r
+
+
+def check_access(reg: Registry, attempts: int) -> None:
+    """``GET /v2/`` with the credentials: a clear error before anything is uploaded."""
+    r = retrying(lambda: http(reg, "GET", ""), f"{reg.host}: API check", attempts)
+    if r.status_code == 401:
+        if reg.auth:
+            raise PublishError(f"{reg.host}: authentication failed for user {reg.user!r} "
+                               "(wrong password?)")
+        raise PublishError(f"{reg.host}: the registry requires authentication; set "
+                           f"{USER_ENV}/{PASSWORD_ENV} or add it to {docker_config_path()}")
+    if r.status_code != 200:
+        raise PublishError(f"{reg.host}: /v2/ answered HTTP {r.status_code}; not a registry?")
+
+
+def manifest_digest(reg: Registry, reference: str, attempts: int,
+                    accept: str = MANIFEST_ACCEPT) -> tuple[str, dict[str, Any]]:
+    """Read a manifest back: its digest (sha256 of the bytes served, checked against the
+    ``Docker-Content-Digest`` header) and its JSON."""
+    def get() -> requests.Response:
+        return http(reg, "GET", f"{reg.repo}/manifests/{reference}", headers={"Accept": accept})
+
+    r = retrying(get, f"read back {reg.repo}:{reference}", attempts)
+    if r.status_code != 200:
+        raise PublishError(f"{reg.host}/{reg.repo}:{reference}: manifest read-back answered "
+                           f"HTTP {r.status_code}")
+    digest = "sha256:" + hashlib.sha256(r.content).hexdigest()
+    header = r.headers.get("Docker-Content-Digest")
+    if header and header != digest:
+        raise PublishError(f"{reg.repo}:{reference}: registry digest {header} differs from the "
+                           f"manifest it served ({digest})")
+    return digest, r.json()
+
+
+# --------------------------------------------------------------------------- the image
+
+
+def push_image(engine: Engine, image: Any, reg: Registry, tag: str, attempts: int) -> str:
+    """Tag ``HOST/REPO:TAG`` and push; returns the digest the engine reported."""
+    ref = f"{reg.host}/{reg.repo}"
+    engine.tag(image.id, f"{ref}:{tag}")
+    auth = {"username": reg.user, "password": reg.password} if reg.auth else None
+
+    def once() -> str:
+        digest = None
+        for event in engine.client.images.push(ref, tag=tag, stream=True, decode=True,
+                                               auth_config=auth):
+            if "error" in event or "errorDetail" in event:
+                message = (event.get("errorDetail") or {}).get("message") or event.get("error")
+                message = str(message).strip()
+                if _AUTH.search(message):
+                    raise PublishError(f"push of {ref}:{tag} refused: {message}")
+                if _TRANSIENT.search(message):
+                    raise Transient(message)
+                hint = (" (the registry refuses writes: read-only?)"
+                        if re.search(r"\b405\b|unsupported", message, re.IGNORECASE) else "")
+                raise PublishError(f"push of {ref}:{tag} failed: {message}{hint}")
+            digest = (event.get("aux") or {}).get("Digest") or digest
+        if not digest:
+            raise PublishError(f"push of {ref}:{tag} ended without a digest")
+        return str(digest)
+
+    return retrying(once, f"push {ref}:{tag}", attempts)
+
+
+# --------------------------------------------------------------------------- the SIF (ORAS)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def _oras_client(reg: Registry) -> Any:
+    """An ``oras`` client with basic auth from our credentials (never ``login()``, which
+    writes ~/.docker/config.json) and without oras-py's own retry loop (its sleeps grow to
+    minutes and it retries auth errors); :func:`retrying` decides instead."""
+    import oras.client
+    import oras.provider
+
+    class Client(oras.client.OrasClient):  # type: ignore[misc]
+        do_request = oras.provider.Registry.do_request.__wrapped__
+
+    client = Client(hostname=reg.host, insecure=reg.scheme == "http", auth_backend="basic")
+    # push() loads credentials from the Docker config; give it exactly ours instead.
+    auths = {}
+    if reg.auth:
+        client.auth.set_basic_auth(reg.user, reg.password)
+        token = base64.b64encode(f"{reg.user}:{reg.password}".encode()).decode()
+        auths = {reg.host: {"auth": token}}
+    else:
+        client.auth._basic_auth = None  # noqa: SLF001 (anonymous: no Authorization header)
+    client.auth._auth_config = {  # noqa: SLF001
+        "auths": auths, "credsStore": None, "credHelpers": {}}
+    return client
+
+
+def push_sif(sif: Path, reg: Registry, tag: str, attempts: int) -> tuple[str, dict[str, Any]]:
+    """Push the SIF as apptainer's ORAS artifact; returns the manifest digest and manifest."""
+    target = f"{reg.host}/{reg.repo}:{tag}"
+    created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def once() -> None:
+        with tempfile.TemporaryDirectory(prefix="verl-env-oras-") as tmp:
+            config = Path(tmp) / "sif-config.json"
+            config.write_text("{}")
+            try:
+                response = _oras_client(reg).push(
+                    target=target, files=[f"{sif}:{SIF_LAYER_MEDIA}"],
+                    manifest_config=f"{config}:{SIF_CONFIG_MEDIA}",
+                    manifest_annotations={"org.opencontainers.image.created": created},
+                    disable_path_validation=True, do_chunked=True, chunk_size=64 << 20,
+                    quiet=True)
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                raise Transient(f"ORAS push: {exc.__class__.__name__}") from None
+            except ValueError as exc:  # oras-py reports HTTP failures as ValueError
+                text = str(exc)
+                if re.search(r"\b5\d\d\b|Server Error|Service Unavailable|Bad Gateway", text):
+                    raise Transient(f"ORAS push: {text}") from None
+                if _AUTH.search(text) or "authentication" in text.lower():
+                    raise PublishError(f"ORAS push of {target} refused: {text}") from None
+                raise PublishError(f"ORAS push of {target} failed: {text}") from None
+            if response.status_code >= 500:
+                raise Transient(f"ORAS manifest upload: HTTP {response.status_code}")
+            if response.status_code not in (200, 201):
+                raise PublishError(f"ORAS manifest upload of {target}: HTTP "
+                                   f"{response.status_code}")
+
+    retrying(once, f"ORAS push {target}", attempts)
+    return manifest_digest(reg, tag, attempts, accept=OCI_MANIFEST)
+
+
+def check_sif_manifest(manifest: dict[str, Any], blob_digest: str, size: int) -> None:
+    """What ``apptainer pull oras://`` requires: exactly one SIF layer with this digest/size."""
+    layers = manifest.get("layers") or []
+    if (len(layers) != 1 or layers[0].get("mediaType") != SIF_LAYER_MEDIA
+            or layers[0].get("digest") != blob_digest or layers[0].get("size") != size):
+        raise PublishError(f"SIF manifest read back does not describe the pushed file "
+                           f"({blob_digest}, {size} bytes): layers {layers}")
+    if (manifest.get("config") or {}).get("mediaType") != SIF_CONFIG_MEDIA:
+        raise PublishError("SIF manifest read back has the wrong config media type")
+
+
+def check_sif_matches(sif: Path, labels: dict[str, str]) -> None:
+    """The SIF was made from this image: its recorded labels carry the image's verl-env
+    labels (target, matrix and lock hashes, pins)."""
+    if not sif_format.is_sif(sif):
+        raise PublishError(f"{sif} is not a SIF file")
+    info = sif_format.read_info(sif)
+    obj = info.named("inspect-metadata.json")
+    if obj is None:
+        raise PublishError(f"{sif} has no inspect-metadata.json object")
+    sif_labels = json.loads(sif_format.read_object(sif, obj))["data"]["attributes"]["labels"]
+    ours = {k: v for k, v in labels.items() if k.startswith("org.verl-env.")}
+    differ = sorted(k for k, v in ours.items() if sif_labels.get(k) != v)
+    if differ:
+        raise PublishError(f"{sif} was not made from this image (labels differ: "
+                           f"{', '.join(differ[:5])})")
+
+
+# --------------------------------------------------------------------------- the whole publish
+
+
+def pins_from_labels(labels: dict[str, str]) -> dict[str, str]:
+    return {k[len(PIN_LABEL):]: v for k, v in sorted(labels.items()) if k.startswith(PIN_LABEL)}
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """Atomically: a temp file in the same directory, renamed over the target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.",
+                                     delete=False) as f:
+        json.dump(record, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(f.name, path)
+
+
+def publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | None,
+            target: str | None, record_path: Path, pins: dict[str, str] | None = None,
+            sif_tag: str | None = None, insecure: bool = False,
+            attempts: int = 4) -> dict[str, Any]:
+    """Push image (and SIF), read both digests back, write the record. Returns the record."""
+    reg, cred_source = connect(registry, insecure=insecure)
+    labels = dict((image.attrs.get("Config") or {}).get("Labels") or {})
+    if sif is not None:
+        check_sif_matches(sif, labels)
+    check_access(reg, attempts)
+    pushed = push_image(engine, image, reg, tag, attempts)
+    digest, _ = manifest_digest(reg, tag, attempts)
+    if digest != pushed:
+        raise PublishError(f"{reg.host}/{reg.repo}:{tag}: the registry serves {digest}, the "
+                           f"engine pushed {pushed}", target=target)
+    record: dict[str, Any] = {
+        "schema": RECORD_SCHEMA, "target": target, "image_id": image.id,
+        "pins": pins_from_labels(labels) or dict(pins or {}),
+        "registry": f"{reg.host}/{reg.repo}", "credentials": cred_source,
+        "image": {"tag": f"{reg.host}/{reg.repo}:{tag}", "digest": digest,
+                  "reference": f"{reg.host}/{reg.repo}@{digest}"},
+        "image_digest": digest, "sif": None}
+    if sif is not None:
+        stag = sif_tag or f"{tag}-sif"
+        blob, size = sha256_file(sif), sif.stat().st_size
+        sif_digest, manifest = push_sif(sif, reg, stag, attempts)
+        check_sif_manifest(manifest, blob, size)
+        record["sif"] = {"tag": f"{reg.host}/{reg.repo}:{stag}", "digest": sif_digest,
+                         "reference": f"oras://{reg.host}/{reg.repo}@{sif_digest}",
+                         "blob_digest": blob, "size": size, "media_type": SIF_LAYER_MEDIA,
+                         "file": sif.name}
+    record["published_at"] = datetime.datetime.now(datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+    write_record(record_path, record)
+    record["record"] = str(record_path)
+    return record
+
+
+def publish_verified(image_id: str, registry: str, *, target: str, sif: Path | None,
+                     pins: dict[str, str]) -> dict[str, Any]:
+    """Pipeline entry (``build-env --target T --push REG [--sif PATH]``)."""
+    engine = Engine.connect()
+    image = engine.image(image_id)
+    if not verdicts.is_verified(image.id):
+        raise PublishError(f"image {image.id[7:19]} has no passing verdict", target=target)
+    try:
+        return publish(engine, image, registry, tag=target, sif=sif, target=target,
+                       record_path=Path("build") / target / "publish.json", pins=pins)
+    except PublishError as exc:
+        exc.target = exc.target or target
+        raise
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``build-env publish`` (``--matrix``/``--snapshot`` come from the CLI)."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--target", help="publish the release image of this matrix target")
+    src.add_argument("--image", metavar="REF", help="publish this image (reference or ID)")
+    p.add_argument("--sif", type=Path, default=None, metavar="PATH",
+                   help="also push this SIF (made from the same image) as an ORAS artifact")
+    p.add_argument("--registry", required=True, metavar="HOST[:PORT]/REPO",
+                   help="where to push (plain HTTP for loopback hosts)")
+    p.add_argument("--tag", default=None, help="registry tag (default: the target name, or the "
+                                               "image's tag)")
+    p.add_argument("--sif-tag", default=None, help="tag of the SIF artifact (default: TAG-sif)")
+    p.add_argument("--tag-prefix", default="verl-env", metavar="REPO",
+                   help="repository of the local release tags (default: verl-env)")
+    p.add_argument("--record", type=Path, default=None, metavar="PATH",
+                   help="publish record (default: build/<target>/publish.json)")
+    p.add_argument("--insecure", action="store_true", help="plain HTTP to a non-loopback host")
+    p.add_argument("--attempts", type=int, default=4,
+                   help="tries per registry operation on transient errors (default: 4)")
+    p.add_argument("--force", action="store_true",
+                   help="publish an image that has no passing verdict")
+    p.add_argument("--json", action="store_true", help="print the record as JSON")
+
+
+def _default_tag(ref: str, target: str | None) -> str:
+    if target:
+        return target
+    last = ref.split("/")[-1]
+    return last.split(":", 1)[1] if ":" in last and "@" not in last else "latest"
+
+
+def run(args: argparse.Namespace) -> int:
+    """``build-env publish``."""
+    target = args.target
+    if target:
+        from builder.spec import load_matrix
+
+        load_matrix(args.matrix).target(target)
+        ref = f"{args.tag_prefix}:{target}"
+    else:
+        ref = args.image
+    engine = Engine.connect()
+    try:
+        image = engine.image(ref)
+    except EngineError as exc:
+        raise PublishError(str(exc).split(": ", 1)[-1], target=target) from None
+    if not args.force and not verdicts.is_verified(image.id):
+        raise PublishError(f"image {ref} ({image.id[7:19]}) has no passing verdict; run "
+                           "`build-env verify` first, or pass --force", target=target)
+    name = target or re.sub(r"[^A-Za-z0-9_.-]+", "_", ref)
+    record = publish(engine, image, args.registry, tag=args.tag or _default_tag(ref, target),
+                     sif=args.sif, target=target,
+                     record_path=args.record or Path("build") / name / "publish.json",
+                     sif_tag=args.sif_tag, insecure=args.insecure, attempts=args.attempts)
+    if args.json:
+        print(json.dumps(record, indent=2, sort_keys=True))
+    else:
+        print(f"image  {record['image']['reference']}")
+        if record["sif"]:
+            print(f"sif    {record['sif']['reference']} ({record['sif']['size'] / 2**20:.0f} MiB)")
+        print(f"record {record['record']}")
+    return 0
