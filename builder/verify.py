@@ -65,8 +65,13 @@ def gpu_kind() -> str | None:
 
 
 def verify_image(engine: Engine, image: str, *, timeout: float = 900, gpus: str | None = "auto",
-                 extra_args: list[str] | None = None, network: str = "none") -> Verification:
-    """Run the self-test in a fresh container of ``image``; never raises for a failed verdict."""
+                 extra_args: list[str] | None = None, network: str = "none",
+                 manifest: dict[str, Any] | None = None) -> Verification:
+    """Run the self-test in a fresh container of ``image``; never raises for a failed verdict.
+
+    ``manifest`` (a target's rendered manifest) replaces the image's baked one: it holds any
+    image, e.g. one built elsewhere, to a matrix target's pins.
+    """
     kind = gpu_kind() if gpus == "auto" else gpus
     with tempfile.TemporaryDirectory(prefix="verl-env-verify-") as tmp:
         out = Path(tmp) / "out"
@@ -77,6 +82,9 @@ def verify_image(engine: Engine, image: str, *, timeout: float = 900, gpus: str 
                         ignore=shutil.ignore_patterns("__pycache__"))
         command = ["/bin/sh", "-c", _LAUNCH, "selftest", "--json", "/verl-env-out/report.json",
                    *(extra_args or [])]
+        if manifest is not None:
+            (host / "manifest.json").write_text(json.dumps(manifest, indent=2))
+            command += ["--manifest", "/verl-env-host/manifest.json"]
         result = engine.run(image, command, timeout=timeout, network=network, gpus=kind,
                             mounts={str(out): {"bind": "/verl-env-out", "mode": "rw"},
                                     str(host): {"bind": "/verl-env-host", "mode": "ro"}})
@@ -122,6 +130,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the self-test report here")
     p.add_argument("--timeout", type=float, default=900, help="seconds before the run is killed")
     p.add_argument("--gpus", choices=["auto", "nvidia", "amd", "none"], default="auto")
+    p.add_argument("--target", default=None,
+                   help="hold the image to this matrix target's pins instead of its baked manifest")
+    p.add_argument("--matrix", type=Path, default=Path("matrix.yaml"))
     p.add_argument("--selftest-args", default="", metavar="ARGS",
                    help="extra self-test arguments, one string (e.g. '--strict --phases imports')")
 
@@ -131,7 +142,15 @@ def run(args: argparse.Namespace) -> int:
     extra = shlex.split(args.selftest_args)
     gpus = None if args.gpus == "none" else args.gpus
     image = engine.image(args.image)
-    v = verify_image(engine, image.id, timeout=args.timeout, gpus=gpus, extra_args=extra)
+    manifest = None
+    if args.target:
+        from builder.render import manifest as render_manifest
+        from builder.spec import load_matrix
+
+        target = load_matrix(args.matrix).target(args.target)
+        manifest = render_manifest(target, target.entry_hash, "unknown (verify --target)")
+    v = verify_image(engine, image.id, timeout=args.timeout, gpus=gpus, extra_args=extra,
+                     manifest=manifest)
     if args.json:
         args.json.write_text(json.dumps(v.report, indent=2) + "\n")
     verdicts.record(image.id, {"overall": v.overall, "exit_code": v.exit_code,
@@ -141,4 +160,7 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     if v.exit_code == 3 and v.logs:
         print(v.logs[-1500:], file=sys.stderr)
+        if "manifest not found" in v.logs:
+            print("hint: this image has no verl-env manifest; hold it to a target's pins with "
+                  "--target T", file=sys.stderr)
     return v.exit_code
