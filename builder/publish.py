@@ -347,6 +347,18 @@ def publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | 
             sif_tag: str | None = None, insecure: bool = False,
             attempts: int = 4) -> dict[str, Any]:
     """Push image (and SIF), read both digests back, write the record. Returns the record."""
+    try:
+        return _publish(engine, image, registry, tag=tag, sif=sif, target=target,
+                        record_path=record_path, pins=pins, sif_tag=sif_tag,
+                        insecure=insecure, attempts=attempts)
+    except PublishError as exc:
+        exc.target = exc.target or target
+        raise
+
+
+def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | None,
+             target: str | None, record_path: Path, pins: dict[str, str] | None,
+             sif_tag: str | None, insecure: bool, attempts: int) -> dict[str, Any]:
     reg, cred_source = connect(registry, insecure=insecure)
     labels = dict((image.attrs.get("Config") or {}).get("Labels") or {})
     if sif is not None:
@@ -356,7 +368,7 @@ def publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | 
     digest, _ = manifest_digest(reg, tag, attempts)
     if digest != pushed:
         raise PublishError(f"{reg.host}/{reg.repo}:{tag}: the registry serves {digest}, the "
-                           f"engine pushed {pushed}", target=target)
+                           f"engine pushed {pushed}")
     record: dict[str, Any] = {
         "schema": RECORD_SCHEMA, "target": target, "image_id": image.id,
         "pins": pins_from_labels(labels) or dict(pins or {}),
@@ -387,12 +399,8 @@ def publish_verified(image_id: str, registry: str, *, target: str, sif: Path | N
     image = engine.image(image_id)
     if not verdicts.is_verified(image.id):
         raise PublishError(f"image {image.id[7:19]} has no passing verdict", target=target)
-    try:
-        return publish(engine, image, registry, tag=target, sif=sif, target=target,
-                       record_path=Path("build") / target / "publish.json", pins=pins)
-    except PublishError as exc:
-        exc.target = exc.target or target
-        raise
+    return publish(engine, image, registry, tag=target, sif=sif, target=target,
+                   record_path=Path("build") / target / "publish.json", pins=pins)
 
 
 # --------------------------------------------------------------------------- command line

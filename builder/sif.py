@@ -189,7 +189,8 @@ def _build(backend: str, image: Any, partial: Path, source: str, scratch: Path,
                     "whiteouts": result.whiteouts, "save_format": result.save_format,
                     "seconds": {k: round(v, 2) for k, v in result.timings.items()}}
         return build_apptainer(image, partial, scratch)
-    except SifError:
+    except SifError as exc:
+        exc.target = exc.target or target
         raise
     except (OSError, ValueError, RuntimeError, tarfile.TarError) as exc:
         raise SifError(f"{backend} conversion failed: {exc}", target=target) from None
