@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -74,6 +75,7 @@ def main() -> int:
     args = ap.parse_args()
 
     daemon = None
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally: stop dockerd
     if args.docker_host:
         os.environ["DOCKER_HOST"] = args.docker_host
     else:
