@@ -187,9 +187,12 @@ def check_contents(path: Path, info: sif_format.SifInfo, report: Report) -> None
     labels = _cat(path, off, ".singularity.d/labels.json")
     deffile = _cat(path, off, ".singularity.d/Singularity")
     definition = sif_format.read_object(path, info.descriptors[0]).decode(errors="replace")
+    try:
+        same_labels = labels is not None and json.loads(labels) == attrs.get("labels")
+    except ValueError:
+        same_labels = False
     consistent = (env is not None and attrs.get("environment", {}).get(
-        "/" + sif_meta.ENV_SCRIPT) == env.rstrip("\n")
-        and labels is not None and json.loads(labels) == attrs.get("labels")
+        "/" + sif_meta.ENV_SCRIPT) == env.rstrip("\n") and same_labels
         and deffile == definition and attrs.get("deffile") == definition.rstrip("\n")
         and attrs.get("runscript") == runscript.rstrip("\n"))
     report.add("contents.metadata", consistent,
