@@ -36,6 +36,19 @@ class BuildProgress:
     instruction: str = ""
     cache_hits: int = 0
     started: float = field(default_factory=time.monotonic)
+    steps: list[dict[str, Any]] = field(default_factory=list)  # per step: seconds, cached
+
+    def begin(self, step: int, total: int, instruction: str) -> None:
+        now = time.monotonic()
+        if self.steps:
+            self.steps[-1]["seconds"] = round(now - self.steps[-1].pop("_t0"), 2)
+        self.step, self.total, self.instruction = step, total, instruction
+        self.steps.append({"step": step, "instruction": instruction[:100], "cached": False,
+                           "_t0": now})
+
+    def end(self) -> None:
+        if self.steps and "_t0" in self.steps[-1]:
+            self.steps[-1]["seconds"] = round(time.monotonic() - self.steps[-1].pop("_t0"), 2)
 
     @property
     def elapsed(self) -> float:
@@ -49,6 +62,7 @@ class BuildResult:
     cache_hits: int
     seconds: float
     log: str
+    step_times: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,10 +136,10 @@ class Engine:
                 log.append(text)
                 m = _STEP.match(text.strip())
                 if m:
-                    progress.step, progress.total = int(m.group(1)), int(m.group(2))
-                    progress.instruction = m.group(3)
+                    progress.begin(int(m.group(1)), int(m.group(2)), m.group(3))
                 elif text.strip() == "---> Using cache":
                     progress.cache_hits += 1
+                    progress.steps[-1]["cached"] = True
                 if on_event:
                     on_event(progress, text)
         finally:
@@ -137,8 +151,9 @@ class Engine:
             if not match:
                 raise EngineError("build ended without an image ID", target=target)
             image_id = self.client.images.get(match.group(1)).id
+        progress.end()
         return BuildResult(image_id, progress.total, progress.cache_hits, progress.elapsed,
-                           "".join(log))
+                           "".join(log), tuple(progress.steps))
 
     def image(self, ref: str) -> Any:
         try:

@@ -140,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
             image_id = built.image_id
             report.image_id = image_id
             report.stages["build"] = {"seconds": round(built.seconds, 1), "steps": built.steps,
-                                      "cache_hits": built.cache_hits}
+                                      "cache_hits": built.cache_hits,
+                                      "step_times": list(built.step_times)}
             console.stage("build", "ok", f"{image_id[7:19]}  {built.steps} steps, "
                           f"{built.cache_hits} cached, {built.seconds:.1f} s")
 
@@ -223,7 +224,8 @@ def _extend(args: argparse.Namespace, target: Target, image_id: str | None, repo
         from builder import publish
 
         record = publish.publish_verified(image_id, args.push, target=target.name,
-                                          sif=args.sif, pins=report.pins)
+                                          sif=args.sif, pins=report.pins,
+                                          record_path=report_path.parent / "publish.json")
         report.stages["publish"] = record
         console.stage("publish", "ok", str(record.get("image_digest", "")))
     report.write(report_path)

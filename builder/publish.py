@@ -393,14 +393,15 @@ def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path |
 
 
 def publish_verified(image_id: str, registry: str, *, target: str, sif: Path | None,
-                     pins: dict[str, str]) -> dict[str, Any]:
+                     pins: dict[str, str], record_path: Path | None = None) -> dict[str, Any]:
     """Pipeline entry (``build-env --target T --push REG [--sif PATH]``)."""
     engine = Engine.connect()
     image = engine.image(image_id)
     if not verdicts.is_verified(image.id):
         raise PublishError(f"image {image.id[7:19]} has no passing verdict", target=target)
     return publish(engine, image, registry, tag=target, sif=sif, target=target,
-                   record_path=Path("build") / target / "publish.json", pins=pins)
+                   record_path=record_path or Path("build") / target / "publish.json",
+                   pins=pins)
 
 
 # --------------------------------------------------------------------------- command line

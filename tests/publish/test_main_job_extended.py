@@ -1,0 +1,46 @@
+"""The main job extended end to end: `build-env --target T --sif PATH --push REG` builds (cached),
+verifies, tags, converts the verified image to a SIF that runs its self-test, and publishes
+both to a real registry, reading the digests back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import run_build_env
+from tests.publish.conftest import RegistryServer
+
+pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.network, pytest.mark.slow]
+
+
+def test_build_sif_and_push_in_one_run(cpu_image: dict, ca_bundle: Path, tmp_path: Path,
+                                       registry: RegistryServer) -> None:
+    for tool in ("siftool", "mksquashfs", "ch-run"):
+        if not __import__("shutil").which(tool):
+            pytest.skip(f"{tool} not installed")
+    sif = tmp_path / "cpu.sif"
+    proc = run_build_env("--target", "cpu-x86_64", "--matrix", "tests/fixtures/cpu.yaml",
+                         "--ca-bundle", str(ca_bundle), "--workdir", str(tmp_path / "w"),
+                         "--sif", str(sif), "--push", f"{registry.host}/verl-env")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "w" / "report.json").read_text())
+    assert report["image_id"] == cpu_image["image_id"]  # cached: the same verified image
+    assert report["stages"]["sif"]["path"] == str(sif) and sif.is_file()
+    listing = subprocess.run(["siftool", "list", str(sif)], capture_output=True, text=True,
+                             check=True).stdout
+    assert "FS (Squashfs/*System/amd64)" in listing and "Def.FILE" in listing
+    record = report["stages"]["publish"]
+    accept = ("application/vnd.oci.image.manifest.v1+json, "
+              "application/vnd.docker.distribution.manifest.v2+json")
+    head = requests.head(f"http://{registry.host}/v2/verl-env/manifests/{record['image_digest']}",
+                         headers={"Accept": accept}, timeout=30)
+    assert head.status_code == 200
+    assert head.headers["Docker-Content-Digest"] == record["image_digest"]
+    assert record["sif"]["size"] == sif.stat().st_size
+    assert record["sif"]["reference"].startswith(f"oras://{registry.host}/verl-env@sha256:")
+    assert json.loads((tmp_path / "w" / "publish.json").read_text())["image_digest"] == \
+        record["image_digest"]
