@@ -11,9 +11,11 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 
 from builder import __version__
 from builder.errors import BuildEnvError, CompatError
+from builder.metadata import Snapshot
 from builder.spec import Matrix, Target, load_matrix
 
 SUBCOMMANDS = ("build", "list", "check", "lock", "render", "verify", "sif", "publish", "slurm",
@@ -102,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _optional(module: str):  # type: ignore[no-untyped-def]
+def _optional(module: str) -> ModuleType | None:
     import importlib
 
     try:
@@ -114,7 +116,8 @@ def _optional(module: str):  # type: ignore[no-untyped-def]
 # --------------------------------------------------------------------------- commands
 
 
-def _snapshot_for(args: argparse.Namespace, matrix: Matrix):  # type: ignore[no-untyped-def]
+def snapshot_for(args: argparse.Namespace, matrix: Matrix) -> Snapshot:
+    """The metadata snapshot: ``--snapshot``, else the one beside the matrix."""
     from builder.metadata import load_snapshot, snapshot_path
 
     return load_snapshot(args.snapshot or snapshot_path(matrix.path))
@@ -159,7 +162,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     matrix = load_matrix(args.matrix)
     targets = _targets(matrix, args.target)
-    snapshot = _snapshot_for(args, matrix)
+    snapshot = snapshot_for(args, matrix)
     if args.online:
         pins = [pin for t in targets for pin in pins_of(t)]
         links = [link for t in targets for link in t.find_links]
@@ -188,7 +191,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
     from builder.lock import compile_lock, lock_path, parse_lock
 
     matrix = load_matrix(args.matrix)
-    snapshot = _snapshot_for(args, matrix)
+    snapshot = snapshot_for(args, matrix)
     for t in _targets(matrix, args.target):
         problems = check_target(t, snapshot)
         if problems:
@@ -209,32 +212,14 @@ def resolve_target(args: argparse.Namespace) -> tuple[Matrix, Target]:
     return matrix, target
 
 
-def lock_for(matrix: Matrix, target: Target, snapshot, workdir: Path) -> tuple[str, Path]:  # type: ignore[no-untyped-def]
-    """The target's lock text: the committed lock, or a fresh one for an override build."""
-    from builder.compat import check_target
-    from builder.lock import compile_lock, lock_path, stale_reason
-
-    problems = check_target(target, snapshot)
-    if problems:
-        raise CompatError("; ".join(str(p) for p in problems), target=target.name)
-    path = lock_path(matrix.path, target)
-    if target.override:
-        path = workdir / f"{target.name}.override-lock.txt"
-        compile_lock(target, snapshot, path)
-    else:
-        stale = stale_reason(target, snapshot, path)
-        if stale:
-            raise CompatError(stale, target=target.name)
-    return path.read_text(), path
-
-
 def cmd_render(args: argparse.Namespace) -> int:
+    from builder.lock import lock_for
     from builder.render import render_context
 
     matrix, target = resolve_target(args)
-    snapshot = _snapshot_for(args, matrix)
+    snapshot = snapshot_for(args, matrix)
     out = args.output or Path("build") / target.name
-    lock_text, lock_file = lock_for(matrix, target, snapshot, out.parent)
+    lock_text, lock_file = lock_for(matrix.path, target, snapshot, out.parent)
     ctx = render_context(target, lock_text, snapshot, out, lock_file=lock_file,
                          ca_bundle=args.ca_bundle)
     print(f"{target.name}: build context in {ctx.path} (lock {ctx.lock_hash[:19]})")
@@ -260,7 +245,9 @@ def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     if args.command in table:
         return table[args.command]
     mod = _optional(f"builder.{args.command}")
-    return mod.run  # type: ignore[no-any-return,union-attr]
+    assert mod is not None, args.command  # only parsers of importable modules exist
+    run: Callable[[argparse.Namespace], int] = mod.run
+    return run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,7 +27,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from builder.compat import marker_env
-from builder.errors import LockError
+from builder.errors import CompatError, LockError
 from builder.metadata import Snapshot
 from builder.spec import Package, Target
 
@@ -217,6 +217,26 @@ def stale_reason(target: Target, snapshot: Snapshot, path: Path) -> str | None:
         if p.name in pinned and pinned[p.name].version != p.version:
             return f"{path} pins {p.name} {pinned[p.name].version}, the matrix {p.version}"
     return None
+
+
+def lock_for(matrix_path: Path, target: Target, snapshot: Snapshot, workdir: Path
+             ) -> tuple[str, Path]:
+    """The target's lock text and file: the committed lock (refused when stale), or a fresh one
+    in ``workdir`` for an override build. Incompatible pins fail before anything resolves."""
+    from builder.compat import check_target
+
+    problems = check_target(target, snapshot)
+    if problems:
+        raise CompatError("; ".join(str(p) for p in problems), target=target.name)
+    path = lock_path(matrix_path, target)
+    if target.override:
+        path = workdir / f"{target.name}.override-lock.txt"
+        compile_lock(target, snapshot, path)
+    else:
+        stale = stale_reason(target, snapshot, path)
+        if stale:
+            raise CompatError(stale, target=target.name)
+    return path.read_text(), path
 
 
 # --------------------------------------------------------------------------- lock parsing

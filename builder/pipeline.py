@@ -111,16 +111,17 @@ class Console:
 
 
 def run(args: argparse.Namespace) -> int:
-    from builder.cli import _snapshot_for, lock_for, resolve_target
+    from builder.cli import resolve_target, snapshot_for
+    from builder.lock import lock_for
     from builder.render import render_context
 
     matrix, target = resolve_target(args)
     workdir = args.workdir or Path("build") / target.name
     console = Console(target.name, args.verbose, args.json)
-    snapshot = _snapshot_for(args, matrix)
+    snapshot = snapshot_for(args, matrix)
 
     t0 = time.monotonic()
-    lock_text, lock_file = lock_for(matrix, target, snapshot, workdir)
+    lock_text, lock_file = lock_for(matrix.path, target, snapshot, workdir)
     ctx = render_context(target, lock_text, snapshot, workdir / "context", lock_file=lock_file,
                          ca_bundle=args.ca_bundle)
     report = Report(target.name, target.override, ctx.manifest["pins"], ctx.manifest["provided"],

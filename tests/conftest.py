@@ -7,6 +7,8 @@ visible reason when it cannot run here; they never pass without having run.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,11 +79,8 @@ def isolated_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def run_build_env(*args: str, timeout: float = 1800, env: dict[str, str] | None = None
-                  ) -> "subprocess.CompletedProcess[str]":
+                  ) -> subprocess.CompletedProcess[str]:
     """Run the real command line (``python -m builder``) from the repository root."""
-    import subprocess
-    import sys
-
     return subprocess.run([sys.executable, "-m", "builder", *args], cwd=REPO, text=True,
                           capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
 
