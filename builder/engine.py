@@ -166,13 +166,12 @@ class Engine:
         if not self.client.api.tag(image_id, repo, tag, force=True):
             raise EngineError(f"could not tag {image_id[:19]} as {ref}")
 
-    def tags_of(self, image_id: str) -> list[str]:
-        return list(self.image(image_id).tags)
-
-    def remove_image(self, image_id: str) -> None:
-        """Remove an untagged candidate, keeping its parent layers (the build cache)."""
+    def remove_candidate(self, image_id: str) -> None:
+        """Remove an image only while no tag names it (a candidate nobody released), keeping its
+        parent layers (the build cache). A cached rebuild of a released image is left alone."""
         with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
-            self.client.api.remove_image(image_id, noprune=True)
+            if not self.client.images.get(image_id).tags:
+                self.client.api.remove_image(image_id, noprune=True)
 
     # ----------------------------------------------------------------------- containers
 

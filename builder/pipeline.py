@@ -132,7 +132,6 @@ def run(args: argparse.Namespace) -> int:
 
     engine = Engine.connect()
     image_id: str | None = None
-    tagged = False
     try:
         with interrupts_raise():
             network = None if args.network == "default" else args.network
@@ -160,7 +159,6 @@ def run(args: argparse.Namespace) -> int:
             for ref in release_tags(target, args.tag_prefix, ctx.lock_hash):
                 engine.tag(image_id, ref)
                 report.tags.append(ref)
-            tagged = True
             report.result = "pass"
             console.stage("tag", "ok", "  ".join(report.tags))
             verdicts.record(image_id, {"overall": v.overall, "exit_code": v.exit_code,
@@ -168,15 +166,15 @@ def run(args: argparse.Namespace) -> int:
                                        "report": v.report})
     except KeyboardInterrupt:
         report.result, report.error = "interrupted", "interrupted by a signal"
-        if image_id and not tagged and not engine.tags_of(image_id):
-            engine.remove_image(image_id)
+        if image_id:
+            engine.remove_candidate(image_id)
         report.write(report_path)
         console.stage("abort", "fail", "interrupted: no tag applied, candidate removed")
         return 130
     except BaseException as exc:
         report.result, report.error = "error", str(exc)
-        if image_id and not tagged and not engine.tags_of(image_id):
-            engine.remove_image(image_id)
+        if image_id:
+            engine.remove_candidate(image_id)
         report.write(report_path)
         raise
     report.write(report_path)
@@ -198,8 +196,8 @@ def _refuse(engine: Engine, report: Report, report_path: Path, console: Console,
         ref = f"{args.tag_prefix}:{target.name}-candidate"
         engine.tag(report.image_id, ref)
         report.tags.append(ref)
-    elif not engine.tags_of(report.image_id):
-        engine.remove_image(report.image_id)
+    else:
+        engine.remove_candidate(report.image_id)
     report.write(report_path)
     console.stage("verify", v.overall, f"{v.seconds:.1f} s; no release tag applied; "
                   f"report: {report_path}")
