@@ -42,17 +42,16 @@ class BuildContext:
     lock_hash: str
 
 
-def templates_dir() -> Path:
-    """``dockerfiles/`` of the source tree, or the copy packaged inside ``builder``."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "dockerfiles", here / "dockerfiles"):
-        if (candidate / "Dockerfile.j2").exists():
-            return candidate
-    raise RenderError("Dockerfile templates not found (dockerfiles/Dockerfile.j2)")
-
-
-def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())),
+def _env(templates: Path | None = None) -> jinja2.Environment:
+    """Templates from the package (``builder/templates``, shipped in the wheel); a site's
+    ``--templates DIR`` is searched first, falling back to the shipped ones per file."""
+    loaders: list[jinja2.BaseLoader] = []
+    if templates is not None:
+        if not (templates / "Dockerfile.j2").is_file() and not (templates / "_macros.j2").is_file():
+            raise RenderError(f"--templates {templates}: holds neither Dockerfile.j2 nor _macros.j2")
+        loaders.append(jinja2.FileSystemLoader(str(templates)))
+    loaders.append(jinja2.PackageLoader("builder", "templates"))
+    return jinja2.Environment(loader=jinja2.ChoiceLoader(loaders),
                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                               autoescape=False)
 
