@@ -6,25 +6,29 @@ Exit codes: 0 ok, 1 a check failed (compatibility, verification, build), 2 bad i
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 
 from builder import __version__
 from builder.errors import BuildEnvError, CompatError
-from builder.metadata import Snapshot
-from builder.spec import Matrix, Target, load_matrix
+from builder.targets import Site, default_matrix, init_site, open_site, resolve_target
 
-SUBCOMMANDS = ("build", "list", "check", "lock", "render", "verify", "sif", "publish", "slurm",
-               "doctor")
+SUBCOMMANDS = ("build", "init", "list", "check", "lock", "render", "verify", "sif", "publish",
+               "slurm", "doctor")
+
+# One convention for every subcommand: --matrix/--snapshot name the site, --target a matrix
+# target, --json prints machine-readable output on stdout, paths are options, not positionals
+# (except the one thing a command acts on: `verify IMAGE`, `init DIR`).
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--matrix", type=Path, default=Path("matrix.yaml"),
-                   help="the compatibility matrix (default: ./matrix.yaml)")
+    p.add_argument("--matrix", type=Path, default=None,
+                   help="the compatibility matrix (default: ./matrix.yaml if present, else the "
+                        "reference matrix shipped with build-env)")
     p.add_argument("--snapshot", type=Path, default=None,
                    help="package metadata snapshot (default: metadata/pypi-snapshot.json beside "
                         "the matrix)")
@@ -38,10 +42,39 @@ def _overrides(p: argparse.ArgumentParser) -> None:
                    help="build FROM this image instead of the matrix's base (an override)")
 
 
-def _ca(p: argparse.ArgumentParser) -> None:
+def _render_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ca-bundle", type=Path, default=os.environ.get("VERL_ENV_CA_BUNDLE") or None,
                    metavar="PATH", help="site CA bundle injected into the build (env "
                    "VERL_ENV_CA_BUNDLE); needed behind a TLS-intercepting proxy")
+    p.add_argument("--templates", type=Path, default=None, metavar="DIR",
+                   help="a site's Dockerfile templates (Dockerfile.j2, _macros.j2), searched "
+                        "before the shipped ones")
+
+
+def _build_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="matrix target to build")
+    p.add_argument("--tag-prefix", default="verl-env", metavar="REPO",
+                   help="repository for release tags (default: verl-env)")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="where the context and report.json go (default: build/<target>)")
+    p.add_argument("--keep-candidate", action="store_true",
+                   help="keep a failed image, tagged <prefix>:<target>-candidate")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("-v", "--verbose", action="store_true", help="stream the build output")
+    p.add_argument("--network", default="host",
+                   help="network for build steps (default: host; 'default' for the daemon's)")
+    p.add_argument("--verify-timeout", type=float, default=900)
+    p.add_argument("--gpus", choices=["auto", "nvidia", "amd", "none"], default="auto",
+                   help="GPUs handed to the verification container (auto: what the host has)")
+    p.add_argument("--expect-gpus", type=int, default=None, metavar="N",
+                   help="GPUs the gate must see (default: what the engine's host shows for the "
+                        "target's family; 0 for an emulated build)")
+    p.add_argument("--reverify", action="store_true",
+                   help="run the gate again even when the content tag holds a release verdict")
+    p.add_argument("--sif", type=Path, default=None, metavar="PATH",
+                   help="also convert the verified image to this .sif")
+    p.add_argument("--push", default=None, metavar="REGISTRY/REPO",
+                   help="also publish the verified image (and the SIF) to this registry")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,14 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"build-env {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from builder import pipeline
-
     b = sub.add_parser("build", help="render, build, verify inside the image, tag on pass "
                        "(also: build-env --target T)")
     _common(b)
     _overrides(b)
-    _ca(b)
-    pipeline.add_arguments(b)
+    _render_options(b)
+    _build_options(b)
+
+    ini = sub.add_parser("init", help="write a starter site directory (matrix, snapshot, locks)")
+    ini.add_argument("directory", type=Path, metavar="DIR")
 
     lst = sub.add_parser("list", help="targets and their pins")
     _common(lst)
@@ -78,57 +112,40 @@ def build_parser() -> argparse.ArgumentParser:
     rd = sub.add_parser("render", help="write the build context without building")
     _common(rd)
     _overrides(rd)
-    _ca(rd)
+    _render_options(rd)
     rd.add_argument("--target", required=True)
     rd.add_argument("--output", type=Path, default=None,
                     help="context directory (default: build/<target>)")
 
-    vf = sub.add_parser("verify", help="run the in-image self-test on any image")
     from builder import verify as verify_mod
 
+    vf = sub.add_parser("verify", help="run the in-image self-test on any image")
     verify_mod.add_arguments(vf)
 
     for name, module, helptext in (("sif", "builder.sif", "convert a verified image to .sif"),
                                    ("publish", "builder.publish", "push image and SIF"),
                                    ("slurm", "builder.slurm", "write an sbatch script"),
                                    ("doctor", "builder.doctor", "pre-flight a cluster node")):
-        mod = _optional(module)
-        if mod is not None:
-            sp = sub.add_parser(name, help=helptext)
-            if name in ("sif", "publish", "slurm"):
-                _common(sp)
-            if name == "slurm":
-                sp.add_argument("--target", default=None,
-                                help="matrix target (sets the accelerator family)")
-            mod.add_arguments(sp)
+        mod = importlib.import_module(module)
+        sp = sub.add_parser(name, help=helptext)
+        if name in ("sif", "publish", "slurm"):
+            _common(sp)
+        if name == "slurm":
+            sp.add_argument("--target", default=None,
+                            help="matrix target (sets the accelerator family)")
+        mod.add_arguments(sp)
     return parser
-
-
-def _optional(module: str) -> ModuleType | None:
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
 
 
 # --------------------------------------------------------------------------- commands
 
 
-def snapshot_for(args: argparse.Namespace, matrix: Matrix) -> Snapshot:
-    """The metadata snapshot: ``--snapshot``, else the one beside the matrix."""
-    from builder.metadata import load_snapshot, snapshot_path
-
-    return load_snapshot(args.snapshot or snapshot_path(matrix.path))
-
-
-def _targets(matrix: Matrix, name: str | None) -> list[Target]:
-    return [matrix.target(name)] if name else list(matrix.targets.values())
+def _site(args: argparse.Namespace) -> Site:
+    return open_site(args.matrix, args.snapshot)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    matrix = load_matrix(args.matrix)
+    matrix = _site(args).matrix
     if args.json:
         print(json.dumps({n: {**t.to_dict(), "entry_hash": t.entry_hash}
                           for n, t in matrix.targets.items()}, indent=2))
@@ -158,25 +175,25 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from builder.compat import check_target, pins_of
     from builder.lock import lock_path, stale_reason
-    from builder.metadata import IndexClient, refresh, save_snapshot, snapshot_path
+    from builder.metadata import IndexClient, load_snapshot, refresh, save_snapshot
 
-    matrix = load_matrix(args.matrix)
-    targets = _targets(matrix, args.target)
-    snapshot = snapshot_for(args, matrix)
+    site = _site(args)
+    targets = site.targets([args.target] if args.target else None)
     if args.online:
+        snapshot = load_snapshot(site.snapshot_file)
         pins = [pin for t in targets for pin in pins_of(t)]
         links = [link for t in targets for link in t.find_links]
         refresh(snapshot, pins, IndexClient(), links)
-        path = args.snapshot or snapshot_path(matrix.path)
-        save_snapshot(snapshot, path)
-        print(f"refreshed {path} ({len(set(pins))} pinned releases)")
-    for w in matrix.warnings:
+        save_snapshot(snapshot, site.snapshot_file)
+        print(f"refreshed {site.snapshot_file} ({len(set(pins))} pinned releases)")
+    snapshot = site.snapshot(targets)
+    for w in site.matrix.warnings:
         if args.target is None or f"targets.{args.target}." in w:
             print(f"warning: {w}", file=sys.stderr)
     failed = 0
     for t in targets:
         problems = [str(p) for p in check_target(t, snapshot)]
-        stale = stale_reason(t, snapshot, lock_path(matrix.path, t))
+        stale = stale_reason(t, snapshot, lock_path(site.path, t))
         if stale:
             problems.append(f"{t.where('')}: targets.{t.name}: {stale}")
         for p in problems:
@@ -190,39 +207,56 @@ def cmd_lock(args: argparse.Namespace) -> int:
     from builder.compat import check_target
     from builder.lock import compile_lock, lock_path, parse_lock
 
-    matrix = load_matrix(args.matrix)
-    snapshot = snapshot_for(args, matrix)
-    for t in _targets(matrix, args.target):
+    site = _site(args)
+    targets = site.targets([args.target] if args.target else None)
+    snapshot = site.snapshot(targets)
+    for t in targets:
         problems = check_target(t, snapshot)
         if problems:
             raise CompatError("; ".join(str(p) for p in problems), target=t.name)
-        lock = compile_lock(t, snapshot, lock_path(matrix.path, t), offline=args.offline)
+        lock = compile_lock(t, snapshot, lock_path(site.path, t), offline=args.offline)
         print(f"{t.name}: {lock.path} ({len(parse_lock(lock.text))} packages, "
               f"{lock.seconds:.1f} s)")
     return 0
-
-
-def resolve_target(args: argparse.Namespace) -> tuple[Matrix, Target]:
-    """The matrix target with ``--set``/``--base-image`` applied."""
-    from builder.spec import apply_overrides
-
-    matrix = load_matrix(args.matrix)
-    target = apply_overrides(matrix.target(args.target), args.overrides,
-                             base_image=args.base_image)
-    return matrix, target
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     from builder.lock import lock_for
     from builder.render import render_context
 
-    matrix, target = resolve_target(args)
-    snapshot = snapshot_for(args, matrix)
+    site = _site(args)
+    target = resolve_target(site, args.target, args.overrides, args.base_image)
+    snapshot = site.snapshot([target])
     out = args.output or Path("build") / target.name
-    lock_text, lock_file = lock_for(matrix.path, target, snapshot, out.parent)
+    lock_text, lock_file = lock_for(site.path, target, snapshot, out.parent)
     ctx = render_context(target, lock_text, snapshot, out, lock_file=lock_file,
-                         ca_bundle=args.ca_bundle)
+                         ca_bundle=args.ca_bundle, templates=args.templates)
     print(f"{target.name}: build context in {ctx.path} (lock {ctx.lock_hash[:19]})")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from builder.pipeline import BuildRequest, run
+
+    req = BuildRequest(
+        target=args.target, matrix=args.matrix, snapshot=args.snapshot,
+        overrides=tuple(args.overrides), base_image=args.base_image, ca_bundle=args.ca_bundle,
+        templates=args.templates, tag_prefix=args.tag_prefix, workdir=args.workdir,
+        keep_candidate=args.keep_candidate,
+        network=None if args.network == "default" else args.network,
+        verify_timeout=args.verify_timeout, gpus=args.gpus, expect_gpus=args.expect_gpus,
+        reverify=args.reverify, sif=args.sif, push=args.push, verbose=args.verbose,
+        quiet=args.json)
+    outcome = run(req)
+    if args.json:
+        print(outcome.report.to_json(), end="")
+    return outcome.exit_code
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    written = init_site(args.directory)
+    print(f"{args.directory}: verl-env site with {len(written)} files (matrix.yaml, metadata/, "
+          f"locks/); next: cd {args.directory} && build-env check")
     return 0
 
 
@@ -231,22 +265,19 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     from builder import slurm
 
     if args.target and not args.family:
-        args.family = load_matrix(args.matrix).target(args.target).accelerator
+        args.family = _site(args).matrix.target(args.target).accelerator
     return slurm.run(args)
 
 
 def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
-    from builder import pipeline, verify
-
     table: dict[str, Callable[[argparse.Namespace], int]] = {
-        "build": pipeline.run, "list": cmd_list, "check": cmd_check, "lock": cmd_lock,
-        "render": cmd_render, "verify": verify.run, "slurm": cmd_slurm,
+        "build": cmd_build, "init": cmd_init, "list": cmd_list, "check": cmd_check,
+        "lock": cmd_lock, "render": cmd_render, "slurm": cmd_slurm,
     }
     if args.command in table:
         return table[args.command]
-    mod = _optional(f"builder.{args.command}")
-    assert mod is not None, args.command  # only parsers of importable modules exist
-    run: Callable[[argparse.Namespace], int] = mod.run
+    run: Callable[[argparse.Namespace], int] = importlib.import_module(
+        f"builder.{args.command}").run
     return run
 
 
@@ -260,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    if getattr(args, "matrix", "unset") is None:  # modules that read args.matrix get the default
+        args.matrix = default_matrix()
     try:
         return _dispatch(args)(args)
     except BuildEnvError as exc:

@@ -161,6 +161,42 @@ class Engine:
         except docker.errors.ImageNotFound:
             raise EngineError(f"no such image: {ref}") from None
 
+    def find(self, ref: str) -> str | None:
+        """The image ID that ``ref`` names, or None when the engine has no such image."""
+        try:
+            return str(self.client.images.get(ref).id)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            raise EngineError(f"cannot inspect {ref}: {exc.explanation or exc}") from None
+
+    def identity(self, ref: str) -> str:
+        """What a base reference resolves to: its repo digest (``name@sha256:...``) when it
+        came from a registry, else its image ID (a local base). Pulled when absent."""
+        if "@sha256:" in ref:
+            return ref
+        try:
+            image = self.client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            try:
+                image = self.client.images.pull(ref)
+            except (docker.errors.APIError, docker.errors.ImageNotFound) as exc:
+                raise EngineError(f"base image {ref} is not in the engine and cannot be pulled "
+                                  f"({getattr(exc, 'explanation', None) or exc})") from None
+        digests = image.attrs.get("RepoDigests") or []
+        return str(digests[0]) if digests else str(image.id)
+
+    def tag_once(self, image_id: str, ref: str) -> None:
+        """Apply an immutable name: a no-op when ``ref`` already names ``image_id``, an error
+        when it names another image (a content tag never moves)."""
+        current = self.find(ref)
+        if current == image_id:
+            return
+        if current is not None:
+            raise EngineError(f"{ref} already names image {current[:19]}, not {image_id[:19]}: "
+                              "a content tag never moves (remove it by hand if it is stale)")
+        self.tag(image_id, ref)
+
     def tag(self, image_id: str, ref: str) -> None:
         repo, _, tag = ref.rpartition(":") if ":" in ref.split("/")[-1] else (ref, "", "latest")
         if not self.client.api.tag(image_id, repo, tag, force=True):

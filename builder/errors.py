@@ -73,3 +73,9 @@ class PublishError(BuildEnvError):
 
 class SlurmError(BuildEnvError):
     stage = "slurm"
+
+
+class SiteError(BuildEnvError):
+    """A matrix's directory lacks what it needs (snapshot, locks); says which command fixes it."""
+
+    stage = "site"

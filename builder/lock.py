@@ -26,6 +26,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from builder.files import atomic_write_text
 from builder.compat import marker_env
 from builder.errors import CompatError, LockError
 from builder.metadata import Snapshot
@@ -149,10 +150,7 @@ def _uv_compile(target: Target, requirements: list[str], *, constraints: list[st
 
 
 def _write(out: Path, text: str) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_name(out.name + ".part")
-    tmp_out.write_text(text)
-    os.replace(tmp_out, out)
+    atomic_write_text(out, text)
 
 
 def build_lock_path(lock: Path) -> Path:

@@ -18,6 +18,9 @@ import email.parser
 import io
 import json
 import os
+import re
+import subprocess
+import sys
 import time
 import zipfile
 from collections.abc import Iterable
@@ -31,6 +34,7 @@ from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonic
                              parse_sdist_filename, parse_wheel_filename)
 from packaging.version import InvalidVersion, Version
 
+from builder.files import atomic_write_text
 from builder.errors import BuildEnvError
 
 SNAPSHOT_SCHEMA = "verl-env/pypi-snapshot/v1"
@@ -105,10 +109,7 @@ def load_snapshot(path: Path) -> Snapshot:
 
 
 def save_snapshot(snapshot: Snapshot, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(snapshot.to_json())
-    os.replace(tmp, path)
+    atomic_write_text(path, snapshot.to_json())
 
 
 # --------------------------------------------------------------------------- online refresh
@@ -121,9 +122,23 @@ def index_simple_url() -> str:
     for var in ("VERL_ENV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):
         if os.environ.get(var):
             return os.environ[var].rstrip("/")
-    from pip._internal.models.index import PyPI  # pip's own default index
+    return _pip_index_url()
 
-    return PyPI.simple_url.rstrip("/")
+
+def _pip_index_url() -> str:
+    """pip's configured index, else the default pip documents in its own ``--help`` (pip's
+    public interface: no private imports, and no index host written into this repository)."""
+    py = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    config = subprocess.run([*py, "config", "list"], capture_output=True, text=True)
+    for line in config.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.split(".")[-1] == "index-url" and value.strip("'\" "):
+            return value.strip("'\" ").rstrip("/")
+    helptext = subprocess.run([*py, "install", "--help"], capture_output=True, text=True).stdout
+    match = re.search(r"\(default\s+(\S+?)\)", " ".join(helptext.split()))
+    if not match:
+        raise MetadataError("cannot tell the package index: set VERL_ENV_INDEX_URL")
+    return match.group(1).rstrip("/")
 
 
 class _RangeFile(io.RawIOBase):

@@ -8,57 +8,46 @@ container removed, the untagged candidate deleted, and no report claims success.
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import verdicts
+from builder import __version__, verdicts
+from builder.files import atomic_write_text
 from builder.engine import BuildProgress, Engine, interrupts_raise
+from builder.naming import Names, content_hash, names
 from builder.spec import Target
 from builder.verify import Verification, summary_lines, verify_image
 
 REPORT_SCHEMA = "verl-env/build-report/v1"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="matrix target to build")
-    p.add_argument("--tag-prefix", default="verl-env", metavar="REPO",
-                   help="repository for release tags (default: verl-env)")
-    p.add_argument("--workdir", type=Path, default=None,
-                   help="where the context and report.json go (default: build/<target>)")
-    p.add_argument("--keep-candidate", action="store_true",
-                   help="keep a failed image, tagged <prefix>:<target>-candidate")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("-v", "--verbose", action="store_true", help="stream the build output")
-    p.add_argument("--network", default="host",
-                   help="network for build steps (default: host; 'default' for the daemon's)")
-    p.add_argument("--verify-timeout", type=float, default=900)
-    p.add_argument("--gpus", choices=["auto", "nvidia", "amd", "none"], default="auto",
-                   help="GPUs handed to the verification container (auto: what the host has)")
-    p.add_argument("--sif", type=Path, default=None, metavar="PATH",
-                   help="also convert the verified image to this .sif")
-    p.add_argument("--push", default=None, metavar="REGISTRY/REPO",
-                   help="also publish the verified image (and the SIF) to this registry")
+@dataclass(frozen=True)
+class BuildRequest:
+    """What ``build-env --target T`` asks for (the CLI fills it; nothing below sees argparse)."""
 
-
-def release_tags(target: Target, prefix: str, lock_hash: str) -> list[str]:
-    """``<prefix>:<target>`` and an immutable ``<prefix>:<target>-verl<v>-<hash>``.
-
-    An override build (``--set``/``--base-image``) never moves the reviewed ``<prefix>:<target>``
-    tag: it gets only ``<prefix>:<target>-override-<hash>``.
-    """
-    digest = hashlib.sha256(f"{target.entry_hash}\n{lock_hash}".encode()).hexdigest()[:12]
-    verl = target.package("verl")
-    version = verl.version if verl else "none"
-    if target.override:
-        return [f"{prefix}:{target.name}-override-{digest}"]
-    return [f"{prefix}:{target.name}-verl{version}-{digest}", f"{prefix}:{target.name}"]
+    target: str
+    matrix: Path | None = None
+    snapshot: Path | None = None
+    overrides: tuple[str, ...] = ()
+    base_image: str | None = None
+    ca_bundle: Path | None = None
+    templates: Path | None = None
+    tag_prefix: str = "verl-env"
+    workdir: Path | None = None
+    keep_candidate: bool = False
+    network: str | None = "host"
+    verify_timeout: float = 900
+    gpus: str = "auto"
+    expect_gpus: int | None = None
+    reverify: bool = False
+    sif: Path | None = None
+    push: str | None = None
+    verbose: bool = False
+    quiet: bool = False
 
 
 @dataclass
@@ -69,6 +58,9 @@ class Report:
     provided: dict[str, str]
     matrix_hash: str
     lock_hash: str
+    content_hash: str = ""
+    bases: list[str] = field(default_factory=list)
+    reused: bool = False
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)
     image_id: str | None = None
     tags: list[str] = field(default_factory=list)
@@ -81,10 +73,7 @@ class Report:
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     def write(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(self.to_json())
-        os.replace(tmp, path)
+        atomic_write_text(path, self.to_json())
 
 
 class Console:
@@ -110,55 +99,92 @@ class Console:
             sys.stderr.flush()
 
 
-def run(args: argparse.Namespace) -> int:
-    from builder.cli import resolve_target, snapshot_for
+@dataclass
+class Outcome:
+    report: Report
+    exit_code: int
+
+
+def preflight(req: BuildRequest, target: Target) -> Engine:
+    """Everything the run will need, checked before minutes of build: the engine, and the SIF
+    and registry prerequisites of ``--sif``/``--push``."""
+    engine = Engine.connect()
+    if req.sif:
+        from builder import sif
+
+        sif.pick_backend("auto", target.name)
+    if req.push:
+        from builder import publish
+
+        publish.preflight(req.push)
+    return engine
+
+
+def run(req: BuildRequest) -> Outcome:
+    """render -> (reuse | build) -> verify -> tag, then ``--sif``/``--push``."""
     from builder.lock import lock_for
     from builder.render import render_context
+    from builder.targets import open_site, resolve_target
 
-    matrix, target = resolve_target(args)
-    workdir = args.workdir or Path("build") / target.name
-    console = Console(target.name, args.verbose, args.json)
-    snapshot = snapshot_for(args, matrix)
+    site = open_site(req.matrix, req.snapshot)
+    target = resolve_target(site, req.target, req.overrides, req.base_image)
+    workdir = req.workdir or Path("build") / target.name
+    console = Console(target.name, req.verbose, req.quiet)
+    snapshot = site.snapshot([target])
+    engine = preflight(req, target)
 
     t0 = time.monotonic()
-    lock_text, lock_file = lock_for(matrix.path, target, snapshot, workdir)
+    lock_text, lock_file = lock_for(site.path, target, snapshot, workdir)
     ctx = render_context(target, lock_text, snapshot, workdir / "context", lock_file=lock_file,
-                         ca_bundle=args.ca_bundle)
+                         ca_bundle=req.ca_bundle, templates=req.templates)
+    bases = [engine.identity(ref) for ref in dict.fromkeys(
+        [target.base.ref, target.base.source_image or target.base.ref])]
+    content = content_hash(ctx.path, bases, __version__)
+    tags = names(target, req.tag_prefix, content)
     report = Report(target.name, target.override, ctx.manifest["pins"], ctx.manifest["provided"],
-                    ctx.manifest["matrix_hash"], ctx.lock_hash)
+                    ctx.manifest["matrix_hash"], ctx.lock_hash, content_hash=content, bases=bases)
     report.stages["render"] = {"seconds": round(time.monotonic() - t0, 2), "context": str(ctx.path)}
-    console.stage("render", "ok", str(ctx.path))
+    console.stage("render", "ok", f"{ctx.path}  content {content[7:19]}")
     report_path = workdir / "report.json"
 
-    engine = Engine.connect()
-    image_id: str | None = None
+    image_id = engine.find(tags.content)
+    built = False
     try:
         with interrupts_raise():
-            network = None if args.network == "default" else args.network
-            built = engine.build(ctx.path, target=target.name, network=network,
-                                 on_event=console.build_event)
-            image_id = built.image_id
-            report.image_id = image_id
-            report.stages["build"] = {"seconds": round(built.seconds, 1), "steps": built.steps,
-                                      "cache_hits": built.cache_hits,
-                                      "step_times": list(built.step_times)}
-            console.stage("build", "ok", f"{image_id[7:19]}  {built.steps} steps, "
-                          f"{built.cache_hits} cached, {built.seconds:.1f} s")
+            if image_id is not None:
+                report.image_id = image_id
+                report.stages["build"] = {"seconds": 0.0, "reused": tags.content}
+                known = verdicts.lookup(image_id)
+                if known and verdicts.is_verified(image_id) and not req.reverify:
+                    return _reuse(engine, report, report_path, console, tags, known, req, target)
+                console.stage("build", "reuse", f"{tags.content} exists ({image_id[7:19]}); "
+                              "verifying it")
+            else:
+                result = engine.build(ctx.path, target=target.name, network=req.network,
+                                      on_event=console.build_event)
+                image_id, built = result.image_id, True
+                report.image_id = image_id
+                report.stages["build"] = {"seconds": round(result.seconds, 1),
+                                          "steps": result.steps, "cache_hits": result.cache_hits,
+                                          "step_times": list(result.step_times)}
+                console.stage("build", "ok", f"{image_id[7:19]}  {result.steps} steps, "
+                              f"{result.cache_hits} cached, {result.seconds:.1f} s")
 
-            gpus = None if args.gpus == "none" else args.gpus
-            v = verify_image(engine, image_id, timeout=args.verify_timeout, gpus=gpus)
+            gpus = None if req.gpus == "none" else req.gpus
+            v = verify_image(engine, image_id, timeout=req.verify_timeout, gpus=gpus)
             report.verification = v.report
             report.stages["verify"] = {"seconds": round(v.seconds, 1), "overall": v.overall,
                                        "exit_code": v.exit_code}
             verdicts.record(image_id, {"overall": v.overall, "exit_code": v.exit_code,
                                        "target": target.name, "report": v.report})
             if not v.passed:
-                return _refuse(engine, report, report_path, console, v, args, target)
+                return _refuse(engine, report, report_path, console, v, req, target, built)
             console.stage("verify", "pass", f"{v.seconds:.1f} s" + _skips(v))
 
-            for ref in release_tags(target, args.tag_prefix, ctx.lock_hash):
+            engine.tag_once(image_id, tags.content)
+            for ref in tags.release:
                 engine.tag(image_id, ref)
-                report.tags.append(ref)
+            report.tags = list(tags.all)
             report.result = "pass"
             console.stage("tag", "ok", "  ".join(report.tags))
             verdicts.record(image_id, {"overall": v.overall, "exit_code": v.exit_code,
@@ -166,21 +192,37 @@ def run(args: argparse.Namespace) -> int:
                                        "report": v.report})
     except KeyboardInterrupt:
         report.result, report.error = "interrupted", "interrupted by a signal"
-        if image_id:
+        if image_id and built:
             engine.remove_candidate(image_id)
         report.write(report_path)
         console.stage("abort", "fail", "interrupted: no tag applied, candidate removed")
-        return 130
+        return Outcome(report, 130)
     except BaseException as exc:
         report.result, report.error = "error", str(exc)
-        if image_id:
+        if image_id and built:
             engine.remove_candidate(image_id)
         report.write(report_path)
         raise
     report.write(report_path)
-    if args.json:
-        print(report.to_json(), end="")
-    return _extend(args, target, image_id, report, report_path, console)
+    return _extend(req, target, image_id, report, report_path, console)
+
+
+def _reuse(engine: Engine, report: Report, report_path: Path, console: Console, tags: Names,
+           known: dict[str, Any], req: BuildRequest, target: Target) -> Outcome:
+    """The content tag exists and holds a release verdict: nothing is built or re-verified."""
+    assert report.image_id is not None
+    for ref in tags.release:
+        engine.tag(report.image_id, ref)
+    report.tags = list(tags.all)
+    report.result = "pass"
+    report.reused = True
+    report.verification = known.get("report")
+    when = known.get("recorded_at") or "earlier"
+    report.stages["verify"] = {"seconds": 0.0, "overall": known.get("overall"), "reused": when}
+    console.stage("verify", "pass", f"{tags.content} was verified {when}; not rebuilt, not "
+                  "re-verified (--reverify to run the gate again)")
+    report.write(report_path)
+    return _extend(req, target, report.image_id, report, report_path, console)
 
 
 def _skips(v: Verification) -> str:
@@ -189,43 +231,40 @@ def _skips(v: Verification) -> str:
 
 
 def _refuse(engine: Engine, report: Report, report_path: Path, console: Console,
-            v: Verification, args: argparse.Namespace, target: Target) -> int:
+            v: Verification, req: BuildRequest, target: Target, built: bool) -> Outcome:
     report.result = v.overall if v.overall in ("fail", "incomplete") else "fail"
     assert report.image_id is not None
-    if args.keep_candidate:
-        ref = f"{args.tag_prefix}:{target.name}-candidate"
+    if req.keep_candidate:
+        ref = f"{req.tag_prefix}:{target.name}-candidate"
         engine.tag(report.image_id, ref)
         report.tags.append(ref)
-    else:
+    elif built:
         engine.remove_candidate(report.image_id)
     report.write(report_path)
     console.stage("verify", v.overall, f"{v.seconds:.1f} s; no release tag applied; "
                   f"report: {report_path}")
     for line in summary_lines(v):
         print(line, file=sys.stderr)
-    if args.json:
-        print(report.to_json(), end="")
-    return 1
+    return Outcome(report, 1)
 
 
-def _extend(args: argparse.Namespace, target: Target, image_id: str | None, report: Report,
-            report_path: Path, console: Console) -> int:
+def _extend(req: BuildRequest, target: Target, image_id: str, report: Report,
+            report_path: Path, console: Console) -> Outcome:
     """``--sif`` and ``--push`` continue from the verified image."""
-    if image_id is None or not (args.sif or args.push):
-        return 0
-    if args.sif:
+    if req.sif:
         from builder import sif
 
-        sif_path = sif.convert_verified(image_id, args.sif, target=target.name)
+        sif_path = sif.convert_verified(image_id, req.sif, target=target.name)
         report.stages["sif"] = {"path": str(sif_path)}
         console.stage("sif", "ok", str(sif_path))
-    if args.push:
+    if req.push:
         from builder import publish
 
-        record = publish.publish_verified(image_id, args.push, target=target.name,
-                                          sif=args.sif, pins=report.pins,
+        record = publish.publish_verified(image_id, req.push, target=target.name,
+                                          sif=req.sif, pins=report.pins,
                                           record_path=report_path.parent / "publish.json")
         report.stages["publish"] = record
         console.stage("publish", "ok", str(record.get("image_digest", "")))
-    report.write(report_path)
-    return 0
+    if req.sif or req.push:
+        report.write(report_path)
+    return Outcome(report, 0)

@@ -143,10 +143,10 @@ def _file_sha256(path: Path) -> str:
 
 def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, lock_hash: str,
                       ca_bundle: bool, ca_hash: str | None, wheels: bool,
-                      source_hashed: bool) -> str:
+                      source_hashed: bool, templates: Path | None = None) -> str:
     source_builds = [p for p in target.enabled_packages if p.build == "source"]
     try:
-        return _env().get_template("Dockerfile.j2").render(
+        return _env(templates).get_template("Dockerfile.j2").render(
             target=target, layers=layers, matrix_hash=matrix_hash, lock_hash=lock_hash,
             base_ref=target.base.ref, source_base=target.base.source_image or target.base.ref,
             python_bin=f"python{target.python}", apt=sorted(target.apt),
@@ -160,7 +160,8 @@ def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, 
 
 
 def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path, *,
-                   lock_file: Path | None = None, ca_bundle: Path | None = None) -> BuildContext:
+                   lock_file: Path | None = None, ca_bundle: Path | None = None,
+                   templates: Path | None = None) -> BuildContext:
     """Write the whole build context into ``out`` (replaced atomically; no partial directory is
     left behind on error)."""
     locked = parse_lock(lock_text)
@@ -184,7 +185,8 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
     ca_hash = "sha256:" + _file_sha256(ca_bundle) if ca_bundle else None
     dockerfile = render_dockerfile(target, layers, matrix_hash=matrix_hash, lock_hash=lock_hash,
                                    ca_bundle=ca_bundle is not None, ca_hash=ca_hash,
-                                   wheels=bool(wheels), source_hashed=source_hashed)
+                                   wheels=bool(wheels), source_hashed=source_hashed,
+                                   templates=templates)
     man = manifest(target, matrix_hash, lock_hash)
 
     out = out.resolve()

@@ -7,10 +7,13 @@ file per image ID, written atomically.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from pathlib import Path
 from typing import Any
+
+from builder.files import atomic_write_text
 
 
 def state_dir() -> Path:
@@ -24,10 +27,9 @@ def _path(image_id: str) -> Path:
 
 def record(image_id: str, verdict: dict[str, Any]) -> Path:
     path = _path(image_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"image_id": image_id, **verdict}, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    atomic_write_text(path, json.dumps({"image_id": image_id, "recorded_at": stamp, **verdict}, indent=2,
+                                       sort_keys=True) + "\n")
     return path
 
 

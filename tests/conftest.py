@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 from tests.support.dockerd import Dockerd, import_debian_base, start_dockerd, unavailable_reason
 
 REPO = Path(__file__).resolve().parents[1]
+FIXTURE = REPO / "tests" / "fixtures" / "cpu.yaml"
 CA_BUNDLE = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"))
 
 
@@ -78,11 +80,47 @@ def isolated_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             os.environ["XDG_STATE_HOME"] = old
 
 
-def run_build_env(*args: str, timeout: float = 1800, env: dict[str, str] | None = None
-                  ) -> subprocess.CompletedProcess[str]:
-    """Run the real command line (``python -m builder``) from the repository root."""
-    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=REPO, text=True,
-                          capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
+def installed_build_env() -> Path:
+    """The ``build-env`` executable as users get it: installed from the wheel into a fresh venv.
+
+    ``scripts/test.sh`` builds the wheel and the venv once and exports ``VERL_ENV_CLI``; a bare
+    ``pytest`` run builds them here (once per session). The source tree is never on its path.
+    """
+    global _INSTALLED
+    if _INSTALLED is None:
+        given = os.environ.get("VERL_ENV_CLI")
+        _INSTALLED = Path(given) if given else install_wheel(Path(tempfile.mkdtemp(
+            prefix="verl-env-wheel-", dir="/var/tmp")))
+        if not os.access(_INSTALLED, os.X_OK):
+            raise RuntimeError(f"VERL_ENV_CLI={_INSTALLED} is not an executable")
+    return _INSTALLED
+
+
+_INSTALLED: Path | None = None
+# Where CLI-level tests run from: outside the checkout, like a user's own directory.
+OUTSIDE = Path(tempfile.mkdtemp(prefix="verl-env-cwd-", dir="/var/tmp"))
+
+
+def install_wheel(root: Path) -> Path:
+    """``uv build --wheel`` of this checkout, installed into a fresh venv under ``root``."""
+    subprocess.run(["uv", "build", "--wheel", "-q", "-o", str(root / "dist"), str(REPO)],
+                   check=True, capture_output=True, text=True)
+    wheel = next((root / "dist").glob("verl_env-*.whl"))
+    subprocess.run(["uv", "venv", "-q", "--seed", "--python", sys.executable, str(root / "venv")],
+                   check=True, capture_output=True, text=True)
+    subprocess.run(["uv", "pip", "install", "-q", "--python", str(root / "venv" / "bin" / "python"),
+                    str(wheel)], check=True, capture_output=True, text=True)
+    return root / "venv" / "bin" / "build-env"
+
+
+def run_build_env(*args: str, timeout: float = 1800, env: dict[str, str] | None = None,
+                  cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``build-env`` (see :func:`installed_build_env`) from a directory outside
+    the checkout. Paths given to it must be absolute."""
+    environ = {**os.environ, **(env or {})}
+    environ.pop("PYTHONPATH", None)
+    return subprocess.run([str(installed_build_env()), *args], cwd=cwd or OUTSIDE, text=True,
+                          capture_output=True, timeout=timeout, env=environ)
 
 
 @pytest.fixture(scope="session")
@@ -96,7 +134,7 @@ def cpu_image(debian_base: str, ca_bundle: Path, tmp_path_factory: pytest.TempPa
     import json
 
     workdir = tmp_path_factory.mktemp("cpu-build")
-    proc = run_build_env("--target", "cpu-x86_64", "--matrix", "tests/fixtures/cpu.yaml",
+    proc = run_build_env("--target", "cpu-x86_64", "--matrix", str(FIXTURE),
                          "--ca-bundle", str(ca_bundle), "--workdir", str(workdir), "--json")
     if proc.returncode != 0:
         pytest.fail(f"fixture build failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")

@@ -17,10 +17,10 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.conftest import REPO, run_build_env
+from tests.conftest import OUTSIDE, REPO, installed_build_env, run_build_env
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
-FIXTURE = "tests/fixtures/cpu.yaml"
+FIXTURE = str(REPO / "tests/fixtures/cpu.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -66,15 +66,51 @@ def test_fixture_is_built_verified_and_tagged(cpu_image: dict, client: docker.Do
     assert _no_containers(client) == []
 
 
-def test_no_change_rebuild_is_all_cache(cpu_image: dict, ca_bundle: Path, tmp_path: Path
-                                        ) -> None:
+def test_no_change_run_neither_builds_nor_reverifies(cpu_image: dict, ca_bundle: Path,
+                                                     tmp_path: Path) -> None:
     proc = run_build_env("--target", "cpu-x86_64", "--matrix", FIXTURE, "--ca-bundle",
                          str(ca_bundle), "--workdir", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["image_id"] == cpu_image["image_id"]
-    build = report["stages"]["build"]
-    assert build["cache_hits"] == build["steps"] - 1  # every step but FROM
+    assert report["image_id"] == cpu_image["image_id"] and report["reused"] is True
+    assert report["content_hash"] == cpu_image["content_hash"]
+    assert report["stages"]["build"] == {"seconds": 0.0, "reused": cpu_image["tags"][0]}
+    assert "reused" in report["stages"]["verify"]
+    assert report["tags"] == cpu_image["tags"]
+
+
+def test_content_tag_never_moves(cpu_image: dict, debian_base: str, ca_bundle: Path,
+                                 tmp_path: Path, client: docker.DockerClient) -> None:
+    """A content name found on an image without a release verdict is verified, never rebuilt
+    or re-pointed; when that image fails the gate the name stays where it was."""
+    base_id = client.images.get(debian_base).id
+    content = cpu_image["tags"][0]
+    client.images.get(base_id).tag(*content.split(":"))
+    try:
+        proc = run_build_env("--target", "cpu-x86_64", "--matrix", FIXTURE, "--ca-bundle",
+                             str(ca_bundle), "--workdir", str(tmp_path / "w"), "--json")
+        assert proc.returncode == 1, proc.stderr
+        report = json.loads(proc.stdout)
+        assert report["image_id"] == base_id and report["tags"] == []
+        assert "reuse" in proc.stderr and "verifying it" in proc.stderr
+        assert client.images.get(content).id == base_id  # not rebuilt, not moved
+        assert client.images.get("verl-env:cpu-x86_64").id == cpu_image["image_id"]
+    finally:
+        client.images.get(cpu_image["image_id"]).tag(*content.split(":"))
+    assert client.images.get(content).id == cpu_image["image_id"]
+
+
+def test_tag_once_refuses_to_move_a_name(cpu_image: dict, debian_base: str,
+                                         docker_host: str) -> None:
+    from builder.engine import Engine
+    from builder.errors import EngineError
+
+    engine = Engine.connect()
+    content = cpu_image["tags"][0]
+    engine.tag_once(cpu_image["image_id"], content)  # same image: a no-op
+    with pytest.raises(EngineError, match="never moves"):
+        engine.tag_once(engine.find(debian_base) or "", content)
+    assert engine.find(content) == cpu_image["image_id"]
 
 
 def test_wrong_pin_is_refused_and_tags_stay(cpu_image: dict, ca_bundle: Path, tmp_path: Path,
@@ -111,7 +147,7 @@ def test_keep_candidate(cpu_image: dict, ca_bundle: Path, tmp_path: Path,
 
 
 def _popen(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "builder", *args], cwd=REPO, text=True,
+    return subprocess.Popen([str(installed_build_env()), *args], cwd=OUTSIDE, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
 
 
@@ -153,7 +189,7 @@ def test_interrupted_verification_leaves_nothing(cpu_image: dict, ca_bundle: Pat
                                                  ) -> None:
     before = {t: client.images.get(t).id for i in client.images.list() for t in i.tags}
     proc = _popen("--target", "cpu-x86_64", "--matrix", FIXTURE, "--ca-bundle", str(ca_bundle),
-                  "--workdir", str(tmp_path))
+                  "--workdir", str(tmp_path), "--reverify")
     err = _interrupt_when(
         proc, lambda: client.containers.list(filters={"label": "org.verl-env.owner"}),
         signal.SIGTERM)

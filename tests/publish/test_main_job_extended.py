@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import run_build_env
+from tests.conftest import FIXTURE, run_build_env
 from tests.publish.conftest import RegistryServer
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.network, pytest.mark.slow]
@@ -23,7 +23,7 @@ def test_build_sif_and_push_in_one_run(cpu_image: dict, ca_bundle: Path, tmp_pat
         if not __import__("shutil").which(tool):
             pytest.skip(f"{tool} not installed")
     sif = tmp_path / "cpu.sif"
-    proc = run_build_env("--target", "cpu-x86_64", "--matrix", "tests/fixtures/cpu.yaml",
+    proc = run_build_env("--target", "cpu-x86_64", "--matrix", str(FIXTURE),
                          "--ca-bundle", str(ca_bundle), "--workdir", str(tmp_path / "w"),
                          "--sif", str(sif), "--push", f"{registry.host}/verl-env")
     assert proc.returncode == 0, proc.stderr[-3000:]

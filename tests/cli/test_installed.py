@@ -1,0 +1,127 @@
+"""The tool as users have it: the wheel installed into a fresh venv, run from outside the checkout.
+
+Everything here goes through the installed ``build-env`` executable (``run_build_env``), whose
+working directory is a temporary directory that holds no part of this repository. A data file
+the wheel forgets to carry (templates, the self-test, the reference matrix, its snapshot and
+locks) fails these tests.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURE, OUTSIDE, REPO, installed_build_env, run_build_env
+
+GOLDEN = REPO / "tests" / "golden"
+
+
+def _wheel_files() -> set[str]:
+    venv = installed_build_env().parent.parent
+    site = next(venv.glob("lib/python3*/site-packages"))
+    record = next(site.glob("verl_env-*.dist-info")) / "RECORD"
+    return {line.split(",")[0] for line in record.read_text().splitlines()}
+
+
+def test_the_installed_package_carries_every_file_of_builder() -> None:
+    """Every tracked file under builder/ (code and data) is in the installed package."""
+    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "builder"], check=True,
+                             capture_output=True, text=True).stdout.split()
+    assert tracked, "git ls-files found nothing (not a checkout?)"
+    missing = sorted(set(tracked) - _wheel_files())
+    assert missing == [], f"the wheel lacks {missing}: list them in pyproject's package-data"
+
+
+def test_runs_outside_the_checkout_without_the_source_tree() -> None:
+    assert not (OUTSIDE / "builder").exists() and REPO not in OUTSIDE.parents
+    proc = subprocess.run([str(installed_build_env().parent / "python"), "-c",
+                           "import builder; print(builder.__file__)"], cwd=OUTSIDE,
+                          capture_output=True, text=True, check=True)
+    assert "site-packages" in proc.stdout and str(REPO) not in proc.stdout
+
+
+def test_list_and_check_use_the_shipped_reference_matrix() -> None:
+    proc = run_build_env("list")
+    assert proc.returncode == 0, proc.stderr
+    for name in ("cuda-x86_64", "cuda-arm64", "rocm-mi300"):
+        assert name in proc.stdout
+    proc = run_build_env("check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "cuda-x86_64: ok" in proc.stdout
+
+
+@pytest.mark.parametrize("name", ["cuda-x86_64", "cuda-arm64", "rocm-mi300"])
+def test_render_from_the_wheel_matches_the_golden_file(tmp_path: Path, name: str) -> None:
+    proc = run_build_env("render", "--target", name, "--output", str(tmp_path / "ctx"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "ctx" / "Dockerfile").read_text() == (GOLDEN / f"{name}.Dockerfile"
+                                                             ).read_text()
+    assert (tmp_path / "ctx" / "selftest" / "__main__.py").is_file()
+
+
+def test_init_writes_a_site_that_checks_and_renders(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    proc = run_build_env("init", str(site))
+    assert proc.returncode == 0, proc.stderr
+    assert {"matrix.yaml", "README.md", "metadata", "locks"} <= {p.name for p in site.iterdir()}
+    proc = run_build_env("check", cwd=site)  # ./matrix.yaml is the site's own
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (site / "tpl").mkdir()
+    shipped = (site / "tpl" / "Dockerfile.j2")
+    src = next(installed_build_env().parent.parent.glob(
+        "lib/python3*/site-packages/builder/templates/Dockerfile.j2"))
+    shipped.write_text("# site template: extra line\n" + src.read_text())
+    proc = run_build_env("render", "--target", "cuda-x86_64", "--templates", str(site / "tpl"),
+                         "--output", str(tmp_path / "ctx"), cwd=site)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "ctx" / "Dockerfile").read_text().startswith("# site template")
+    # a second init never overwrites a site
+    before = (site / "matrix.yaml").read_text()
+    proc = run_build_env("init", str(site))
+    assert proc.returncode == 2 and "refusing to overwrite" in proc.stderr
+    assert (site / "matrix.yaml").read_text() == before
+
+
+def test_a_site_without_snapshot_gets_one_error_naming_the_command(tmp_path: Path) -> None:
+    shutil.copy(REPO / "builder/data/matrix.yaml", tmp_path / "matrix.yaml")
+    proc = run_build_env("check", cwd=tmp_path)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    assert "build-env check --online" in errors[0] and "pypi-snapshot.json" in errors[0]
+    proc = run_build_env("render", "--target", "cuda-x86_64", "--output",
+                         str(tmp_path / "ctx"), cwd=tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "ctx").exists()
+
+
+def test_a_site_without_locks_is_told_to_lock(tmp_path: Path) -> None:
+    shutil.copy(REPO / "builder/data/matrix.yaml", tmp_path / "matrix.yaml")
+    shutil.copytree(REPO / "builder/data/metadata", tmp_path / "metadata")
+    proc = run_build_env("render", "--target", "cuda-x86_64", "--output",
+                         str(tmp_path / "ctx"), cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "build-env lock --target cuda-x86_64" in proc.stderr, proc.stderr
+    assert not (tmp_path / "ctx").exists()
+
+
+def test_templates_dir_without_templates_is_refused(tmp_path: Path) -> None:
+    proc = run_build_env("render", "--target", "cuda-x86_64", "--templates", str(tmp_path),
+                         "--output", str(tmp_path / "ctx"))
+    assert proc.returncode == 2 and "--templates" in proc.stderr, proc.stderr
+
+
+@pytest.mark.network
+def test_lock_a_site_copy_of_the_fixture(tmp_path: Path) -> None:
+    shutil.copy(FIXTURE, tmp_path / "matrix.yaml")
+    shutil.copytree(FIXTURE.parent / "metadata", tmp_path / "metadata")
+    proc = run_build_env("lock", "--target", "cpu-x86_64", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    ours = (tmp_path / "locks" / "cpu-x86_64.txt").read_text()
+    assert "verl==0.9.1" in ours and "--hash=sha256:" in ours
+    proc = run_build_env("check", "--target", "cpu-x86_64", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
