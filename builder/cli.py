@@ -52,11 +52,17 @@ def _render_options(p: argparse.ArgumentParser) -> None:
 
 
 def _build_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="matrix target to build")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--target", dest="targets", action="append",
+                       help="matrix target to build (repeat for several, built concurrently)")
+    which.add_argument("--all", action="store_true", help="build every target of the matrix")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="targets built at once (default: all of them)")
     p.add_argument("--tag-prefix", default="verl-env", metavar="REPO",
                    help="repository for release tags (default: verl-env)")
     p.add_argument("--workdir", type=Path, default=None,
-                   help="where the context and report.json go (default: build/<target>)")
+                   help="where the context and report.json go (default: build/<target>; "
+                        "DIR/<target> for several targets)")
     p.add_argument("--keep-candidate", action="store_true",
                    help="keep a failed image, tagged <prefix>:<target>-candidate")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -72,7 +78,8 @@ def _build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reverify", action="store_true",
                    help="run the gate again even when the content tag holds a release verdict")
     p.add_argument("--sif", type=Path, default=None, metavar="PATH",
-                   help="also convert the verified image to this .sif")
+                   help="also convert the verified image to this .sif (a directory for several "
+                        "targets: DIR/<target>.sif)")
     p.add_argument("--push", default=None, metavar="REGISTRY/REPO",
                    help="also publish the verified image (and the SIF) to this registry")
 
@@ -236,21 +243,46 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from builder.pipeline import BuildRequest, run
+    from builder.pipeline import BuildRequest, run_many
 
-    req = BuildRequest(
-        target=args.target, matrix=args.matrix, snapshot=args.snapshot,
-        overrides=tuple(args.overrides), base_image=args.base_image, ca_bundle=args.ca_bundle,
-        templates=args.templates, tag_prefix=args.tag_prefix, workdir=args.workdir,
-        keep_candidate=args.keep_candidate,
-        network=None if args.network == "default" else args.network,
-        verify_timeout=args.verify_timeout, gpus=args.gpus, expect_gpus=args.expect_gpus,
-        reverify=args.reverify, sif=args.sif, push=args.push, verbose=args.verbose,
-        quiet=args.json)
-    outcome = run(req)
+    names = list(_site(args).matrix.targets) if args.all else list(dict.fromkeys(args.targets))
+    several = len(names) > 1
+
+    def request(name: str) -> BuildRequest:
+        return BuildRequest(
+            target=name, matrix=args.matrix, snapshot=args.snapshot,
+            overrides=tuple(args.overrides), base_image=args.base_image,
+            ca_bundle=args.ca_bundle, templates=args.templates, tag_prefix=args.tag_prefix,
+            workdir=(args.workdir / name if several else args.workdir) if args.workdir else None,
+            keep_candidate=args.keep_candidate,
+            network=None if args.network == "default" else args.network,
+            verify_timeout=args.verify_timeout, gpus=args.gpus, expect_gpus=args.expect_gpus,
+            reverify=args.reverify,
+            sif=(args.sif / f"{name}.sif" if several else args.sif) if args.sif else None,
+            push=args.push, verbose=args.verbose and not several, quiet=args.json)
+
+    outcomes = run_many([request(n) for n in names], args.jobs or len(names))
     if args.json:
-        print(outcome.report.to_json(), end="")
-    return outcome.exit_code
+        reports = [json.loads(o.report.to_json()) if o.report else {"error": o.error}
+                   for o in outcomes]
+        print(json.dumps(reports[0] if not several else dict(zip(names, reports)), indent=2,
+                         sort_keys=True))
+    if several:
+        _summary(names, outcomes)
+    return max(o.exit_code for o in outcomes)
+
+
+def _summary(names: list[str], outcomes: list) -> None:
+    rows = [["target", "result", "image", "tags / error"]]
+    for name, o in zip(names, outcomes):
+        r = o.report
+        result = r.result if r else "error"
+        detail = " ".join(r.tags) if r and r.tags else (r.error if r and r.error else o.error)
+        rows.append([name, result, (r.image_id or "-")[7:19] if r else "-", detail or "-"])
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3],
+              file=sys.stderr)
 
 
 def cmd_init(args: argparse.Namespace) -> int:

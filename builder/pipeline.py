@@ -9,6 +9,8 @@ container removed, the untagged candidate deleted, and no report claims success.
 from __future__ import annotations
 
 import json
+import multiprocessing
+import multiprocessing.connection
 import sys
 import time
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import __version__, verdicts
+from builder.errors import BuildEnvError
 from builder.files import atomic_write_text
 from builder.engine import BuildProgress, Engine, interrupts_raise
 from builder.naming import Names, content_hash, names
@@ -101,8 +104,64 @@ class Console:
 
 @dataclass
 class Outcome:
-    report: Report
+    report: Report | None  # None: the run stopped before a report existed (see error)
     exit_code: int
+    error: str | None = None
+
+
+def run_many(requests: list[BuildRequest], jobs: int) -> list[Outcome]:
+    """Several targets at once: one process per target (each with its own signal handling and
+    cleanup), at most ``jobs`` at a time, builds sharing the engine's BuildKit cache. A failing
+    target never stops or untags the others; outcomes come back in request order. SIGINT or
+    SIGTERM reach every running child, which removes its own candidate and containers."""
+    if len(requests) == 1:
+        return [_run_one(requests[0])]
+    ctx = multiprocessing.get_context("spawn")
+    pending = list(enumerate(requests))
+    running: dict[int, tuple[Any, Any]] = {}
+    outcomes: dict[int, Outcome] = {}
+    try:
+        with interrupts_raise():
+            while pending or running:
+                while pending and len(running) < max(1, jobs):
+                    i, req = pending.pop(0)
+                    parent, child = ctx.Pipe(duplex=False)
+                    proc = ctx.Process(target=_child, args=(req, child), name=req.target)
+                    proc.start()
+                    child.close()
+                    running[i] = (proc, parent)
+                ready = multiprocessing.connection.wait([c for _, c in running.values()])
+                for i, (proc, conn) in list(running.items()):
+                    if conn in ready:
+                        try:
+                            outcomes[i] = conn.recv()
+                        except EOFError:
+                            outcomes[i] = Outcome(None, 1, f"the {proc.name} build process "
+                                                  "died without a result")
+                        proc.join()
+                        del running[i]
+    except KeyboardInterrupt:
+        for proc, _ in running.values():
+            proc.terminate()
+        for proc, _ in running.values():
+            proc.join(timeout=120)
+        raise
+    return [outcomes[i] for i in range(len(requests))]
+
+
+def _child(req: BuildRequest, conn: Any) -> None:
+    conn.send(_run_one(req))
+    conn.close()
+
+
+def _run_one(req: BuildRequest) -> Outcome:
+    try:
+        outcome = run(req)
+    except BuildEnvError as exc:
+        outcome = Outcome(None, exc.exit_code, str(exc))
+    if outcome.error:
+        print(f"error: {outcome.error}", file=sys.stderr)
+    return outcome
 
 
 def preflight(req: BuildRequest, target: Target) -> Engine:
@@ -202,6 +261,8 @@ def run(req: BuildRequest) -> Outcome:
         if image_id and built:
             engine.remove_candidate(image_id)
         report.write(report_path)
+        if isinstance(exc, BuildEnvError):
+            return Outcome(report, exc.exit_code, str(exc))
         raise
     report.write(report_path)
     return _extend(req, target, image_id, report, report_path, console)
@@ -250,7 +311,19 @@ def _refuse(engine: Engine, report: Report, report_path: Path, console: Console,
 
 def _extend(req: BuildRequest, target: Target, image_id: str, report: Report,
             report_path: Path, console: Console) -> Outcome:
-    """``--sif`` and ``--push`` continue from the verified image."""
+    """``--sif`` and ``--push`` continue from the verified image (which keeps its tags when
+    they fail: the report records the error)."""
+    try:
+        _sif_and_push(req, target, image_id, report, report_path, console)
+    except BuildEnvError as exc:
+        report.error = str(exc)
+        report.write(report_path)
+        return Outcome(report, exc.exit_code, str(exc))
+    return Outcome(report, 0)
+
+
+def _sif_and_push(req: BuildRequest, target: Target, image_id: str, report: Report,
+                  report_path: Path, console: Console) -> None:
     if req.sif:
         from builder import sif
 
@@ -267,4 +340,3 @@ def _extend(req: BuildRequest, target: Target, image_id: str, report: Report,
         console.stage("publish", "ok", str(record.get("image_digest", "")))
     if req.sif or req.push:
         report.write(report_path)
-    return Outcome(report, 0)

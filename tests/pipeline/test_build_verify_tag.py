@@ -238,3 +238,23 @@ def test_a_failing_build_step_is_surfaced(debian_base: str, ca_bundle: Path, tmp
     assert _no_containers(client) == []
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["result"] == "error" and "build failed" in report["error"]
+
+
+def test_several_targets_in_one_command(cpu_image: dict, ca_bundle: Path, tmp_path: Path,
+                                        client: docker.DockerClient) -> None:
+    """Targets run side by side; a failing one neither stops nor untags the other."""
+    proc = run_build_env("build", "--target", "cpu-x86_64", "--target", "cpu-x86_64-badapt",
+                         "--matrix", FIXTURE, "--ca-bundle", str(ca_bundle), "--workdir",
+                         str(tmp_path), "--json")
+    assert proc.returncode == 1, proc.stderr
+    reports = json.loads(proc.stdout)
+    assert reports["cpu-x86_64"]["result"] == "pass"
+    assert reports["cpu-x86_64"]["tags"] == cpu_image["tags"]
+    assert reports["cpu-x86_64-badapt"]["result"] == "error"
+    assert "build failed" in reports["cpu-x86_64-badapt"]["error"]
+    assert (tmp_path / "cpu-x86_64" / "report.json").is_file()
+    assert (tmp_path / "cpu-x86_64-badapt" / "report.json").is_file()
+    summary = [line for line in proc.stderr.splitlines() if line.startswith("cpu-x86_64")]
+    assert len(summary) == 2 and "pass" in summary[0] and "error" in summary[1], proc.stderr
+    assert client.images.get("verl-env:cpu-x86_64").id == cpu_image["image_id"]
+    assert _no_containers(client) == []
