@@ -25,7 +25,7 @@ from builder.errors import RenderError
 from builder.layers import Layer, split_layers
 from builder.lock import LockedPackage, build_lock_path, parse_lock
 from builder.metadata import Snapshot
-from builder.spec import Target
+from builder.spec import Package, Target
 
 LABEL_NS = "org.verl-env"
 MANIFEST_SCHEMA = "verl-env/manifest/v1"
@@ -104,13 +104,18 @@ def labels(target: Target, matrix_hash: str, lock_hash: str, ca_hash: str | None
 
 def _source_requirements(target: Target, snapshot: Snapshot, locked: dict[str, LockedPackage]
                          ) -> tuple[str, bool]:
-    """requirements.txt for ``pip wheel`` in the source stage; hashed unless a git source."""
+    """requirements.txt for ``pip wheel`` in the source stage; hashed unless a git or local
+    source (a local source is copied into the context, and so hashed by the content tag)."""
     lines, hashed = [], True
     for p in target.enabled_packages:
         if p.build != "source":
             continue
+        if p.source and p.source.kind == "git":
+            lines.append(f"{p.name} @ {p.source.location}\n")
+            hashed = False
+            continue
         if p.source:
-            lines.append(f"{p.name} @ {p.source}\n")
+            lines.append(f"{p.name} @ file://{SOURCE_DIR}/{_source_name(p)}\n")
             hashed = False
             continue
         rel = snapshot.release(p.name, p.version)
@@ -120,6 +125,52 @@ def _source_requirements(target: Target, snapshot: Snapshot, locked: dict[str, L
                               target=target.name)
         lines.append(f"{p.name}=={p.version} --hash=sha256:{rel.sdist_sha256}\n")
     return "".join(lines), hashed
+
+
+SOURCE_DIR = "/tmp/verl-env/source"
+
+
+def _source_name(p: Package) -> str:
+    """The name of a package's local source in the context: a directory, or the archive's name."""
+    assert p.source is not None
+    if p.source.kind == "path" and Path(p.source.location).is_dir():
+        return p.name
+    location = p.source.location.rstrip("/")
+    suffix = next((s for s in (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip", ".tar")
+                   if location.endswith(s)), "")
+    if not suffix:
+        raise RenderError(f"{p.name}: source {location} is neither a directory nor an archive "
+                          "(.tar.gz, .tgz, .tar.bz2, .tar.xz, .zip, .tar)")
+    return p.name + suffix
+
+
+def copy_sources(target: Target, dest: Path) -> None:
+    """Local directories, archives (sha256-checked when given) and URL archives (always
+    sha256-checked) of the target's source builds, into ``dest`` (the context's ``source/``)."""
+    import urllib.request
+
+    for p in target.enabled_packages:
+        if p.build != "source" or p.source is None or p.source.kind == "git":
+            continue
+        out = dest / _source_name(p)
+        src = Path(p.source.location)
+        if p.source.kind == "path" and src.is_dir():
+            shutil.copytree(src, out, symlinks=True, ignore=shutil.ignore_patterns(
+                ".git", "__pycache__", "*.pyc", "build", "dist", "*.egg-info", "*.so"))
+            continue
+        if p.source.kind == "path":
+            shutil.copyfile(src, out)
+        else:
+            try:
+                with urllib.request.urlopen(p.source.location, timeout=120) as r, \
+                        open(out, "wb") as f:
+                    shutil.copyfileobj(r, f)
+            except OSError as exc:
+                raise RenderError(f"{p.name}: cannot fetch {p.source.location}: {exc}",
+                                  target=target.name) from None
+        if p.source.sha256 and _file_sha256(out) != p.source.sha256:
+            raise RenderError(f"{p.name}: {p.source.location} has sha256 {_file_sha256(out)}, "
+                              f"the matrix says {p.source.sha256}", target=target.name)
 
 
 def _local_wheels(target: Target, locked: dict[str, LockedPackage]) -> list[Path]:
@@ -204,6 +255,7 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
         if source_names:
             (tmp / "source").mkdir()
             (tmp / "source" / "requirements.txt").write_text(source_txt)
+            copy_sources(target, tmp / "source")
             assert build_lock is not None
             (tmp / "layers" / "build-tools.txt").write_text(build_lock.read_text())
         if wheels:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,22 @@ _PACKAGE_KEYS = {"version", "extras", "build", "enabled", "import", "source"}
 
 
 @dataclass(frozen=True)
+class Source:
+    """Where a source build gets its code: a git URL (``git+https://HOST/REPO@TAG``), a local
+    directory or archive (``path``, relative to the matrix file; firewalled build hosts), or an
+    archive ``url`` with its ``sha256``. Local and URL sources are copied into the build context."""
+
+    kind: str  # git | path | url
+    location: str
+    sha256: str = ""
+
+    def to_value(self) -> Any:
+        if self.kind == "git":
+            return self.location
+        return {self.kind: self.location, **({"sha256": self.sha256} if self.sha256 else {})}
+
+
+@dataclass(frozen=True)
 class Package:
     """One pinned distribution. ``build='source'`` builds it from its sdist inside the image."""
 
@@ -48,7 +65,7 @@ class Package:
     enabled: bool = True
     import_name: str = ""
     line: int | None = None
-    source: str = ""  # where a source build gets its code (git+https://...@tag); default: sdist
+    source: Source | None = None  # where a source build gets its code; default: the sdist
 
     @property
     def requirement(self) -> str:
@@ -133,7 +150,7 @@ class Target:
             if not p.enabled:
                 d["enabled"] = False
             if p.source:
-                d["source"] = p.source
+                d["source"] = p.source.to_value()
             return d
 
         return {
@@ -270,10 +287,7 @@ def _package(ctx: _Ctx, name: str, value: Any, key: str) -> Package:
         enabled = value.get("enabled", True)
         if not isinstance(enabled, bool):
             raise ctx.error(f"{key}.enabled", "expected true or false")
-        source = value.get("source", "")
-        if source and not (isinstance(source, str) and source.startswith("git+https://")
-                           and "@" in source.split("://", 1)[1]):
-            raise ctx.error(f"{key}.source", "expected git+https://HOST/REPO@TAG")
+        source = _source(ctx, value["source"], f"{key}.source") if value.get("source") else None
         if source and build != "source":
             raise ctx.error(f"{key}.source", "a source location needs build: source")
         return Package(canonicalize_name(name), ctx.version(value["version"], f"{key}.version"),
@@ -282,6 +296,40 @@ def _package(ctx: _Ctx, name: str, value: Any, key: str) -> Package:
     if value is None:
         raise ctx.error(key, f"missing pin: {name} has no version")
     return Package(canonicalize_name(name), ctx.version(value, key), line=ctx.lines.get(key))
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _source(ctx: _Ctx, value: Any, key: str) -> Source:
+    """``git+https://HOST/REPO@TAG``, a path string, ``{path: P[, sha256: H]}`` or
+    ``{url: U, sha256: H}``; relative paths are relative to the matrix file."""
+    if isinstance(value, str) and value.startswith("git+"):
+        if not (value.startswith("git+https://") and "@" in value.split("://", 1)[1]):
+            raise ctx.error(key, "expected git+https://HOST/REPO@TAG")
+        return Source("git", value)
+    if isinstance(value, str):
+        value = {"path": value}
+    if not isinstance(value, dict) or len({"path", "url"} & set(value)) != 1:
+        raise ctx.error(key, "expected git+https://HOST/REPO@TAG, {path: DIR_OR_ARCHIVE} or "
+                        "{url: ARCHIVE_URL, sha256: HEX}")
+    ctx.mapping(value, key, {"path", "url", "sha256"})
+    sha = str(value.get("sha256", "")).lower()
+    if sha and not _SHA256.fullmatch(sha):
+        raise ctx.error(f"{key}.sha256", "expected 64 hex digits")
+    if "url" in value:
+        url = ctx.string(value["url"], f"{key}.url")
+        if not url.startswith(("https://", "http://", "file://")):
+            raise ctx.error(f"{key}.url", "expected an http(s):// or file:// URL")
+        if not sha:
+            raise ctx.error(f"{key}.sha256", "a source url needs its sha256")
+        return Source("url", url, sha)
+    raw = Path(ctx.string(value["path"], f"{key}.path")).expanduser()
+    where = raw if raw.is_absolute() or ctx.file.startswith("--") else (
+        Path(ctx.file).parent / raw)
+    if not where.exists():
+        raise ctx.error(f"{key}.path", f"no such directory or archive: {where}")
+    return Source("path", str(where.resolve()), sha)
 
 
 def _packages(ctx: _Ctx, value: Any, key: str) -> tuple[Package, ...]:

@@ -4,7 +4,8 @@
 # debootstrap for the base image, charliecloud (runs a SIF's squashfs), skopeo/umoci.
 set -euo pipefail
 packages=(docker.io docker-registry apache2-utils slurmctld slurmd slurm-client munge shellcheck
-          squashfuse squashfs-tools siftool skopeo umoci charliecloud-runtime debootstrap)
+          squashfuse squashfs-tools siftool skopeo umoci charliecloud-runtime debootstrap
+          qemu-user-static binfmt-support)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
