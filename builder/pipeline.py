@@ -136,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         with interrupts_raise():
             network = None if args.network == "default" else args.network
             built = engine.build(ctx.path, target=target.name, network=network,
+                                 platform=target.platform, secrets=ctx.secrets,
                                  on_event=console.build_event)
             image_id = built.image_id
             report.image_id = image_id
