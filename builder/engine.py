@@ -353,6 +353,14 @@ class Engine:
         return BuildResult(image_id, progress.total, progress.cache_hits, progress.elapsed,
                            "".join(log), tuple(progress.steps))
 
+    def prune_build_cache(self) -> int:
+        """Drop the whole BuildKit cache, cache mounts (the uv cache) included; bytes freed."""
+        try:
+            return int(self.client.api.prune_builds(all=True).get("SpaceReclaimed") or 0)
+        except docker.errors.APIError as exc:
+            raise EngineError(f"could not prune the build cache: {exc.explanation or exc}"
+                              ) from None
+
     def _daemon_platform(self) -> str:
         version = self.client.version()
         return f"{version.get('Os', 'linux')}/{platform_of(version.get('Arch', 'amd64'))[6:]}"
