@@ -220,6 +220,7 @@ def run(req: BuildRequest) -> Outcome:
                               "verifying it")
             else:
                 result = engine.build(ctx.path, target=target.name, network=req.network,
+                                      platform=target.platform, secrets=ctx.secrets,
                                       on_event=console.build_event)
                 image_id, built = result.image_id, True
                 report.image_id = image_id

@@ -2,8 +2,9 @@
 
 Same inputs give byte-identical output: templates render with ``StrictUndefined``, every mapping
 is sorted, nothing records the time or the host. The context holds the Dockerfile, the lock split
-into install layers, the baked manifest, the self-test package, local wheels the lock references
-and (when configured) the site CA bundle.
+into install layers, the baked manifest, the self-test package and local wheels the lock
+references. The site CA bundle is never copied into the context: it goes to the build as a BuildKit
+secret (``BuildContext.secrets``), mounted only into the steps that fetch packages.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ class BuildContext:
     labels: dict[str, str]
     manifest: dict[str, Any]
     lock_hash: str
+    # BuildKit secrets the Dockerfile mounts: id -> file on this host (``--secret id=..,src=..``)
+    secrets: dict[str, Path] = field(default_factory=dict)
 
 
 def _env(templates: Path | None = None) -> jinja2.Environment:
@@ -262,8 +265,6 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
             (tmp / "wheels").mkdir()
             for w in wheels:
                 shutil.copyfile(w, tmp / "wheels" / w.name)
-        if ca_bundle:
-            shutil.copyfile(ca_bundle, tmp / "site-ca.pem")
         selftest = Path(str(resources.files("builder") / "selftest"))
         shutil.copytree(selftest, tmp / "selftest",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -276,5 +277,5 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return BuildContext(out, dockerfile, labels(target, matrix_hash, lock_hash, ca_hash), man,
-                        lock_hash)
+                        lock_hash, {"site-ca": ca_bundle.resolve()} if ca_bundle else {})
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Benchmark the build: cold build, no-change rebuild, rebuild after bumping only verl, and
-`uv pip install` of the same lock on the host for comparison. Prints JSON.
+"""Benchmark the build against its floor, side by side in one run. Prints JSON.
 
-A fresh private dockerd (empty cache) is started unless --docker-host is given. Defaults build
-the CPU fixture target; pass --matrix/--target/--set/--base-image for another configuration,
-e.g. the acceptance stack:
+- ``cold_build_s``: the whole BuildKit build of the rendered context (BuildKit cache pruned, so
+  the uv cache mount is empty too; the base image present), from the first line of output to the
+  image ID, layer export included;
+- ``install_floor_s``: the same lock ``uv pip install --compile-bytecode``d on this host into an
+  empty venv with an empty uv cache (the work the image's install steps must do);
+- ``ratio``: cold build / floor (goal: <= 1.3). These machines are noisy: compare only within
+  one run (``--rounds N`` alternates floor and build N times and reports medians).
 
-    python scripts/bench-build.py --target cuda-x86_64 --base-image verl-env-test/debian:bookworm \
-        --set python=3.11 --set packages.flash-attn.enabled=false
+A fresh private dockerd is started unless --docker-host is given. Defaults build the CPU fixture.
+``--e2e`` also times whole ``build-env --target`` runs: cold, no change, and a verl-only bump.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,12 +32,13 @@ sys.path.insert(0, str(REPO))
 
 from tests.support.dockerd import import_debian_base, start_dockerd  # noqa: E402
 
-CA = os.environ.get("VERL_ENV_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+CA = Path(os.environ.get("VERL_ENV_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt"))
 
 
-def build(args: argparse.Namespace, workdir: Path, extra: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "builder", "--target", args.target, "--matrix", args.matrix,
-           "--ca-bundle", CA, "--workdir", str(workdir), "--json", *extra]
+def e2e(args: argparse.Namespace, workdir: Path, extra: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "builder", "--target", args.target, "--matrix",
+           str(REPO / args.matrix), "--ca-bundle", str(CA), "--workdir", str(workdir), "--json",
+           *extra]
     for s in args.set:
         cmd += ["--set", s]
     if args.base_image:
@@ -50,11 +55,13 @@ def build(args: argparse.Namespace, workdir: Path, extra: list[str]) -> dict:
             "verify_s": report["stages"]["verify"]["seconds"], "image_id": report["image_id"]}
 
 
-def host_uv_install(lock: Path, python: str, find_links: list[str]) -> float:
-    """`uv pip install` of the same lock into a fresh venv with an empty uv cache."""
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "UV_CACHE_DIR": f"{tmp}/cache", "UV_NO_CONFIG": "1"}
-        subprocess.run(["uv", "venv", "-q", "--python", python, f"{tmp}/venv"], check=True, env=env)
+def install_floor(lock: Path, python: str, find_links: list[str]) -> float:
+    """`uv pip install --compile-bytecode` of the lock into a fresh venv, empty uv cache."""
+    with tempfile.TemporaryDirectory(prefix="verl-env-floor-", dir="/var/tmp") as tmp:
+        env = {**os.environ, "UV_CACHE_DIR": f"{tmp}/cache", "UV_NO_CONFIG": "1",
+               "SSL_CERT_FILE": str(CA)}
+        subprocess.run(["uv", "venv", "-q", "--python", python, f"{tmp}/venv"], check=True,
+                       env=env)
         cmd = ["uv", "pip", "install", "-q", "--python", f"{tmp}/venv/bin/python", "--no-deps",
                "--require-hashes", "--compile-bytecode", "-r", str(lock)]
         for link in find_links:
@@ -64,14 +71,32 @@ def host_uv_install(lock: Path, python: str, find_links: list[str]) -> float:
         return round(time.monotonic() - start, 1)
 
 
+def cold_build(engine, ctx) -> dict:  # type: ignore[no-untyped-def]
+    """The whole build with nothing cached but the base image."""
+    freed = engine.prune_build_cache()
+    built = engine.build(ctx.path, target=ctx.manifest["target"], network="host",
+                         secrets=ctx.secrets)
+    steps = {f"{s['at']} {s['instruction'][:48]}": s["seconds"] for s in built.step_times
+             if s["seconds"] >= 0.5}
+    result = {"seconds": round(built.seconds, 1), "steps": built.steps,
+              "cache_hits": built.cache_hits, "pruned_bytes": freed, "slow_steps_s": steps,
+              "export_and_overhead_s": round(built.seconds - sum(
+                  s["seconds"] for s in built.step_times), 1)}
+    engine.client.api.remove_image(built.image_id, force=True)  # next round starts cold too
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--matrix", default="tests/fixtures/cpu.yaml")
     ap.add_argument("--target", default="cpu-x86_64")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--base-image", default=None)
+    ap.add_argument("--rounds", type=int, default=1, help="floor/build pairs (medians reported)")
+    ap.add_argument("--e2e", action="store_true",
+                    help="also time build-env runs: cold, no change, verl-only bump")
     ap.add_argument("--bump", default="packages.verl=0.9.0", help="the verl-only change")
-    ap.add_argument("--docker-host", default=None, help="use this engine (cache not cleared)")
+    ap.add_argument("--docker-host", default=None, help="use this engine (its cache is pruned)")
     args = ap.parse_args()
 
     daemon = None
@@ -81,26 +106,46 @@ def main() -> int:
     else:
         daemon = start_dockerd()
         os.environ["DOCKER_HOST"] = daemon.host
-    work = Path(tempfile.mkdtemp(prefix="verl-env-bench-"))
+    work = Path(tempfile.mkdtemp(prefix="verl-env-bench-", dir="/var/tmp"))
     try:
         import_debian_base(os.environ["DOCKER_HOST"])
-        result: dict = {"target": args.target, "set": args.set, "base_image": args.base_image}
-        result["cold"] = build(args, work / "a", [])
-        result["no_change"] = build(args, work / "b", [])
-        result["verl_bump"] = build(args, work / "c", ["--set", args.bump])
-        lock = work / "a" / "context" / "lock.txt"
+        from builder.engine import Engine, find_buildkit_cli
+        from builder.lock import lock_for
+        from builder.metadata import load_snapshot
+        from builder.render import render_context
         from builder.spec import apply_overrides, load_matrix
 
-        t = apply_overrides(load_matrix(REPO / args.matrix).target(args.target), args.set,
-                            base_image=args.base_image)
-        result["host_uv_install_s"] = host_uv_install(lock, f"python{t.python}",
-                                                      list(t.find_links))
-        cold = result["cold"]["build_s"]
-        result["ratios"] = {
-            "verl_bump_over_cold": round(result["verl_bump"]["build_s"] / cold, 3),
-            "cold_over_host_uv": round(cold / result["host_uv_install_s"], 2),
+        matrix = load_matrix(REPO / args.matrix)
+        target = apply_overrides(matrix.target(args.target), args.set,
+                                 base_image=args.base_image)
+        snapshot = load_snapshot(matrix.path.parent / "metadata" / "pypi-snapshot.json")
+        lock_text, lock_file = lock_for(matrix.path, target, snapshot, work)
+        ctx = render_context(target, lock_text, snapshot, work / "context",
+                             lock_file=lock_file, ca_bundle=CA)
+        engine = Engine.connect()
+        floors, builds = [], []
+        for _ in range(args.rounds):
+            floors.append(install_floor(ctx.path / "lock.txt", f"python{target.python}",
+                                        list(target.find_links)))
+            builds.append(cold_build(engine, ctx))
+        floor = statistics.median(floors)
+        cold = statistics.median(b["seconds"] for b in builds)
+        result: dict = {
+            "target": args.target, "set": args.set, "base_image": args.base_image,
+            "cli": str(find_buildkit_cli()), "cpus": os.cpu_count(),
+            "install_floor_s": floors, "cold_build": builds,
+            "ratio_cold_build_over_floor": round(cold / floor, 2), "goal": 1.3,
         }
+        if args.e2e:
+            engine.prune_build_cache()
+            result["e2e_cold"] = e2e(args, work / "a", [])
+            result["e2e_no_change"] = e2e(args, work / "b", [])
+            result["e2e_verl_bump"] = e2e(args, work / "c", ["--set", args.bump])
+            result["ratio_verl_bump_over_cold_e2e"] = round(
+                result["e2e_verl_bump"]["wall_s"] / result["e2e_cold"]["wall_s"], 3)
         print(json.dumps(result, indent=2))
+        print(f"cold build {cold:.1f} s vs install floor {floor:.1f} s: "
+              f"{cold / floor:.2f}x (goal <= 1.3x)", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if daemon:

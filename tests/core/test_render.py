@@ -76,10 +76,10 @@ def test_layer_order_and_cache_contract(tmp_path: Path) -> None:
     df = _render("builder/data/matrix.yaml", "cuda-x86_64", tmp_path / "ctx").dockerfile
     runtime = df[df.index("AS runtime"):]
     order = [runtime.index(s) for s in ("apt-get install", "10-torch.txt", "20-engine.txt",
-                                        "30-deps.txt", "--from=source-build", "40-verl.txt",
+                                        "30-deps.txt", "from=source-build", "40-verl.txt",
                                         "COPY selftest/", "LABEL ")]
     assert order == sorted(order)
-    assert "--require-hashes" in runtime and "--no-cache" in runtime
+    assert "--require-hashes" in runtime and "--mount=type=cache" in runtime
     assert "rm -rf /var/lib/apt/lists/*" in runtime
     assert "build-essential" not in runtime and "pip wheel" not in runtime  # compilers stay out
     assert 'org.verl-env.pin.vllm="0.24.0"' in df and "org.verl-env.lock-hash=" in df
@@ -93,16 +93,41 @@ def test_flash_attn_can_be_switched_off(tmp_path: Path) -> None:
     assert 'org.verl-env.override="true"' in df
 
 
-def test_site_ca_is_injected_as_build_args_only(tmp_path: Path) -> None:
+def test_site_ca_is_a_build_secret_never_in_the_context(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
-    ca.write_text("-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n")
+    ca.write_text("-----BEGIN CERTIFICATE-----\nverl-env-test-ca-7f3a\n-----END CERTIFICATE-----\n")
     ctx = _render("tests/fixtures/cpu.yaml", "cpu-x86_64", tmp_path / "ctx", ca=ca)
-    assert (ctx.path / "site-ca.pem").read_bytes() == ca.read_bytes()
-    assert "ARG SSL_CERT_FILE=/etc/verl-env/site-ca.pem" in ctx.dockerfile
-    assert "ENV SSL_CERT_FILE" not in ctx.dockerfile
+    assert ctx.secrets == {"site-ca": ca.resolve()}
+    files = [p for p in ctx.path.rglob("*") if p.is_file()]
+    assert not any(b"verl-env-test-ca-7f3a" in p.read_bytes() for p in files)
+    assert "ARG SSL_CERT_FILE=/run/secrets/site-ca" in ctx.dockerfile
+    assert "ENV SSL_CERT_FILE" not in ctx.dockerfile and "COPY site-ca" not in ctx.dockerfile
+    # every step that reaches an index mounts it (apt, the venv's pip, each uv install)
+    runs = [line for line in ctx.dockerfile.splitlines() if line.startswith("RUN ")]
+    fetching = [r for r in runs if "apt-get" in r or "-m venv" in r or "--mount=type=cache" in r]
+    assert len(fetching) == 5 and all("--mount=type=secret,id=site-ca,required=true" in r
+                                      for r in fetching)
     assert ctx.labels["org.verl-env.site-ca"].startswith("sha256:")
     plain = _render("tests/fixtures/cpu.yaml", "cpu-x86_64", tmp_path / "plain")
-    assert "site-ca" not in plain.dockerfile and not (plain.path / "site-ca.pem").exists()
+    assert "site-ca" not in plain.dockerfile and plain.secrets == {}
+
+
+def test_nothing_is_copied_in_only_to_be_deleted(tmp_path: Path) -> None:
+    """Local and source-built wheels are bind mounts, the uv cache a cache mount: no layer holds
+    a file a later layer removes (the pipeline tests measure it on the built fixture)."""
+    for matrix, name in TARGETS:
+        df = _render(matrix, name, tmp_path / name).dockerfile
+        assert "rm -rf /tmp" not in df and "COPY wheels" not in df, name
+        assert "COPY --from" not in df, name
+        assert "# syntax" not in df  # the built-in frontend: nothing to pull
+        for run in (r for r in df.split("\nRUN ")[1:] if "uv pip install" in r.split("\n\n")[0]):
+            assert run.startswith("--mount=type=cache,id=verl-env-uv,target=/root/.cache/uv")
+            assert "--link-mode=copy" in run and "--no-cache " not in run
+    cuda = _render("matrix.yaml", "cuda-x86_64", tmp_path / "c").dockerfile
+    assert ("--mount=type=bind,from=source-build,source=/wheels,target=/tmp/verl-env/built"
+            in cuda)
+    cpu = _render("tests/fixtures/cpu.yaml", "cpu-x86_64", tmp_path / "cpu").dockerfile
+    assert cpu.count("--mount=type=bind,source=wheels,target=/tmp/verl-env/wheels") == 3
 
 
 def test_manifest_and_context_contents(tmp_path: Path) -> None:

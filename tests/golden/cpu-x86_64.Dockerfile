@@ -19,20 +19,21 @@ RUN apt-get update \
 COPY layers/00-tools.txt /opt/verl-env/layers/
 RUN python3.11 -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt
-COPY wheels/ /tmp/verl-env/wheels/
 
 # torch: 10 packages
 COPY layers/10-torch.txt /opt/verl-env/layers/
-RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/10-torch.txt
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,source=wheels,target=/tmp/verl-env/wheels \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/10-torch.txt
 
 # deps: 113 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
-RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/30-deps.txt
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,source=wheels,target=/tmp/verl-env/wheels \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/30-deps.txt
 
 # verl: 1 packages
 COPY layers/40-verl.txt /opt/verl-env/layers/
-RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/40-verl.txt
-RUN rm -rf /tmp/verl-env/wheels
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,source=wheels,target=/tmp/verl-env/wheels \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/40-verl.txt
 
 # The gate: the self-test that verify, apptainer exec and srun run inside this image.
 COPY selftest/ /opt/verl-env/verl_env_selftest/

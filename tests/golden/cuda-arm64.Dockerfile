@@ -3,7 +3,7 @@
 # matrix entry sha256:12b8adfdd746a18ae9ab8a91a05099ca40837410a0760e7f4dc9a13ec94d8e62, lock sha256:6c2de26a4f860d529bc3441db36f65bf780d496f2ac821e024de3f0f3d084d3a
 
 # ---------------------------------------------------------------------------- source builds
-# Built in their own stage (compilers stay here); the final stage copies only the wheels.
+# Built in their own stage (compilers stay here); the final stage mounts only the wheels.
 FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS source-build
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
@@ -21,13 +21,17 @@ COPY layers/00-tools.txt /opt/verl-env/layers/
 RUN python3.12 -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt
 COPY layers/10-torch.txt /opt/verl-env/layers/
-RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/10-torch.txt
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/10-torch.txt
 COPY layers/20-engine.txt /opt/verl-env/layers/
-RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt
 COPY layers/30-deps.txt /opt/verl-env/layers/
-RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
 COPY layers/build-tools.txt /opt/verl-env/layers/
-RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/build-tools.txt
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/build-tools.txt
 COPY source/requirements.txt /tmp/verl-env/source/
 # No build isolation: the extensions must compile against the torch of this very lock.
 RUN /opt/venv/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --no-binary :all: \
@@ -53,24 +57,28 @@ RUN python3.12 -m venv /opt/venv \
 
 # torch: 29 packages
 COPY layers/10-torch.txt /opt/verl-env/layers/
-RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/10-torch.txt
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/10-torch.txt
 
 # engine: 165 packages
 COPY layers/20-engine.txt /opt/verl-env/layers/
-RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt
 
 # deps: 60 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
-RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
 
-# source-built: tensordict, flash-attn
-COPY --from=source-build /wheels/ /tmp/verl-env/built/
-RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode /tmp/verl-env/built/*.whl \
-    && rm -rf /tmp/verl-env/built
+# source-built: tensordict, flash-attn (wheels mounted from the
+# source-build stage, never copied into a layer)
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,from=source-build,source=/wheels,target=/tmp/verl-env/built \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode /tmp/verl-env/built/*.whl
 
 # verl: 1 packages
 COPY layers/40-verl.txt /opt/verl-env/layers/
-RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt
 
 # The gate: the self-test that verify, apptainer exec and srun run inside this image.
 COPY selftest/ /opt/verl-env/verl_env_selftest/

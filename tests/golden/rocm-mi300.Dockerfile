@@ -22,11 +22,13 @@ RUN python3.12 -m venv /opt/venv \
 
 # deps: 118 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
-RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
 
 # verl: 1 packages
 COPY layers/40-verl.txt /opt/verl-env/layers/
-RUN uv pip install --python /opt/venv/bin/python --no-cache --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt
 
 # The gate: the self-test that verify, apptainer exec and srun run inside this image.
 COPY selftest/ /opt/verl-env/verl_env_selftest/

@@ -167,8 +167,35 @@ def _interrupt_when(proc: subprocess.Popen[str], ready, sig: int, timeout: float
             proc.kill()
 
 
+def _build_step_running(root: int) -> bool:
+    """An apt-get or uv process among the descendants of ``root`` (a dockerd)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    stack, seen = [root], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            cmd = ""
+        if pid != root and ("apt-get" in cmd or "uv pip install" in cmd):
+            return True
+        stack.extend(children.get(pid, []))
+    return False
+
+
 def test_interrupted_build_leaves_nothing(cpu_image: dict, debian_base: str, ca_bundle: Path,
-                                          tmp_path: Path, client: docker.DockerClient) -> None:
+                                          tmp_path: Path, client: docker.DockerClient,
+                                          dockerd) -> None:
     # a different base forces a real (uncached) build; interrupt it inside a RUN step
     client.images.build(fileobj=__import__("io").BytesIO(
         f"FROM {debian_base}\nRUN echo other > /etc/verl-env-test\n".encode()),
@@ -176,7 +203,9 @@ def test_interrupted_build_leaves_nothing(cpu_image: dict, debian_base: str, ca_
     before = {t for i in client.images.list() for t in i.tags}
     proc = _popen("--target", "cpu-x86_64", "--matrix", FIXTURE, "--ca-bundle", str(ca_bundle),
                   "--workdir", str(tmp_path), "--base-image", "verl-env-test/debian:other")
-    err = _interrupt_when(proc, client.containers.list, signal.SIGINT)
+    # BuildKit runs RUN steps without Docker containers: wait for an install step's process
+    # under this session's dockerd
+    err = _interrupt_when(proc, lambda: _build_step_running(dockerd.proc.pid), signal.SIGINT)
     assert proc.returncode == 130, err
     assert _no_containers(client) == []
     after = {t for i in client.images.list() for t in i.tags}
