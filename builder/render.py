@@ -131,6 +131,9 @@ def _source_requirements(target: Target, snapshot: Snapshot, locked: dict[str, L
 
 
 SOURCE_DIR = "/tmp/verl-env/source"
+# GPU architectures compiled into source-built CUDA extensions (flash-attn's FLASH_ATTN_CUDA_ARCHS;
+# it ignores TORCH_CUDA_ARCH_LIST): A100/H100/B200/RTX-Blackwell on x86_64, GH200/GB200 on aarch64.
+CUDA_ARCHS = {"x86_64": "80;90;100;120", "aarch64": "90;100"}
 
 
 def _source_name(p: Package) -> str:
@@ -208,6 +211,7 @@ def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, 
             ca_bundle=ca_bundle, wheels=wheels,
             find_links=["/tmp/verl-env/wheels"] if wheels else [],
             source_builds=source_builds, source_hashed=source_hashed,
+            cuda_archs=CUDA_ARCHS.get(target.arch, CUDA_ARCHS["x86_64"]),
             labels=labels(target, matrix_hash, lock_hash, ca_hash))
     except jinja2.TemplateError as exc:
         raise RenderError(f"template error: {exc}", target=target.name) from None

@@ -123,7 +123,7 @@ def test_nothing_is_copied_in_only_to_be_deleted(tmp_path: Path) -> None:
         for run in (r for r in df.split("\nRUN ")[1:] if "uv pip install" in r.split("\n\n")[0]):
             assert run.startswith("--mount=type=cache,id=verl-env-uv,target=/root/.cache/uv")
             assert "--link-mode=copy" in run and "--no-cache " not in run
-    cuda = _render("matrix.yaml", "cuda-x86_64", tmp_path / "c").dockerfile
+    cuda = _render("builder/data/matrix.yaml", "cuda-x86_64", tmp_path / "c").dockerfile
     assert ("--mount=type=bind,from=source-build,source=/wheels,target=/tmp/verl-env/built"
             in cuda)
     cpu = _render("tests/fixtures/cpu.yaml", "cpu-x86_64", tmp_path / "cpu").dockerfile

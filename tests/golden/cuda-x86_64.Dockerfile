@@ -32,9 +32,18 @@ RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
 COPY layers/build-tools.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/build-tools.txt
-COPY source/requirements.txt /tmp/verl-env/source/
-# No build isolation: the extensions must compile against the torch of this very lock.
-RUN /opt/venv/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --no-binary :all: --require-hashes \
+COPY source/ /tmp/verl-env/source/
+# No build isolation: the extensions must compile against the torch of this very lock. Local
+# sources carry no .git, so setuptools-scm is told each version; CMake finds pybind11 through
+# its own cmake dir.
+# flash-attn: always compiled here (FLASH_ATTENTION_FORCE_BUILD=TRUE: its setup.py would
+# otherwise download an unhashed prebuilt wheel), for this target's GPU architectures, with as
+# many jobs as the build host's memory allows (about 9 GB each).
+RUN pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
+        SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FLASH_ATTN=2.8.3 \
+        FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="80;90;100;120" \
+        MAX_JOBS="${MAX_JOBS:-$(awk '/MemAvailable/ {n = int($2 / 9437184); print (n > 0 ? n : 1)}' /proc/meminfo)}" \
+    /opt/venv/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --no-binary :all: --require-hashes \
         -r /tmp/verl-env/source/requirements.txt -w /wheels
 
 # ---------------------------------------------------------------------------- runtime image
