@@ -224,7 +224,10 @@ class Engine:
         result = self._run_container(
             image, ["-c", script, "probe", *globs], entrypoint=["/bin/sh"], timeout=timeout,
             network="none", files={}, dirs=(), collect=(), environment={}, shm_size="64m",
-            role="gpu-probe", volumes={dev_root: {"bind": "/verl-env-hostdev", "mode": "ro"}})
+            role="gpu-probe",
+            # a Mount, not a Binds entry: a missing source is an error, never created on the host
+            mounts=[docker.types.Mount("/verl-env-hostdev", dev_root, type="bind",
+                                       read_only=True)])
         if result.exit_code != 0:
             why = "timed out" if result.exit_code is None else f"exit {result.exit_code}"
             raise EngineError(f"could not list {dev_root} on the engine's host with {image[:19]} "

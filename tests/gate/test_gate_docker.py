@@ -19,6 +19,7 @@ import pytest
 
 from builder import verdicts
 from builder.engine import OWNER_LABEL, Engine
+from builder.errors import EngineError
 from builder.verify import HOST_DEV_ENV, expected_gpus
 from tests.conftest import run_build_env
 
@@ -47,8 +48,13 @@ def derive(cpu_image: dict, client: docker.DockerClient):
         client.images.remove(tag, force=True)
 
 
+# Per-phase timeout for full runs: this machine is shared and often loaded (a safe argument:
+# the verdict stays a release one).
+SLOW = ("--selftest-args", "--timeout 600")
+
+
 def _verify(*args: str, env: dict[str, str] | None = None, out: Path) -> tuple[int, dict, str]:
-    proc = run_build_env("verify", *args, "--json", str(out), env=env, timeout=900)
+    proc = run_build_env("verify", *args, "--json", str(out), env=env, timeout=1800)
     report = json.loads(out.read_text()) if out.exists() else {}
     return proc.returncode, report, proc.stdout + proc.stderr
 
@@ -59,7 +65,7 @@ def _check(report: dict, cid: str) -> dict:
 
 def test_expected_gpu_on_the_cpu_image_fails(derive, tmp_path: Path) -> None:
     image = derive("verl-env-test/gate:expect", "LABEL org.verl-env.test=expect")
-    rc, report, out = _verify(image, "--expect-gpus", "1", out=tmp_path / "r.json")
+    rc, report, out = _verify(image, "--expect-gpus", "1", *SLOW, out=tmp_path / "r.json")
     assert rc == 1, out
     assert report["overall"] == "fail"
     count = _check(report, "gpu.device_count")
@@ -100,6 +106,11 @@ def test_host_gpus_are_counted_through_the_engine(cpu_image: dict, docker_host: 
     # an emulated image is not probed: 0, with the reason
     emu = expected_gpus(engine, image, "cuda", image_arch="arm64", dev_root=str(nvidia))
     assert emu.expected == 0 and emu.source == "emulated" and emu.host_count is None
+    # a device root missing on the daemon's host is an error, and is not created there
+    missing = tmp_path / "no-such-dev"
+    with pytest.raises(EngineError, match="does not exist"):
+        expected_gpus(engine, image, "cuda", image_arch="amd64", dev_root=str(missing))
+    assert not missing.exists()
     # the probe left no container behind
     assert engine.leftover_containers() == []
 
@@ -108,7 +119,7 @@ def test_gpus_the_host_shows_but_the_image_cannot_see_fail(derive, tmp_path: Pat
     """The fail-open case of the issue: the host has GPUs, torch in the image sees none."""
     image = derive("verl-env-test/gate:cuda-label", "LABEL org.verl-env.accelerator=cuda")
     tree = _tree(tmp_path / "dev", ["nvidia0", "nvidia1", "nvidiactl"])
-    rc, report, out = _verify(image, "--gpus", "none", env={HOST_DEV_ENV: str(tree)},
+    rc, report, out = _verify(image, "--gpus", "none", *SLOW, env={HOST_DEV_ENV: str(tree)},
                               out=tmp_path / "r.json")
     assert rc == 1, out
     gpus = report["gate"]["gpus"]
@@ -163,12 +174,13 @@ def test_shell_entrypoint_image_verifies_with_no_bind_mount(derive, client: dock
     watcher = threading.Thread(target=_watch, args=(client, stop, seen), daemon=True)
     watcher.start()
     try:
-        rc, report, out = _verify(image, out=tmp_path / "r.json")
+        rc, report, out = _verify(image, *SLOW, out=tmp_path / "r.json")
     finally:
         stop.set()
         watcher.join()
     assert rc == 0 and report["overall"] == "pass", out
     assert report["gate"]["scope"] == "release" and report["gate"]["bind_mounts"] == []
+    assert report["gate"]["selftest_args"] == ["--timeout", "600"]
     assert verdicts.is_verified(image) and verdicts.why_not_release(image) is None
     # the verification container, seen while it ran: entrypoint replaced, nothing bind-mounted
     assert seen, "the verification container was never seen"
