@@ -12,17 +12,19 @@ and containers started here are always stopped and removed, also on SIGINT/SIGTE
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import resource
 import shutil
 import signal
 import subprocess
+import tarfile
 import tempfile
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,13 @@ class RunResult:
     exit_code: int | None  # None: killed at the timeout
     logs: str
     seconds: float
+    files: Mapping[str, bytes] = field(default_factory=dict)  # collected from the container
+
+
+def _parents(rel: str) -> list[str]:
+    """``a/b/c`` -> ``["a", "a/b"]``."""
+    parts = rel.split("/")[:-1]
+    return ["/".join(parts[:i + 1]) for i in range(len(parts))]
 
 
 @contextlib.contextmanager
@@ -443,10 +452,20 @@ class Engine:
 
     # ----------------------------------------------------------------------- containers
 
-    def run(self, image: str, command: list[str], *, timeout: float, network: str = "none",
-            mounts: dict[str, dict[str, str]] | None = None, environment: dict[str, str] | None = None,
-            gpus: str | None = None, shm_size: str = "2g") -> RunResult:
-        """Run a container to completion (or kill it at ``timeout``); it is always removed."""
+    def run(self, image: str, command: Sequence[str], *, entrypoint: Sequence[str],
+            timeout: float, network: str = "none", files: Mapping[str, bytes] | None = None,
+            dirs: Sequence[str] = (), collect: Sequence[str] = (),
+            environment: dict[str, str] | None = None, gpus: str | None = None,
+            shm_size: str = "2g", role: str = "verify") -> RunResult:
+        """Run a container to completion (or kill it at ``timeout``); it is always removed.
+
+        ``entrypoint`` always replaces the image's ENTRYPOINT (and ``command`` its CMD), so a
+        vendor image whose entrypoint is a shell or a launcher runs exactly ``command``. Nothing
+        of this machine is bind-mounted (the engine may be remote): ``files`` (absolute path in
+        the container -> content) and ``dirs`` (empty, world-writable) are copied in through the
+        engine before the start, and ``collect`` paths are copied out after the exit, into
+        ``RunResult.files`` (a path the container did not write is absent there).
+        """
         kwargs: dict[str, Any] = {}
         if gpus == "nvidia":
             kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1,
@@ -454,23 +473,67 @@ class Engine:
         elif gpus == "amd":
             kwargs.update(devices=["/dev/kfd:/dev/kfd", "/dev/dri:/dev/dri"], group_add=["video"],
                           security_opt=["seccomp=unconfined"])
+        return self._run_container(image, command, entrypoint=entrypoint, timeout=timeout,
+                                   network=network, files=files or {}, dirs=dirs,
+                                   collect=collect, environment=environment or {},
+                                   shm_size=shm_size, role=role, **kwargs)
+
+    def host_devices(self, image: str, globs: Sequence[str], *, dev_root: str = "/dev",
+                     timeout: float = 120) -> list[str]:
+        """Device nodes matching ``globs`` (relative to ``dev_root``) on the ENGINE's host.
+
+        The engine may run on another machine, so this machine's ``/dev`` says nothing: a short
+        container of ``image`` (entrypoint ``/bin/sh``, no network) gets the daemon host's
+        ``dev_root`` bind-mounted read-only (a path on the daemon's machine, never a local one)
+        and lists what matches. Raises EngineError when the probe cannot run.
+        """
+        script = ('cd /verl-env-hostdev || exit 3; for g in "$@"; do for f in $g; do '
+                  '[ -e "$f" ] && echo "$f"; done; done; exit 0')
+        result = self._run_container(
+            image, ["-c", script, "probe", *globs], entrypoint=["/bin/sh"], timeout=timeout,
+            network="none", files={}, dirs=(), collect=(), environment={}, shm_size="64m",
+            role="gpu-probe",
+            # a Mount, not a Binds entry: a missing source is an error, never created on the host
+            mounts=[docker.types.Mount("/verl-env-hostdev", dev_root, type="bind",
+                                       read_only=True)])
+        if result.exit_code != 0:
+            why = "timed out" if result.exit_code is None else f"exit {result.exit_code}"
+            raise EngineError(f"could not list {dev_root} on the engine's host with {image[:19]} "
+                              f"({why}): {result.logs.strip()[-300:]}")
+        return sorted({line.strip() for line in result.logs.splitlines() if line.strip()})
+
+    def daemon_arch(self) -> str:
+        """The engine host's CPU architecture as the daemon reports it (``x86_64``, ``aarch64``)."""
+        try:
+            return str(self.client.info().get("Architecture") or "")
+        except (docker.errors.APIError, requests.RequestException) as exc:
+            raise EngineError(f"cannot query the Docker Engine: {exc}") from None
+
+    def _run_container(self, image: str, command: Sequence[str], *, entrypoint: Sequence[str],
+                       timeout: float, network: str, files: Mapping[str, bytes],
+                       dirs: Sequence[str], collect: Sequence[str], environment: dict[str, str],
+                       shm_size: str, role: str, **kwargs: Any) -> RunResult:
         name = f"verl-env-{uuid.uuid4().hex[:12]}"
         start = time.monotonic()
         container = None
         try:
             container = self.client.containers.create(
-                image, command, name=name, network_mode=network, volumes=mounts or {},
-                environment=environment or {}, shm_size=shm_size, labels={OWNER_LABEL: "verify"},
-                ulimits=[_memlock()], **kwargs)
+                image, list(command), entrypoint=list(entrypoint), name=name,
+                network_mode=network, environment=environment, shm_size=shm_size,
+                labels={OWNER_LABEL: role}, ulimits=[_memlock()], **kwargs)
+            if files or dirs:
+                self._copy_in(container, files, dirs)
             container.start()
             try:
                 status = container.wait(timeout=timeout)
                 code: int | None = int(status.get("StatusCode", -1))
-            except requests.exceptions.ConnectionError:
+            except requests.exceptions.RequestException:
                 container.kill()
                 code = None
             logs = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
-            return RunResult(code, logs, time.monotonic() - start)
+            out = {path: data for path in collect
+                   if (data := self._copy_out(container, path)) is not None}
+            return RunResult(code, logs, time.monotonic() - start, out)
         except docker.errors.ImageNotFound:
             raise EngineError(f"no such image: {image}") from None
         except docker.errors.APIError as exc:
@@ -479,6 +542,53 @@ class Engine:
             if container is not None:
                 with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                     container.remove(force=True)
+
+    @staticmethod
+    def _copy_in(container: Any, files: Mapping[str, bytes], dirs: Sequence[str]) -> None:
+        """One tar through the engine (``put_archive``): parents 0755, files 0644 and the
+        ``dirs`` 1777 (the image may run as any user), all owned by root."""
+        buf = io.BytesIO()
+        made: set[str] = set()
+        now = int(time.time())
+
+        def add_dir(path: str, mode: int) -> None:
+            if path in made or path in ("", "."):
+                return
+            made.add(path)
+            info = tarfile.TarInfo(path)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, now
+            tar.addfile(info)
+
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for d in dirs:
+                rel = d.strip("/")
+                for parent in _parents(rel):
+                    add_dir(parent, 0o755)
+                add_dir(rel, 0o1777)
+            for path, data in sorted(files.items()):
+                rel = path.strip("/")
+                for parent in _parents(rel):
+                    add_dir(parent, 0o755)
+                info = tarfile.TarInfo(rel)
+                info.size, info.mode, info.mtime = len(data), 0o644, now
+                tar.addfile(info, io.BytesIO(data))
+        if not container.put_archive("/", buf.getvalue()):
+            raise EngineError(f"could not copy files into container {container.name}")
+
+    @staticmethod
+    def _copy_out(container: Any, path: str) -> bytes | None:
+        """The content of one regular file of a (stopped) container, or None when absent."""
+        try:
+            stream, _stat = container.get_archive(path)
+            raw = b"".join(stream)
+        except docker.errors.NotFound:
+            return None
+        with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+            for member in tar:
+                if member.isfile():
+                    f = tar.extractfile(member)
+                    return f.read() if f else None
+        return None
 
     def leftover_containers(self) -> list[str]:
         return [c.name for c in self.client.containers.list(all=True,

@@ -231,13 +231,13 @@ def run(req: BuildRequest) -> Outcome:
                               f"{result.cache_hits} cached, {result.seconds:.1f} s")
 
             gpus = None if req.gpus == "none" else req.gpus
-            v = verify_image(engine, image_id, timeout=req.verify_timeout, gpus=gpus)
+            v = verify_image(engine, image_id, timeout=req.verify_timeout, gpus=gpus,
+                             expect_gpus=req.expect_gpus)
             report.verification = v.report
             report.stages["verify"] = {"seconds": round(v.seconds, 1), "overall": v.overall,
-                                       "exit_code": v.exit_code}
-            verdicts.record(image_id, {"overall": v.overall, "exit_code": v.exit_code,
-                                       "target": target.name, "report": v.report})
-            if not v.passed:
+                                       "exit_code": v.exit_code, "scope": v.scope}
+            verdicts.record_verification(image_id, v, target=target.name)
+            if not v.release:
                 return _refuse(engine, report, report_path, console, v, req, target, built)
             console.stage("verify", "pass", f"{v.seconds:.1f} s" + _skips(v))
 
@@ -247,9 +247,7 @@ def run(req: BuildRequest) -> Outcome:
             report.tags = list(tags.all)
             report.result = "pass"
             console.stage("tag", "ok", "  ".join(report.tags))
-            verdicts.record(image_id, {"overall": v.overall, "exit_code": v.exit_code,
-                                       "target": target.name, "tags": report.tags,
-                                       "report": v.report})
+            verdicts.record_verification(image_id, v, target=target.name, tags=report.tags)
     except KeyboardInterrupt:
         report.result, report.error = "interrupted", "interrupted by a signal"
         if image_id and built:
@@ -303,7 +301,9 @@ def _refuse(engine: Engine, report: Report, report_path: Path, console: Console,
     elif built:
         engine.remove_candidate(report.image_id)
     report.write(report_path)
-    console.stage("verify", v.overall, f"{v.seconds:.1f} s; no release tag applied; "
+    why = "" if v.overall != "pass" else (
+        f" (a {v.scope} verdict: {v.gate.get('partial_reason') or 'not the full phase set'})")
+    console.stage("verify", v.overall, f"{v.seconds:.1f} s{why}; no release tag applied; "
                   f"report: {report_path}")
     for line in summary_lines(v):
         print(line, file=sys.stderr)

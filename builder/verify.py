@@ -1,8 +1,25 @@
 """The gate: run the self-test inside an image and read its JSON report.
 
 The image's own baked self-test runs when present (``/opt/verl-env/verl_env_selftest``); for any
-other image the host's copy is mounted read-only and run instead, so ``build-env verify`` works on
-images this tool did not build. Exit code of the self-test: 0 pass, 1 fail, 2 incomplete, 3 error.
+other image the host's copy is copied in and run instead, so ``build-env verify`` works on images
+this tool did not build. Exit code of the self-test: 0 pass, 1 fail, 2 incomplete, 3 error.
+
+The gate fails closed:
+
+- **Expected GPUs.** ``expect_gpus`` (``--expect-gpus N``), or by default the number of GPUs of
+  the target's family that the ENGINE's host shows (the daemon's machine, which may be remote),
+  counted through the engine from the device nodes (``/dev/nvidia<N>``; ``/dev/kfd`` plus
+  ``/dev/dri/renderD*``); 0 with the reason when the image's architecture is not the daemon's
+  (an emulated build) or the target is a cpu one. The self-test gets ``--expect-gpus N``: fewer
+  GPUs visible inside is a fail, never a skip.
+- **Release scope.** The verdict records the phases and self-test arguments it ran (the ``gate``
+  section added to the report). Only the full required phase set of the family, with no argument
+  that changes what the checks demand, is a ``release`` verdict; anything narrower is
+  ``partial`` and unlocks no tag, SIF or publish (:mod:`builder.verdicts`).
+- **Entrypoint.** The image's ENTRYPOINT and CMD are replaced (vendor images start shells or
+  launchers).
+- **No bind mounts.** The self-test, the manifest and the report travel through the engine, so
+  a remote engine (``DOCKER_HOST=ssh://...``) verifies like a local one.
 """
 
 from __future__ import annotations
@@ -10,24 +27,75 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
-import shutil
 import sys
-import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from builder import verdicts
 from builder.engine import Engine
+from builder.errors import EngineError, VerifyError
+from builder.files import atomic_write_text
 
 VERDICTS = {0: "pass", 1: "fail", 2: "incomplete", 3: "error"}
-# Runs under /bin/sh in the image: prefer the baked self-test, else the mounted host copy.
+GATE_SCHEMA = "verl-env/gate/v1"
+# The daemon host's device directory the GPU probe mounts (tests point it at a fake tree).
+HOST_DEV_ENV = "VERL_ENV_HOST_DEV"
+OUT_DIR, HOST_DIR = "/verl-env-out", "/verl-env-host"
+REPORT = f"{OUT_DIR}/report.json"
+# Runs under /bin/sh in the image: prefer the baked self-test, else the copied-in host copy.
 _LAUNCH = ('PY=$(command -v python || command -v python3) || { echo "no python in image" >&2; '
            'exit 3; }; [ -d /opt/verl-env/verl_env_selftest ] || '
-           'export PYTHONPATH=/verl-env-host${PYTHONPATH:+:$PYTHONPATH}; '
+           f'export PYTHONPATH={HOST_DIR}${{PYTHONPATH:+:$PYTHONPATH}}; '
            'exec "$PY" -m verl_env_selftest "$@"')
+ENTRYPOINT = ["/bin/sh", "-c", _LAUNCH, "verl-env-selftest"]
+
+# Family data of the gate. The phases a release verdict needs: every phase that can apply to
+# the family (a cpu target has no GPU or NCCL collective to test).
+ALL_PHASES = ("preflight", "env", "imports", "versions", "cpu", "gpu", "collective", "ray")
+RELEASE_PHASES: dict[str, tuple[str, ...]] = {
+    "cpu": ("preflight", "env", "imports", "versions", "cpu", "ray"),
+    "cuda": ALL_PHASES,
+    "rocm": ALL_PHASES,
+}
+# GPU vendor of each family and the device nodes that count its GPUs on the engine's host.
+GPU_VENDOR = {"cuda": "nvidia", "rocm": "amd"}
+DEVICE_GLOBS = {"nvidia": ("nvidia[0-9]*",), "amd": ("kfd", "dri/renderD*")}
+# Self-test arguments that never relax the verdict (anything else makes a run partial).
+RELEASE_SAFE = {"strict", "timeout", "jobs", "keep_logs", "phases"}
+# Arguments verify sets itself.
+OWNED = {"json": "the report is collected by verify (use verify's --json)",
+         "manifest": "use verify's --target to hold the image to a target's pins",
+         "expect_gpus": "use verify's --expect-gpus"}
+_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """What the gate expects of GPUs, and why."""
+
+    expected: int | None  # None: the family is unknown, the self-test decides (auto)
+    source: str  # --expect-gpus | engine host | emulated | cpu target | unknown family
+    reason: str
+    vendor: str | None = None  # nvidia | amd: whose devices are handed to the container
+    host_count: int | None = None
+    host_devices: tuple[str, ...] = ()
+    dev_root: str | None = None
+    narrowed: str | None = None  # why an explicit count makes the run partial
+
+
+@dataclass(frozen=True)
+class SelftestPlan:
+    """The self-test arguments, the phases they select and the release scope they allow."""
+
+    args: tuple[str, ...]
+    phases: tuple[str, ...]
+    required: tuple[str, ...]
+    partial_reason: str | None
 
 
 @dataclass(frozen=True)
@@ -46,6 +114,21 @@ class Verification:
     def passed(self) -> bool:
         return self.exit_code == 0 and self.overall == "pass"
 
+    @property
+    def scope(self) -> str:
+        """``release`` or ``partial`` (see the module doc)."""
+        return str(self.gate.get("scope") or verdicts.PARTIAL)
+
+    @property
+    def release(self) -> bool:
+        """A passing release verdict: what unlocks a tag, a SIF and a publish."""
+        return self.passed and self.scope == verdicts.RELEASE
+
+    @property
+    def gate(self) -> dict[str, Any]:
+        gate = self.report.get("gate")
+        return gate if isinstance(gate, dict) else {}
+
     def failed_checks(self) -> list[dict[str, Any]]:
         return [c for c in self.report.get("checks", [])
                 if c.get("status") == "fail" or (c.get("status") == "skip" and c.get("required"))]
@@ -55,46 +138,208 @@ def selftest_source() -> Path:
     return Path(str(resources.files("builder") / "selftest"))
 
 
-def gpu_kind() -> str | None:
-    """Which GPUs this host can hand to a container (None on a CPU-only build host)."""
-    if os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi"):
-        return "nvidia"
-    if os.path.exists("/dev/kfd"):
-        return "amd"
-    return None
+# --------------------------------------------------------------------------- pure decisions
 
 
-def verify_image(engine: Engine, image: str, *, timeout: float = 900, gpus: str | None = "auto",
-                 extra_args: list[str] | None = None, network: str = "none",
-                 manifest: dict[str, Any] | None = None) -> Verification:
+def normalize_arch(arch: str | None) -> str | None:
+    """``x86_64``/``amd64`` -> ``amd64``, ``aarch64``/``arm64`` -> ``arm64``; others as given."""
+    if not arch:
+        return None
+    return _ARCH.get(arch.lower(), arch.lower())
+
+
+def count_gpus(vendor: str, devices: Sequence[str]) -> int:
+    """GPUs from device node names relative to /dev: ``nvidia<N>`` nodes; for AMD the render
+    nodes, and none without ``kfd`` (the compute driver)."""
+    if vendor == "nvidia":
+        return sum(1 for d in devices if re.fullmatch(r"nvidia\d+", d))
+    if vendor == "amd":
+        if "kfd" not in devices:
+            return 0
+        return sum(1 for d in devices if re.fullmatch(r"dri/renderD\d+", d))
+    raise ValueError(f"unknown GPU vendor {vendor!r}")
+
+
+def decide_gpus(family: str | None, explicit: int | None, image_arch: str | None,
+                daemon_arch: str | None, host_devices: Sequence[str] | None,
+                dev_root: str | None = None) -> GpuPlan:
+    """The GPU expectation. ``host_devices`` is None when the host was not probed."""
+    vendor = GPU_VENDOR.get(family or "")
+    host_count = count_gpus(vendor, host_devices) if vendor and host_devices is not None else None
+    devices = tuple(host_devices or ())
+    common = {"vendor": vendor, "host_count": host_count, "host_devices": devices,
+              "dev_root": dev_root if host_devices is not None else None}
+    if explicit is not None:
+        narrowed = None
+        if host_count is not None and explicit < host_count:
+            narrowed = (f"--expect-gpus {explicit} while the engine's host shows {host_count} "
+                        f"{vendor} GPU(s)")
+        return GpuPlan(explicit, "--expect-gpus", f"--expect-gpus {explicit}", narrowed=narrowed,
+                       **common)
+    if family is None:
+        return GpuPlan(None, "unknown family",
+                       "the image names no target family (no org.verl-env.accelerator label, no "
+                       "--target): the self-test decides from what it sees", **common)
+    if vendor is None:
+        return GpuPlan(0, "cpu target", f"target family {family} has no GPUs", **common)
+    img, host = normalize_arch(image_arch), normalize_arch(daemon_arch)
+    if img and host and img != host:
+        return GpuPlan(0, "emulated", f"emulated build: the image is {img}, the engine's host "
+                       f"{host}, so the image cannot use the host's GPUs", **common)
+    if host_count is None:
+        raise ValueError("a GPU family on a native engine needs the host's device list")
+    return GpuPlan(host_count, "engine host", f"the engine's host shows {host_count} {vendor} "
+                   f"GPU(s) under {dev_root or '/dev'}", **common)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from builder.selftest.cli import build_parser
+
+    return build_parser()
+
+
+def plan_selftest(family: str | None, extra_args: Sequence[str] = (),
+                  phases: str | None = None) -> SelftestPlan:
+    """Validate the self-test arguments here (before any container runs) and decide the scope.
+
+    Raises VerifyError for an argument the self-test would refuse or that verify owns.
+    """
+    from builder.selftest.cli import UsageError, parse_phases
+
+    parser = _parser()
+    if {"-h", "--help", "--version"} & set(extra_args):
+        raise VerifyError("--selftest-args: --help and --version do not verify anything")
+    try:
+        ns = parser.parse_args(list(extra_args))
+    except UsageError as exc:
+        raise VerifyError(f"--selftest-args: {exc}") from None
+    except SystemExit:
+        raise VerifyError("--selftest-args: --help and --version do not verify anything") from None
+    defaults = parser.parse_args([])
+    changed = {dest for dest in vars(ns) if getattr(ns, dest) != getattr(defaults, dest)}
+    flag = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+    for dest in sorted(changed & OWNED.keys()):
+        raise VerifyError(f"--selftest-args: {flag[dest]} is set by verify; {OWNED[dest]}")
+    text = ns.phases
+    if phases is not None:
+        if "phases" in changed:
+            raise VerifyError("--phases given twice (in --selftest-args and to verify)")
+        text = phases
+    try:
+        chosen = tuple(parse_phases(text, distributed=False))
+    except UsageError as exc:
+        raise VerifyError(f"--phases: {exc}") from None
+    args = tuple(extra_args) + (("--phases", text) if phases is not None else ())
+    required = RELEASE_PHASES.get(family or "", ())
+    reasons = []
+    if not required:
+        reasons.append("the target family is unknown, so no phase set makes a release")
+    missing = [p for p in required if p not in chosen]
+    if missing:
+        reasons.append(f"phases {','.join(missing)} not run (ran {','.join(chosen)})")
+    relaxing = sorted(flag[d] for d in changed - RELEASE_SAFE - OWNED.keys())
+    if relaxing:
+        reasons.append(f"self-test argument(s) {' '.join(relaxing)} change what the checks "
+                       "run or demand")
+    return SelftestPlan(args, chosen, required, "; ".join(reasons) or None)
+
+
+def family_of(manifest: Mapping[str, Any] | None, labels: Mapping[str, str] | None) -> str | None:
+    """The target family: the given manifest's accelerator, else the image's label."""
+    acc = (manifest or {}).get("accelerator") or (labels or {}).get("org.verl-env.accelerator")
+    return acc if acc in RELEASE_PHASES else None
+
+
+# --------------------------------------------------------------------------- running it
+
+
+def host_dev_root() -> str:
+    return os.environ.get(HOST_DEV_ENV) or "/dev"
+
+
+def expected_gpus(engine: Engine, image_id: str, family: str | None, *,
+                  expect_gpus: int | None = None, image_arch: str | None = None,
+                  dev_root: str | None = None) -> GpuPlan:
+    """Decide the GPU expectation, probing the engine's host when the family has GPUs (also with
+    an explicit count: a count below what the host shows makes the run partial)."""
+    dev_root = dev_root or host_dev_root()
+    vendor = GPU_VENDOR.get(family or "")
+    daemon_arch = engine.daemon_arch()
+    emulated = (normalize_arch(image_arch) or normalize_arch(daemon_arch)) != \
+        normalize_arch(daemon_arch)
+    devices = None
+    if vendor and not emulated:
+        devices = engine.host_devices(image_id, DEVICE_GLOBS[vendor], dev_root=dev_root)
+    return decide_gpus(family, expect_gpus, image_arch, daemon_arch, devices, dev_root)
+
+
+def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
+                 timeout: float = 900, gpus: str | None = "auto",
+                 extra_args: Sequence[str] | None = None, phases: str | None = None,
+                 network: str = "none", manifest: dict[str, Any] | None = None,
+                 dev_root: str | None = None) -> Verification:
     """Run the self-test in a fresh container of ``image``; never raises for a failed verdict.
 
-    ``manifest`` (a target's rendered manifest) replaces the image's baked one: it holds any
-    image, e.g. one built elsewhere, to a matrix target's pins.
+    ``expect_gpus``: GPUs the self-test must see (None: what the engine's host shows for the
+    family; see the module doc). ``gpus``: which devices the container gets (``auto``: the
+    family's vendor when GPUs are expected; ``nvidia``, ``amd``; None: none). ``extra_args`` and
+    ``phases`` narrow the run (a partial verdict). ``manifest`` (a target's rendered manifest)
+    replaces the image's baked one: it holds any image, e.g. one built elsewhere, to a matrix
+    target's pins. Raises VerifyError for bad self-test arguments, EngineError for an image the
+    engine does not have; every other problem is an error or fail verdict.
     """
-    kind = gpu_kind() if gpus == "auto" else gpus
-    with tempfile.TemporaryDirectory(prefix="verl-env-verify-") as tmp:
-        out = Path(tmp) / "out"
-        out.mkdir()
-        os.chmod(out, 0o777)  # the image may run as another user
-        host = Path(tmp) / "host"
-        shutil.copytree(selftest_source(), host / "verl_env_selftest",
-                        ignore=shutil.ignore_patterns("__pycache__"))
-        command = ["/bin/sh", "-c", _LAUNCH, "selftest", "--json", "/verl-env-out/report.json",
-                   *(extra_args or [])]
-        if manifest is not None:
-            (host / "manifest.json").write_text(json.dumps(manifest, indent=2))
-            command += ["--manifest", "/verl-env-host/manifest.json"]
-        result = engine.run(image, command, timeout=timeout, network=network, gpus=kind,
-                            mounts={str(out): {"bind": "/verl-env-out", "mode": "rw"},
-                                    str(host): {"bind": "/verl-env-host", "mode": "ro"}})
-        report_path = out / "report.json"
-        report: dict[str, Any] = {}
-        if report_path.exists():
-            try:
-                report = json.loads(report_path.read_text())
-            except json.JSONDecodeError:
-                report = {}
+    img = engine.image(image)
+    family = family_of(manifest, img.labels)
+    plan = plan_selftest(family, extra_args or (), phases)
+    gate: dict[str, Any] = {"schema": GATE_SCHEMA, "family": family, "phases": list(plan.phases),
+                            "required_phases": list(plan.required),
+                            "selftest_args": list(plan.args), "entrypoint": ENTRYPOINT[:2],
+                            "bind_mounts": []}
+    try:
+        gpu = expected_gpus(engine, img.id, family, expect_gpus=expect_gpus,
+                            image_arch=img.attrs.get("Architecture"), dev_root=dev_root)
+    except EngineError as exc:
+        gate.update(scope=verdicts.PARTIAL, partial_reason="the GPU expectation is unknown",
+                    gpus={"expected": None, "reason": f"could not count the engine host's GPUs: "
+                          f"{exc.args[0]}"})
+        report = {"overall": "error", "error": f"could not count the engine host's GPUs: "
+                  f"{exc.args[0]}", "gate": gate}
+        return Verification(image, 3, report, "", 0.0)
+    reasons = [r for r in (plan.partial_reason, gpu.narrowed) if r]
+    gate.update(scope=verdicts.PARTIAL if reasons else verdicts.RELEASE,
+                partial_reason="; ".join(reasons) or None)
+    kind = gpu.vendor if gpus == "auto" and (gpu.expected or 0) > 0 else \
+        (None if gpus == "auto" else gpus)
+    command = ["--json", REPORT, *plan.args]
+    if gpu.expected is not None:
+        command += ["--expect-gpus", str(gpu.expected)]
+    files = {f"{HOST_DIR}/verl_env_selftest/{rel}": data for rel, data in _selftest_files()}
+    if manifest is not None:
+        files[f"{HOST_DIR}/manifest.json"] = json.dumps(manifest, indent=2).encode()
+        command += ["--manifest", f"{HOST_DIR}/manifest.json"]
+    gate["selftest_argv"] = command
+    gpu_record = {k: v for k, v in asdict(gpu).items() if k != "host_devices"}
+    gpu_record.update(host_devices=list(gpu.host_devices), handed=kind)
+    gate["gpus"] = gpu_record
+    try:
+        result = engine.run(img.id, command, entrypoint=ENTRYPOINT, timeout=timeout,
+                            network=network, gpus=kind, files=files, dirs=[OUT_DIR],
+                            collect=[REPORT])
+    except EngineError as exc:
+        if kind is None:
+            raise
+        # the engine could not hand the expected GPUs over: they are not visible, a fail
+        report = {"overall": "fail", "error": f"the engine could not give the container the "
+                  f"{kind} GPUs: {exc.args[0]}", "gate": gate}
+        gate["gpus"]["in_image"] = {"count": None, "reason": "the container did not start"}
+        return Verification(image, 1, report, "", 0.0)
+    report: dict[str, Any] = {}
+    raw = result.files.get(REPORT)
+    if raw:
+        try:
+            report = json.loads(raw)
+        except json.JSONDecodeError:
+            report = {}
     if result.exit_code is None:
         code = 3
         report.setdefault("overall", "error")
@@ -105,11 +350,29 @@ def verify_image(engine: Engine, image: str, *, timeout: float = 900, gpus: str 
         report = {"overall": "error", "error": "the self-test wrote no report",
                   "log_tail": result.logs[-2000:]}
         code = 3 if code == 0 else code
+    gate["gpus"]["in_image"] = _in_image_gpus(report, plan.phases)
+    report["gate"] = gate
     return Verification(image, code, report, result.logs, result.seconds)
 
 
+def _in_image_gpus(report: Mapping[str, Any], phases: Sequence[str]) -> dict[str, Any]:
+    count = (report.get("platform") or {}).get("gpu_count")
+    if count is not None:
+        return {"count": count, "reason": "GPUs torch sees inside the container"}
+    if "gpu" not in phases:
+        return {"count": None, "reason": "not measured: the gpu phase did not run"}
+    return {"count": None, "reason": "not measured: GPU checks were not expected"}
+
+
+def _selftest_files() -> list[tuple[str, bytes]]:
+    root = selftest_source()
+    return [(str(p.relative_to(root)), p.read_bytes()) for p in sorted(root.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+
+
 def summary_lines(v: Verification) -> list[str]:
-    """One line per check that failed, warned, or was skipped (with the reason)."""
+    """One line per check that failed, warned, or was skipped (with the reason); then the
+    GPU expectation and, for a partial run, why it is not a release verdict."""
     lines = []
     for c in v.report.get("checks", []):
         if c.get("status") in ("fail", "warn", "skip"):
@@ -118,23 +381,49 @@ def summary_lines(v: Verification) -> list[str]:
                          .rstrip())
     if v.report.get("error"):
         lines.append(f"  error: {v.report['error']}")
+    gpus = v.gate.get("gpus") or {}
+    if gpus:
+        seen = gpus.get("in_image") or {}
+        lines.append(f"  GPUs expected: {gpus.get('expected')} ({gpus.get('reason')}); in the "
+                     f"image: {seen.get('count')} ({seen.get('reason')})")
+    if v.gate and v.scope != verdicts.RELEASE:
+        lines.append(f"  partial verdict, unlocks no tag, SIF or publish: "
+                     f"{v.gate.get('partial_reason')}")
     return lines
 
 
 # --------------------------------------------------------------------------- CLI
 
 
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a GPU count: {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return n
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("image", help="image reference or ID")
     p.add_argument("--json", type=Path, default=None, metavar="PATH",
-                   help="write the self-test report here")
+                   help="write the self-test report (with the gate section) here")
     p.add_argument("--timeout", type=float, default=900, help="seconds before the run is killed")
-    p.add_argument("--gpus", choices=["auto", "nvidia", "amd", "none"], default="auto")
+    p.add_argument("--gpus", choices=["auto", "nvidia", "amd", "none"], default="auto",
+                   help="GPUs handed to the container (auto: the family's, when expected)")
+    p.add_argument("--expect-gpus", type=_count, default=None, metavar="N",
+                   help="GPUs the self-test must see (default: what the engine's host shows for "
+                        "the target's family; 0 for cpu targets and emulated images)")
     p.add_argument("--target", default=None,
                    help="hold the image to this matrix target's pins instead of its baked manifest")
     p.add_argument("--matrix", type=Path, default=Path("matrix.yaml"))
+    p.add_argument("--phases", default=None, metavar="LIST",
+                   help="run only these self-test phases (a partial verdict unless it covers the "
+                        "family's required set)")
     p.add_argument("--selftest-args", default="", metavar="ARGS",
-                   help="extra self-test arguments, one string (e.g. '--strict --phases imports')")
+                   help="extra self-test arguments, one string (e.g. '--strict'); arguments that "
+                        "narrow or relax the run make the verdict partial")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -149,13 +438,15 @@ def run(args: argparse.Namespace) -> int:
 
         target = load_matrix(args.matrix).target(args.target)
         manifest = render_manifest(target, target.entry_hash, "unknown (verify --target)")
-    v = verify_image(engine, image.id, timeout=args.timeout, gpus=gpus, extra_args=extra,
-                     manifest=manifest)
+    try:
+        v = verify_image(engine, image.id, expect_gpus=args.expect_gpus, timeout=args.timeout,
+                         gpus=gpus, extra_args=extra, phases=args.phases, manifest=manifest)
+    except VerifyError as exc:
+        raise VerifyError(exc.args[0], target=args.image) from None
     if args.json:
-        args.json.write_text(json.dumps(v.report, indent=2) + "\n")
-    verdicts.record(image.id, {"overall": v.overall, "exit_code": v.exit_code,
-                               "tags": list(image.tags), "report": v.report})
-    print(f"{args.image}: {v.overall} ({v.seconds:.1f} s)")
+        atomic_write_text(args.json, json.dumps(v.report, indent=2) + "\n")
+    verdicts.record_verification(image.id, v, target=args.target, tags=list(image.tags))
+    print(f"{args.image}: {v.overall} ({v.scope} verdict, {v.seconds:.1f} s)")
     for line in summary_lines(v):
         print(line)
     if v.exit_code == 3 and v.logs:
@@ -164,3 +455,9 @@ def run(args: argparse.Namespace) -> int:
             print("hint: this image has no verl-env manifest; hold it to a target's pins with "
                   "--target T", file=sys.stderr)
     return v.exit_code
+
+
+__all__ = ["ALL_PHASES", "GpuPlan", "RELEASE_PHASES", "SelftestPlan", "Verification",
+           "add_arguments", "count_gpus", "decide_gpus", "expected_gpus", "family_of",
+           "plan_selftest", "run", "selftest_source", "summary_lines", "verify_image",
+           "HOST_DEV_ENV"]

@@ -24,6 +24,7 @@ from typing import Any
 
 from . import DEFAULT_MANIFEST, SCHEMA, __version__
 from .bandwidth import FAIL_FRAC, WARN_FRAC, BwRefError, load_reference
+from .gpu import decide_device_count
 from .launcher import LauncherError, RankInfo, detect
 from .manifest import (ManifestError, load_manifest, needs_detection, parse_expect,
                        parse_size, resolve_expectation)
@@ -205,6 +206,14 @@ def _run(a: argparse.Namespace, started: str, t0: float, manifest: dict[str, Any
         visible = det.facts.get("detect.gpu_count")
     expect = resolve_expectation(expect_n, manifest["accelerator"], visible)
     ctx["expect"] = expect.to_dict()
+    if expect_n and "gpu" not in phases and not info.distributed:
+        # N GPUs are expected but the gpu phase is not selected: still count them (fail closed)
+        _write_json(ctx_path, ctx)
+        det = run_phase("detect", ctx_path, timeouts["detect"], workdir)
+        visible = det.facts.get("detect.gpu_count")
+        checks += [c for c in det.checks if c.status != "pass"]
+        if visible is not None:
+            checks.append(decide_device_count(int(visible), expect))
     local = [p for p in phases if not (info.distributed and p == "collective")]
     if info.distributed and info.local_rank != 0:
         local = []  # node-local phases run once per node, on local rank 0

@@ -219,3 +219,17 @@ def test_no_stray_processes_left(hostpy: str) -> None:
         if "vst-ray-" in cmd or (cmd.startswith(venv) and "verl_env_selftest" in cmd):
             stray.append(f"{pid}: {cmd[:200]}")
     assert stray == [], stray
+
+
+def test_expected_gpus_are_counted_without_the_gpu_phase(selftest: RunSelftest,
+                                                         installed: dict[str, str]) -> None:
+    """``--expect-gpus N`` fails closed even when the gpu phase is not selected."""
+    r = selftest("--phases", "preflight", "--expect-gpus", "1",
+                 manifest=manifest_for(installed))
+    assert r.rc == 1 and r.report and r.report["overall"] == "fail", r.stdout + r.stderr
+    count = r.check("gpu.device_count")
+    assert count["status"] == "fail" and count["value"] == 0 and "1 expected" in count["reason"]
+    assert r.report["platform"]["gpu_count"] == 0
+    # the control: without an expectation the same narrowed run passes
+    r = selftest("--phases", "preflight", manifest=manifest_for(installed))
+    assert r.rc == 0 and "gpu.device_count" not in r.ids(), r.stdout + r.stderr

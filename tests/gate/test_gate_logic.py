@@ -1,0 +1,115 @@
+"""Pure decisions of the gate: GPU expectation, release scope, verdict records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder import verdicts
+from builder.errors import VerifyError
+from builder.verify import (ALL_PHASES, RELEASE_PHASES, Verification, count_gpus, decide_gpus,
+                            family_of, normalize_arch, plan_selftest)
+
+NVIDIA = ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-modeset", "nvidia-caps"]
+AMD = ["kfd", "dri/renderD128", "dri/renderD129", "dri/card0", "dri/card1"]
+
+
+def test_count_gpus_per_vendor() -> None:
+    assert count_gpus("nvidia", NVIDIA) == 2
+    assert count_gpus("nvidia", ["nvidiactl", "nvidia-uvm"]) == 0
+    assert count_gpus("amd", AMD) == 2
+    assert count_gpus("amd", AMD[1:]) == 0  # render nodes without the compute driver
+    with pytest.raises(ValueError):
+        count_gpus("intel", [])
+
+
+def test_expectation_from_the_engine_host() -> None:
+    plan = decide_gpus("cuda", None, "amd64", "x86_64", NVIDIA, "/dev")
+    assert (plan.expected, plan.source, plan.vendor, plan.host_count) == (2, "engine host",
+                                                                          "nvidia", 2)
+    assert "2 nvidia GPU(s)" in plan.reason and plan.narrowed is None
+    plan = decide_gpus("rocm", None, "amd64", "x86_64", AMD, "/dev")
+    assert (plan.expected, plan.vendor) == (2, "amd")
+    assert decide_gpus("cuda", None, "amd64", "x86_64", [], "/dev").expected == 0
+
+
+def test_expectation_emulated_cpu_unknown_and_explicit() -> None:
+    emu = decide_gpus("cuda", None, "arm64", "x86_64", None)
+    assert emu.expected == 0 and emu.source == "emulated" and "arm64" in emu.reason
+    cpu = decide_gpus("cpu", None, "amd64", "x86_64", None)
+    assert cpu.expected == 0 and cpu.source == "cpu target"
+    unknown = decide_gpus(None, None, "amd64", "x86_64", None)
+    assert unknown.expected is None and "no org.verl-env.accelerator" in unknown.reason
+    explicit = decide_gpus("cpu", 1, "amd64", "x86_64", None)
+    assert explicit.expected == 1 and explicit.source == "--expect-gpus"
+    low = decide_gpus("cuda", 1, "amd64", "x86_64", NVIDIA, "/dev")
+    assert low.expected == 1 and "shows 2 nvidia" in (low.narrowed or "")
+    assert decide_gpus("cuda", 4, "amd64", "x86_64", NVIDIA, "/dev").narrowed is None
+    with pytest.raises(ValueError):
+        decide_gpus("cuda", None, "amd64", "x86_64", None)  # a GPU family must be probed
+
+
+def test_arch_and_family() -> None:
+    assert normalize_arch("x86_64") == normalize_arch("amd64") == "amd64"
+    assert normalize_arch("aarch64") == normalize_arch("arm64") == "arm64"
+    assert family_of({"accelerator": "rocm"}, {"org.verl-env.accelerator": "cpu"}) == "rocm"
+    assert family_of(None, {"org.verl-env.accelerator": "cuda"}) == "cuda"
+    assert family_of(None, {}) is None
+
+
+def test_release_scope() -> None:
+    full = plan_selftest("cuda")
+    assert full.phases == ALL_PHASES and full.partial_reason is None
+    assert plan_selftest("cpu", ["--strict", "--timeout", "60", "--jobs", "2"]).partial_reason \
+        is None
+    cpu = plan_selftest("cpu", [], ",".join(RELEASE_PHASES["cpu"]))
+    assert cpu.partial_reason is None and "gpu" not in cpu.phases
+    narrow = plan_selftest("cpu", ["--phases", "preflight"])
+    assert "env,imports,versions,cpu,ray not run" in (narrow.partial_reason or "")
+    assert "gpu,collective" in (plan_selftest("rocm", [], "preflight,env,imports,versions,cpu,"
+                                              "ray").partial_reason or "")
+    relaxed = plan_selftest("cuda", ["--bw-fail-frac", "0.01", "--gloo-ranks", "1"])
+    assert "--bw-fail-frac --gloo-ranks" in (relaxed.partial_reason or "")
+    assert "unknown" in (plan_selftest(None).partial_reason or "")
+
+
+@pytest.mark.parametrize("args, phases, needle", [
+    (["--json", "/x"], None, "--json is set by verify"),
+    (["--expect-gpus", "2"], None, "verify's --expect-gpus"),
+    (["--manifest", "/m"], None, "--target"),
+    (["--phases", "cpu"], "imports", "--phases given twice"),
+    ([], "bogus", "unknown phase"),
+    (["--no-such"], None, "unrecognized arguments"),
+    (["--version"], None, "--help and --version"),
+])
+def test_bad_selftest_args_are_refused_before_running(args: list[str], phases: str | None,
+                                                      needle: str) -> None:
+    with pytest.raises(VerifyError, match=needle):
+        plan_selftest("cpu", args, phases)
+
+
+def _verification(overall: str, scope: str, reason: str | None = None) -> Verification:
+    gate = {"scope": scope, "partial_reason": reason, "phases": ["preflight"]}
+    return Verification("img", 0 if overall == "pass" else 1,
+                        {"overall": overall, "checks": [], "gate": gate}, "", 1.0)
+
+
+def test_verdict_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    iid = "sha256:" + "a" * 64
+    assert not verdicts.is_verified(iid) and "no verdict" in verdicts.why_not_release(iid)
+    verdicts.record_verification(iid, _verification("pass", "partial", "phases x not run"),
+                                 target="t", tags=["r:t"])
+    assert not verdicts.is_verified(iid)
+    assert "partial (phases x not run)" in verdicts.why_not_release(iid)
+    rec = verdicts.lookup(iid)
+    assert rec and rec["scope"] == "partial" and rec["tags"] == ["r:t"] and rec["recorded_at"]
+    verdicts.record_verification(iid, _verification("fail", "release"), target="t")
+    assert "fail, not pass" in verdicts.why_not_release(iid)
+    verdicts.record_verification(iid, _verification("pass", "release"), target="t")
+    assert verdicts.is_verified(iid) and verdicts.why_not_release(iid) is None
+    # a record from before the gate recorded its scope does not count
+    verdicts.record(iid, {"overall": "pass", "exit_code": 0, "report": {"overall": "pass"}})
+    assert not verdicts.is_verified(iid) and "older build-env" in verdicts.why_not_release(iid)
+    assert not list(tmp_path.rglob("*.part"))  # written atomically, nothing left beside it
