@@ -127,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     from builder import verify as verify_mod
 
     vf = sub.add_parser("verify", help="run the in-image self-test on any image")
+    _common(vf)
     verify_mod.add_arguments(vf)
 
     for name, module, helptext in (("sif", "builder.sif", "convert a verified image to .sif"),

@@ -407,8 +407,10 @@ def _count(text: str) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("image", help="image reference or ID")
-    p.add_argument("--json", type=Path, default=None, metavar="PATH",
+    p.add_argument("--report", type=Path, default=None, metavar="PATH",
                    help="write the self-test report (with the gate section) here")
+    p.add_argument("--json", action="store_true",
+                   help="print the report (with the gate section) as JSON on stdout")
     p.add_argument("--timeout", type=float, default=900, help="seconds before the run is killed")
     p.add_argument("--gpus", choices=["auto", "nvidia", "amd", "none"], default="auto",
                    help="GPUs handed to the container (auto: the family's, when expected)")
@@ -417,7 +419,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the target's family; 0 for cpu targets and emulated images)")
     p.add_argument("--target", default=None,
                    help="hold the image to this matrix target's pins instead of its baked manifest")
-    p.add_argument("--matrix", type=Path, default=Path("matrix.yaml"))
     p.add_argument("--phases", default=None, metavar="LIST",
                    help="run only these self-test phases (a partial verdict unless it covers the "
                         "family's required set)")
@@ -443,12 +444,15 @@ def run(args: argparse.Namespace) -> int:
                          gpus=gpus, extra_args=extra, phases=args.phases, manifest=manifest)
     except VerifyError as exc:
         raise VerifyError(exc.args[0], target=args.image) from None
-    if args.json:
-        atomic_write_text(args.json, json.dumps(v.report, indent=2) + "\n")
+    if args.report:
+        atomic_write_text(args.report, json.dumps(v.report, indent=2) + "\n")
     verdicts.record_verification(image.id, v, target=args.target, tags=list(image.tags))
-    print(f"{args.image}: {v.overall} ({v.scope} verdict, {v.seconds:.1f} s)")
+    out = sys.stderr if args.json else sys.stdout
+    if args.json:
+        print(json.dumps(v.report, indent=2, sort_keys=True))
+    print(f"{args.image}: {v.overall} ({v.scope} verdict, {v.seconds:.1f} s)", file=out)
     for line in summary_lines(v):
-        print(line)
+        print(line, file=out)
     if v.exit_code == 3 and v.logs:
         print(v.logs[-1500:], file=sys.stderr)
         if "manifest not found" in v.logs:

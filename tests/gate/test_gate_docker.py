@@ -54,7 +54,7 @@ SLOW = ("--selftest-args", "--timeout 600")
 
 
 def _verify(*args: str, env: dict[str, str] | None = None, out: Path) -> tuple[int, dict, str]:
-    proc = run_build_env("verify", *args, "--json", str(out), env=env, timeout=1800)
+    proc = run_build_env("verify", *args, "--report", str(out), env=env, timeout=1800)
     report = json.loads(out.read_text()) if out.exists() else {}
     return proc.returncode, report, proc.stdout + proc.stderr
 

@@ -233,7 +233,7 @@ def test_interrupted_verification_leaves_nothing(cpu_image: dict, ca_bundle: Pat
 def test_verify_command_on_the_release_and_on_a_foreign_image(
         cpu_image: dict, debian_base: str, tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    proc = run_build_env("verify", "verl-env:cpu-x86_64", "--json", str(out))
+    proc = run_build_env("verify", "verl-env:cpu-x86_64", "--report", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(out.read_text())["overall"] == "pass"
     # an image this tool never built: the host's self-test is mounted in. Without a manifest
@@ -243,8 +243,9 @@ def test_verify_command_on_the_release_and_on_a_foreign_image(
     # held to the fixture target's pins, the bare Debian image fails (no torch, no verl)
     out2 = tmp_path / "foreign.json"
     proc = run_build_env("verify", debian_base, "--target", "cpu-x86_64", "--matrix", FIXTURE,
-                         "--json", str(out2))
+                         "--report", str(out2), "--json")
     report = json.loads(out2.read_text())
+    assert json.loads(proc.stdout) == report  # --json prints what --report writes
     assert proc.returncode == 1, proc.stdout + proc.stderr
     failed = {c["id"] for c in report["checks"] if c["status"] == "fail"}
     assert {"imports.verl", "imports.torch", "versions.pin.verl"} <= failed
