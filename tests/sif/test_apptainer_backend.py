@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from builder import sif as sif_mod
-from builder import sif_format
+from builder.sif import format as sif_format
 from builder.engine import Engine
 from builder.errors import SifError
 from tests.conftest import run_build_env

@@ -9,11 +9,11 @@ import pytest
 
 from builder import sif as sif_mod
 from builder.errors import SifError
-from tests.conftest import run_build_env
+from tests.conftest import REPO, run_build_env
 
 
 def test_unknown_target_is_a_usage_error(tmp_path: Path) -> None:
-    proc = run_build_env("sif", "--target", "nope", "--matrix", "tests/fixtures/cpu.yaml",
+    proc = run_build_env("sif", "--target", "nope", "--matrix", str(REPO / "tests/fixtures/cpu.yaml"),
                          "--output", str(tmp_path / "x.sif"))
     assert proc.returncode == 2 and "nope" in proc.stderr
     assert not (tmp_path / "x.sif").exists()

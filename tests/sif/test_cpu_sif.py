@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import sif_format
-from tests.conftest import run_build_env
+from builder.sif import format as sif_format
+from tests.conftest import REPO, run_build_env
 from tests.sif.conftest import need_tools
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 def test_cpu_image_to_sif_runs_its_selftest(cpu_image: dict, tmp_path: Path) -> None:
     need_tools("mksquashfs", "unsquashfs", "siftool", "ch-run")
     out = tmp_path / "cpu-x86_64.sif"
-    proc = run_build_env("sif", "--target", "cpu-x86_64", "--matrix", "tests/fixtures/cpu.yaml",
+    proc = run_build_env("sif", "--target", "cpu-x86_64", "--matrix", str(REPO / "tests/fixtures/cpu.yaml"),
                          "--output", str(out), "--report", str(tmp_path / "report.json"),
                          timeout=1800)
     assert proc.returncode == 0, proc.stderr + proc.stdout
