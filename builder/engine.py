@@ -32,6 +32,7 @@ from typing import Any
 import docker
 import docker.errors
 import requests
+import urllib3.exceptions
 
 from builder.errors import EngineError
 
@@ -589,6 +590,30 @@ class Engine:
                     f = tar.extractfile(member)
                     return f.read() if f else None
         return None
+
+    @contextlib.contextmanager
+    def export(self, image: str, *, chunk_size: int = 4 << 20) -> Iterator[Iterator[bytes]]:
+        """The image's flattened filesystem as ``docker export`` streams it (the engine applies
+        the layers and their whiteouts): a container is created (never started; its entrypoint
+        overridden, so images without a command work too), its export streamed, and the
+        container always removed when the ``with`` block ends, also on interrupts."""
+        container = None
+        try:
+            container = self.client.containers.create(
+                image, [], entrypoint=["/.verl-env-export-never-started"], network_mode="none",
+                name=f"verl-env-export-{uuid.uuid4().hex[:12]}",
+                labels={OWNER_LABEL: "export"})
+            yield self.client.api.export(container.id, chunk_size=chunk_size)
+        except docker.errors.ImageNotFound:
+            raise EngineError(f"no such image: {image}") from None
+        except docker.errors.APIError as exc:
+            raise EngineError(f"could not export {image}: {exc.explanation or exc}") from None
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
+            raise EngineError(f"export of {image} broke off: {exc}") from None
+        finally:
+            if container is not None:
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                    container.remove(force=True)
 
     def leftover_containers(self) -> list[str]:
         return [c.name for c in self.client.containers.list(all=True,

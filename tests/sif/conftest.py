@@ -56,7 +56,7 @@ def mount_sif(tmp_path: Path) -> Iterator[Any]:
     mounts: list[Path] = []
 
     def mount(sif: Path) -> Path:
-        from builder import sif_format
+        from builder.sif import format as sif_format
 
         part = sif_format.read_info(sif).primary_partition()
         assert part is not None

@@ -2,7 +2,8 @@
 ``FROM scratch`` stage holding dash and a few coreutils copied out of it, so that conversions
 take a second).
 
-``LAYERED`` exercises every flattening rule in real overlay2 layers: a deleted file and
+``LAYERED`` exercises every flattening rule in real overlay2 layers (the engine applies them when
+it exports; the tests check the SIF holds the result): a deleted file and
 directory (``.wh.NAME``), a directory emptied and refilled in one layer (``.wh..wh..opq``), a
 directory replaced by a file, a file re-created after its deletion, a hardlink whose original is
 overwritten later (the link must keep the old content), mode and owner changes, and an ENV,
@@ -18,7 +19,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from builder.sif_layers import normalise
+from builder.sif.overlay import normalise
 
 LAYERED_TAG = "verl-env-test/sif-layers:1"
 # A 4 MB image from the debootstrap base: dash as /bin/sh and the few tools the layers use.
@@ -113,7 +114,8 @@ def export_tree(client: Any, ref: str) -> dict[str, tuple[str, int, int, int, st
 def cached_native_sif(client: Any, ref: str, directory: Path, name: str) -> Path:
     """A native SIF of ``ref`` built once per test session (shared by tests/sif and
     tests/publish through the session's base temp dir; a file lock serialises builders)."""
-    from builder import sif_native
+    from builder.engine import Engine
+    from builder.sif import native as sif_native
 
     directory.mkdir(parents=True, exist_ok=True)
     out = directory / f"{name}.sif"
@@ -123,7 +125,8 @@ def cached_native_sif(client: Any, ref: str, directory: Path, name: str) -> Path
             work = sif_native.scratch_dir(out, None)
             partial = out.with_suffix(".partial")
             try:
-                sif_native.build(client.images.get(ref), partial, source=ref, workdir=work)
+                engine = Engine(client)
+                sif_native.build(engine, engine.image(ref), partial, source=ref, workdir=work)
                 os.replace(partial, out)
             finally:
                 partial.unlink(missing_ok=True)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from builder import sif as sif_mod
-from builder import sif_format
+from builder.sif import format as sif_format
 from builder.engine import Engine
 from builder.errors import SifError
 from tests.conftest import run_build_env
@@ -159,3 +159,26 @@ def test_real_apptainer_build(layered: Any, tmp_path: Path) -> None:
     assert report["verification"]["overall"] == "incomplete"
     checks = report["verification"]["checks"]
     assert [c["id"] for c in checks if c["status"] != "pass"] == ["selftest"]
+
+
+def test_export_archive_is_a_loadable_docker_archive(docker_client: Any, layered: Any,
+                                                     tmp_path: Path) -> None:
+    """The apptainer backend's input, written from the export: ``docker load`` accepts it, and
+    the loaded image has the same filesystem and config as the original."""
+    from builder.sif.convert import export_archive
+    from tests.sif.images import export_tree
+
+    engine = Engine(docker_client)
+    path = tmp_path / "image.tar"
+    export_archive(engine, engine.image(LAYERED_TAG), "verl-env-test/reloaded:1", path)
+    with open(path, "rb") as f:
+        loaded = docker_client.images.load(f.read())
+    try:
+        assert [i.tags for i in loaded] == [["verl-env-test/reloaded:1"]]
+        image = loaded[0]
+        assert image.attrs["Config"]["Entrypoint"] == layered.attrs["Config"]["Entrypoint"]
+        assert image.attrs["Config"]["Env"] == layered.attrs["Config"]["Env"]
+        again = export_tree(docker_client, "verl-env-test/reloaded:1")
+        assert again == export_tree(docker_client, LAYERED_TAG)
+    finally:
+        docker_client.images.remove("verl-env-test/reloaded:1", force=True)

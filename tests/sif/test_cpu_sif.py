@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import sif_format
+from builder.sif import format as sif_format
 from tests.conftest import FIXTURE, run_build_env
 from tests.sif.conftest import need_tools
 

@@ -1,28 +1,28 @@
-"""The native backend on real images from the real Docker Engine: the flattened tree equals what
-the engine itself shows (``docker export``), the SIF passes siftool/unsquashfs checks, it runs
-under a real runtime (charliecloud ``ch-run``), and the command line places the SIF atomically
-(nothing at the output path when verification fails)."""
+"""The native backend on real images from the real Docker Engine: the SIF's filesystem is what the
+engine itself shows (``docker export``) plus apptainer's tree, with every whiteout of the image's
+layers applied; the SIF passes siftool/unsquashfs checks, it runs under a real runtime
+(charliecloud ``ch-run``), the export container never outlives the conversion, and the command
+line places the SIF atomically (nothing at the output path when verification fails)."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import stat
 import subprocess
-import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from builder import sif_format
-from builder.sif_layers import Spool, flatten, read_saved
-from builder.sif_native import feed, pieces
-from builder.sif_verify import verify_sif
+from builder.engine import Engine
+from builder.errors import EngineError
+from builder.sif import format as sif_format
+from builder.sif import meta as sif_meta
+from builder.sif.verify import verify_sif
 from tests.conftest import run_build_env
 from tests.sif.conftest import need_tools
-from tests.sif.images import (ADDED, EXPECTED_FILES, EXPECTED_GONE, EXPORT_ONLY, EXPORT_REWRITES,
-                              LAYERED_TAG, export_tree, tree_of)
+from tests.sif.images import (ADDED, EXPECTED_FILES, EXPECTED_GONE, LAYERED_TAG, export_tree)
 
 pytestmark = pytest.mark.docker
 
@@ -31,28 +31,60 @@ def _kind(entry: tuple) -> tuple:
     return ("f" if entry[0] == "h" else entry[0], *entry[1:])  # a hardlink is a file, too
 
 
-def test_flattened_tree_equals_docker_export(docker_client: Any, layered: Any,
-                                             tmp_path: Path) -> None:
-    spool = Spool(layered.save(chunk_size=1 << 20), tmp_path / "spool")
-    try:
-        tree = flatten(spool, read_saved(spool))
-        with open(tmp_path / "merged.tar", "wb") as f:
-            feed(f.fileno(), spool.fd, pieces(tree, []))
-    finally:
-        spool.close()
-    assert not (tmp_path / "spool").exists()
-    with tarfile.open(tmp_path / "merged.tar") as tar:
-        ours = tree_of(tar)
-        contents = {name: tar.extractfile(name).read().decode()  # type: ignore[union-attr]
-                    for name in EXPECTED_FILES}
-    theirs = export_tree(docker_client, LAYERED_TAG)
-    skip = EXPORT_ONLY | EXPORT_REWRITES | {"etc", "dev", "proc", "sys"}
-    theirs = {k: _kind(v) for k, v in theirs.items() if k not in skip}
-    ours = {k: _kind(v) for k, v in ours.items() if k not in skip}
-    assert ours == theirs
-    assert contents == EXPECTED_FILES
-    assert not set(EXPECTED_GONE) & set(ours)
-    assert ours["data/keep"][1] == 0o750 and ours["data/keep/a"][2:4] == (1234, 4321)
+def walk(root: Path) -> dict[str, tuple[str, int, int, int, str]]:
+    """path -> (kind, mode, uid, gid, link target) of a mounted tree."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            st = path.lstat()
+            kind = ("d" if stat.S_ISDIR(st.st_mode) else "l" if stat.S_ISLNK(st.st_mode)
+                    else "f" if stat.S_ISREG(st.st_mode) else "o")
+            out[str(path.relative_to(root))] = (kind, st.st_mode & 0o7777, st.st_uid, st.st_gid,
+                                                os.readlink(path) if kind == "l" else "")
+    return out
+
+
+def _containers(engine: Engine) -> list[str]:
+    return [n for n in engine.leftover_containers() if n.startswith("verl-env-export-")]
+
+
+def test_sif_tree_is_the_export_plus_apptainers(docker_client: Any, layered_sif: Path,
+                                                mount_sif: Any) -> None:
+    root = mount_sif(layered_sif)
+    ours = {k: _kind(v) for k, v in walk(root).items()}
+    theirs = {k: _kind(v) for k, v in export_tree(docker_client, LAYERED_TAG).items()}
+    generated = ADDED | set(sif_meta.DIRECTORIES) | set(sif_meta.TRUNCATED)
+    assert set(ours) - set(theirs) <= generated
+    assert set(theirs) - set(ours) == {".dockerenv", "dev/console"}  # export-only, dropped
+    assert {k: v for k, v in ours.items() if k not in generated} == \
+        {k: v for k, v in theirs.items() if k in ours and k not in generated}
+    assert ours["etc/hosts"][:2] == ("f", 0o644) and (root / "etc/hosts").read_bytes() == b""
+
+
+def test_whiteouts_of_later_layers_are_applied(layered_sif: Path, mount_sif: Any) -> None:
+    """Files and directories a later layer deletes (``.wh.`` and opaque whiteouts) are not in
+    the SIF; a file re-created after its deletion, a directory replaced by a file, and a
+    hardlink whose original was overwritten later hold their final content."""
+    root = mount_sif(layered_sif)
+    assert [p for p in EXPECTED_GONE if os.path.lexists(root / p)] == []
+    assert {p: (root / p).read_text() for p in EXPECTED_FILES} == EXPECTED_FILES
+    keep = (root / "data/keep").lstat()
+    assert keep.st_mode & 0o7777 == 0o750
+    a = (root / "data/keep/a").lstat()
+    assert (a.st_uid, a.st_gid) == (1234, 4321)
+
+
+def test_export_removes_its_container(layered: Any, docker_host: str) -> None:
+    engine = Engine.connect()
+    with engine.export(LAYERED_TAG, chunk_size=4096) as chunks:
+        assert len(_containers(engine)) == 1
+        first = next(iter(chunks))  # stop early: the container still goes
+    assert first and _containers(engine) == []
+    with pytest.raises(EngineError, match="no such image: verl-env-test/none:0"):
+        with engine.export("verl-env-test/none:0"):
+            pass
+    assert _containers(engine) == []
 
 
 def test_native_sif_verifies_and_runs(layered_sif: Path, mount_sif: Any) -> None:
@@ -126,26 +158,64 @@ def test_cli_no_run_places_sif_and_report(layered: Any, tmp_path: Path) -> None:
     assert os.access(out, os.X_OK)
     assert _leftovers(tmp_path) == ["r.json", "x.sif"]
     build = report["build"]
-    assert build["save_format"] == "docker-legacy" and build["whiteouts"] >= 4
+    assert build["source"] == "docker-export" and build["members"] > 20
+    assert build["dropped"] == [".dockerenv", "dev/console"] and build["arch"] == "amd64"
+    assert set(build["replaced"]) == {"etc/hosts", "etc/resolv.conf"}
     assert "incomplete" in proc.stdout
 
 
 def test_interrupt_leaves_nothing_behind(layered: Any, tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """SIGINT/SIGTERM (KeyboardInterrupt) while mksquashfs runs: no output, partial or scratch."""
+    """SIGINT/SIGTERM (KeyboardInterrupt) in the middle of the stream, mksquashfs running: no
+    output, partial or scratch file, no mksquashfs process and no export container left."""
     from builder import sif as sif_mod
-    from builder import sif_native
-    from builder.engine import Engine
+    from builder.sif import overlay
 
-    def interrupted(*args: Any, **kw: Any) -> str:
-        raise KeyboardInterrupt("signal 15")
+    real = overlay.Overlay.stream
+    seen: list[int] = []
 
-    monkeypatch.setattr(sif_native, "run_mksquashfs", interrupted)
+    def interrupted(self: Any, chunks: Any) -> Any:
+        for n, piece in enumerate(real(self, chunks)):
+            if n == 50:
+                seen.append(n)
+                raise KeyboardInterrupt("signal 15")
+            yield piece
+
+    monkeypatch.setattr(overlay.Overlay, "stream", interrupted)
     engine = Engine.connect()
     with pytest.raises(KeyboardInterrupt):
         sif_mod.convert(engine, engine.image(LAYERED_TAG), output=tmp_path / "i.sif",
                         source=LAYERED_TAG, backend="native", force=True)
-    assert _leftovers(tmp_path) == []
+    assert seen == [50]
+    assert _leftovers(tmp_path) == [] and _containers(engine) == []
+    ps = subprocess.run(["pgrep", "-P", str(os.getpid()), "mksquashfs"], capture_output=True)
+    assert ps.stdout == b""
+
+
+def test_broken_stream_is_a_sif_error(layered: Any, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """An export that breaks off mid-file: a SifError naming the target, nothing left."""
+    from builder import sif as sif_mod
+    from builder.errors import SifError
+
+    real = Engine.export
+
+    def truncated(self: Engine, image: str, **kw: Any) -> Any:
+        import contextlib
+
+        @contextlib.contextmanager
+        def cm() -> Any:
+            with real(self, image, chunk_size=1 << 16) as chunks:
+                yield (c for _, c in zip(range(3), chunks))
+        return cm()
+
+    monkeypatch.setattr(Engine, "export", truncated)
+    engine = Engine.connect()
+    with pytest.raises(SifError, match=r"^sif: \[layers\] native conversion failed: tar stream "
+                                       r"ends"):
+        sif_mod.convert(engine, engine.image(LAYERED_TAG), output=tmp_path / "t.sif",
+                        source=LAYERED_TAG, target="layers", backend="native", force=True)
+    assert _leftovers(tmp_path) == [] and _containers(engine) == []
 
 
 def test_pipeline_entry_converts_only_verified_images(layered: Any, tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import sif_format, sif_meta
+from builder.sif import format as sif_format
+from builder.sif import meta as sif_meta
 
 SCHEMA = "verl-env/sif-verify/v1"
 DEFAULT_PHASES = "preflight,env,imports,versions,cpu"

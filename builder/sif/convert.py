@@ -1,8 +1,10 @@
 """``build-env sif``: convert a verified image to an Apptainer SIF, then prove the SIF.
 
-Backends: ``apptainer`` (the real one, driven through ``spython`` from a ``docker save``
-archive, the route that also works on a cluster) or ``native`` (:mod:`builder.sif_native`; no
-apptainer needed). ``auto`` picks apptainer when it is installed.
+Backends: ``apptainer`` (the real one, driven through ``spython`` from a one-layer
+``docker-archive`` written from the engine's export of the image) or ``native``
+(:mod:`builder.sif.native`: the export streamed through ``mksquashfs``; no apptainer needed).
+``auto`` picks apptainer when it is installed. Both read the image only through
+:meth:`builder.engine.Engine.export`.
 
 The SIF is built under a temporary name beside the output, verified (:func:`verify_sif`: siftool,
 unsquashfs, and the self-test run from it by a real runtime), and only then renamed to the output
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -25,10 +28,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from builder import sif_native, verdicts
+from builder import verdicts
 from builder.engine import Engine, interrupts_raise
 from builder.errors import EngineError, SifError
-from builder.sif_verify import DEFAULT_PHASES, verify_sif
+from builder.sif import native as sif_native
+from builder.sif.overlay import OverlayError
+from builder.sif.verify import DEFAULT_PHASES, verify_sif
 
 __all__ = ["add_arguments", "run", "convert", "convert_verified", "verify_sif"]
 REPORT_SCHEMA = "verl-env/sif-report/v1"
@@ -149,7 +154,7 @@ def convert(engine: Engine, image: Any, *, output: Path, source: str, target: st
         with interrupts_raise():
             scratch = sif_native.scratch_dir(output, tmpdir)
             partial.unlink(missing_ok=True)
-            details = _build(chosen, image, partial, source, scratch, target)
+            details = _build(engine, chosen, image, partial, source, scratch, target)
             converted = time.monotonic() - started
             verification = verify_sif(partial, run=run, phases=phases, timeout=timeout)
             _accept(verification, run, target)
@@ -180,19 +185,23 @@ def _accept(verification: dict[str, Any], run: bool, target: str | None) -> None
     raise SifError(f"the SIF did not verify ({overall}): {failing}{extra}", target=target)
 
 
-def _build(backend: str, image: Any, partial: Path, source: str, scratch: Path,
-           target: str | None) -> dict[str, Any]:
+def _build(engine: Engine, backend: str, image: Any, partial: Path, source: str,
+           scratch: Path, target: str | None) -> dict[str, Any]:
     try:
         if backend == "native":
-            result = sif_native.build(image, partial, source=source, workdir=scratch)
-            return {"arch": result.arch, "members": result.members,
-                    "whiteouts": result.whiteouts, "save_format": result.save_format,
+            result = sif_native.build(engine, image, partial, source=source, workdir=scratch)
+            st = result.overlay
+            return {"arch": result.arch, "source": "docker-export", "members": st.members,
+                    "bytes_exported": st.bytes_in, "replaced": st.replaced,
+                    "dropped": st.dropped, "added": len(st.added),
                     "seconds": {k: round(v, 2) for k, v in result.timings.items()}}
-        return build_apptainer(image, partial, scratch)
+        return build_apptainer(engine, image, partial, source, scratch)
     except SifError as exc:
         exc.target = exc.target or target
         raise
-    except (OSError, ValueError, RuntimeError, tarfile.TarError) as exc:
+    except EngineError as exc:
+        raise SifError(exc.args[0], target=target) from None
+    except (OSError, ValueError, RuntimeError, OverlayError, tarfile.TarError) as exc:
         raise SifError(f"{backend} conversion failed: {exc}", target=target) from None
 
 
@@ -234,15 +243,47 @@ def _singularity_on_path(scratch: Path) -> Iterator[None]:
         os.environ["PATH"] = old
 
 
-def save_archive(image: Any, path: Path) -> None:
-    """``docker save`` of the image to a file (the SDK stream, 4 MiB chunks)."""
+def export_archive(engine: Engine, image: Any, source: str, path: Path) -> None:
+    """A one-layer ``docker-archive`` (what ``docker save`` writes) for apptainer: the layer is
+    the engine's export of the image, streamed into the archive file (its tar header is written
+    last, once the size is known); the config carries the image's Config and platform."""
+    digest = hashlib.sha256()
     with open(path, "wb") as f:
-        for chunk in image.save(chunk_size=4 << 20):
-            f.write(chunk)
+        f.write(bytes(tarfile.BLOCKSIZE))
+        size = 0
+        with engine.export(image.id) as chunks:
+            for chunk in chunks:
+                digest.update(chunk)
+                f.write(chunk)
+                size += len(chunk)
+        f.write(bytes(-size % tarfile.BLOCKSIZE))
+        attrs = image.attrs
+        config = json.dumps({"architecture": attrs.get("Architecture", "amd64"),
+                             "os": attrs.get("Os", "linux"), "config": attrs.get("Config") or {},
+                             "rootfs": {"type": "layers",
+                                        "diff_ids": [f"sha256:{digest.hexdigest()}"]}}).encode()
+        config_name = f"{hashlib.sha256(config).hexdigest()}.json"
+        tags = [source] if ":" in source.split("/")[-1] and "@" not in source else []
+        manifest = json.dumps([{"Config": config_name, "RepoTags": tags,
+                                "Layers": ["layer.tar"]}]).encode()
+        for name, data in ((config_name, config), ("manifest.json", manifest)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            f.write(info.tobuf(format=tarfile.GNU_FORMAT))
+            f.write(data + bytes(-len(data) % tarfile.BLOCKSIZE))
+        f.write(bytes(2 * tarfile.BLOCKSIZE))
+        layer = tarfile.TarInfo("layer.tar")
+        layer.size, layer.mode = size, 0o644
+        head = layer.tobuf(format=tarfile.GNU_FORMAT)
+        assert len(head) == tarfile.BLOCKSIZE
+        f.seek(0)
+        f.write(head)
 
 
-def build_apptainer(image: Any, partial: Path, scratch: Path) -> dict[str, Any]:
-    """``singularity build --tmpdir S PARTIAL docker-archive://S/image.tar`` through spython.
+def build_apptainer(engine: Engine, image: Any, partial: Path, source: str,
+                    scratch: Path) -> dict[str, Any]:
+    """``singularity build --tmpdir S PARTIAL docker-archive://S/image.tar`` through spython
+    (the archive: :func:`export_archive`).
 
     spython discards the exit code and returns the path if the file exists afterwards, so the
     stale output is deleted first and a missing output is the failure signal; its captured
@@ -252,8 +293,8 @@ def build_apptainer(image: Any, partial: Path, scratch: Path) -> dict[str, Any]:
 
     archive = scratch / "image.tar"
     t0 = time.monotonic()
-    save_archive(image, archive)
-    saved = time.monotonic() - t0
+    export_archive(engine, image, source, archive)
+    exported = time.monotonic() - t0
     partial.unlink(missing_ok=True)
     captured = io.StringIO()
     with _singularity_on_path(scratch), contextlib.redirect_stdout(captured):
@@ -267,7 +308,7 @@ def build_apptainer(image: Any, partial: Path, scratch: Path) -> dict[str, Any]:
     if not result or not partial.exists():
         tail = captured.getvalue().strip()[-2000:] or "(no output)"
         raise SifError(f"apptainer build wrote no image; its output:\n{tail}")
-    return {"seconds": {"save": round(saved, 2), "total": round(time.monotonic() - t0, 2)},
+    return {"seconds": {"export": round(exported, 2), "total": round(time.monotonic() - t0, 2)},
             "log_tail": captured.getvalue()[-1000:]}
 
 
