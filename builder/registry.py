@@ -282,6 +282,9 @@ class Client:
                 r = requests.get(realm, params=query, auth=auth, timeout=TIMEOUT_S)
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise Transient(f"token service {realm_host}: {exc.__class__.__name__}") from None
+        except requests.RequestException as exc:  # never its text: it may quote a header
+            raise PublishError(f"{self.host}: token request to {realm_host} failed: "
+                               f"{exc.__class__.__name__}") from None
         if r.status_code >= 500:
             raise Transient(f"token service {realm_host}: HTTP {r.status_code}")
         if r.status_code in (401, 403):
@@ -356,6 +359,9 @@ class Client:
                                           timeout=TIMEOUT_S)
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise Transient(f"{method} {self._short(url)}: {exc.__class__.__name__}") from None
+        except requests.RequestException as exc:  # never its text: it may quote a header
+            raise PublishError(f"{self.host}: {method} {self._short(url)} failed: "
+                               f"{exc.__class__.__name__}") from None
         if r.status_code >= 500:
             raise Transient(f"{method} {self._short(url)}: HTTP {r.status_code}")
         return r

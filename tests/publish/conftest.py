@@ -31,6 +31,7 @@ from tests.sif.conftest import docker_client, layered, layered_sif, need_tools  
 
 USER = "verl"
 PASSWORD = "s3cret-Pa55-do-not-print"
+REFRESH_TOKEN = "refresh-Tok3n-do-not-print"  # an identity token, as `docker login` may store
 SERVICE = "verl-env-test-registry"
 ISSUER = "verl-env-test-issuer"
 
@@ -52,7 +53,8 @@ class TokenIssuer:
     checks ``iss`` == its ``issuer``, ``aud`` == its ``service``, ``exp``/``nbf`` (60 s leeway),
     the chain against the bundle, the signature, then the ``access`` claims against the request.
     Anonymous callers get a token with no access (as public registries do); a wrong password gets
-    401. Every token issued and every request seen is kept for the tests' assertions."""
+    401. ``POST /token`` is the OAuth2 form (``grant_type=refresh_token``) that clients holding
+    an identity token use; it accepts :data:`REFRESH_TOKEN`. Every token issued and every request seen is kept for the tests' assertions."""
 
     def __init__(self, root: Path) -> None:
         from cryptography import x509
@@ -80,6 +82,9 @@ class TokenIssuer:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
                 issuer._handle(self)
+
+            def do_POST(self) -> None:  # noqa: N802
+                issuer._handle_oauth(self)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -116,12 +121,31 @@ class TokenIssuer:
                 h.wfile.write(b'{"details":"invalid username or password"}')
                 return
             user = USER
-        if url.path != "/token" or seen["service"] != SERVICE:
+        self._issue(h, url.path, seen["service"], query.get("scope", []), user, "token")
+
+    def _handle_oauth(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        url = urllib.parse.urlsplit(h.path)
+        length = int(h.headers.get("Content-Length") or 0)
+        form = urllib.parse.parse_qs(h.rfile.read(length).decode())
+        scopes = [x for s in form.get("scope", []) for x in s.split(" ") if x]
+        seen = {"path": url.path, "service": form.get("service", [None])[0], "scope": scopes,
+                "basic": False, "oauth": form.get("grant_type", [None])[0]}
+        self.requests.append(seen)
+        if (seen["oauth"] != "refresh_token"
+                or form.get("refresh_token", [None])[0] != REFRESH_TOKEN):
+            h.send_response(401)
+            h.end_headers()
+            return
+        self._issue(h, url.path, seen["service"], scopes, USER, "access_token")
+
+    def _issue(self, h: http.server.BaseHTTPRequestHandler, path: str, service: str | None,
+               scopes: list[str], user: str | None, field: str) -> None:
+        if path != "/token" or service != SERVICE:
             h.send_response(400)
             h.end_headers()
             return
         access = []
-        for scope in query.get("scope", []):
+        for scope in scopes:
             kind, _, rest = scope.partition(":")
             name, _, actions = rest.rpartition(":")
             if user and kind == "repository":
@@ -132,7 +156,7 @@ class TokenIssuer:
                            "nbf": now - 5, "iat": now, "jti": uuid.uuid4().hex,
                            "access": access})
         self.tokens.append(token)
-        body = json.dumps({"token": token, "access_token": token, "expires_in": 300,
+        body = json.dumps({field: token, "expires_in": 300,
                            "issued_at": datetime.datetime.now(datetime.timezone.utc).isoformat()})
         h.send_response(200)
         h.send_header("Content-Type", "application/json")

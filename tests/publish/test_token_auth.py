@@ -21,7 +21,8 @@ from builder import publish
 from builder.engine import Engine
 from builder.errors import PublishError
 from tests.conftest import run_build_env
-from tests.publish.conftest import PASSWORD, SERVICE, USER, RegistryServer, free_port
+from tests.publish.conftest import (PASSWORD, REFRESH_TOKEN, SERVICE, USER, RegistryServer,
+                                   free_port)
 from tests.sif.images import LAYERED_TAG
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
@@ -44,7 +45,7 @@ def cli_publish(reg: str, tmp_path: Path, *extra: str, env: dict[str, str] | Non
 def secrets_of(reg: RegistryServer) -> list[str]:
     assert reg.issuer is not None
     b64 = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-    return [PASSWORD, b64, *reg.issuer.tokens]
+    return [PASSWORD, b64, REFRESH_TOKEN, *reg.issuer.tokens]
 
 
 def assert_no_secret(reg: RegistryServer, *texts: str) -> None:
@@ -171,6 +172,28 @@ def test_refused_credentials_fail_clearly_with_nothing_recorded(
     # nothing reached the repository
     tags = bearer_get(reg, "tags/list")
     assert tags.status_code == 404 or not tags.json().get("tags")
+
+
+def test_identity_token_from_docker_config(token_registry: RegistryServer, layered: Any,
+                                           layered_sif: Path, tmp_path: Path) -> None:
+    """An ``identitytoken`` (what `docker login` stores for OAuth registries) is exchanged with
+    the OAuth2 refresh-token grant, by us and by the engine; it is never shown."""
+    reg = token_registry
+    write_config(tmp_path, {"auths": {reg.host: {"identitytoken": REFRESH_TOKEN}}})
+    proc, record_path = cli_publish(reg.host, tmp_path, sif=layered_sif)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(record_path.read_text())
+    assert record["credentials"] == "docker-config" and record["sif"]["size"] > 0
+    assert reg.issuer is not None
+    assert any(r.get("oauth") == "refresh_token" for r in reg.issuer.requests)
+    assert not any(r["basic"] for r in reg.issuer.requests)
+    assert_no_secret(reg, proc.stdout, proc.stderr, record_path.read_text())
+    # a refresh token the issuer does not know: refused, one clear line, no record
+    write_config(tmp_path, {"auths": {reg.host: {"identitytoken": "stale-refresh"}}})
+    record_path.unlink()
+    proc, record_path = cli_publish(reg.host, tmp_path)
+    assert proc.returncode == 1 and "authentication failed for the identity token" in proc.stderr
+    assert "stale-refresh" not in proc.stderr + proc.stdout and not record_path.exists()
 
 
 # --------------------------------------------------------------------------- preflight
