@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ DOCKER_HUB_KEY = "https://index.docker.io/v1/"
 DOCKER_HUB_HOSTS = ("docker.io", "index.docker.io", "registry-1.docker.io")
 HELPER_TIMEOUT_S = 30
 TIMEOUT_S = 60
+TOKEN_MARGIN_S = 15  # a bearer token is renewed this long before it expires
 
 
 class Transient(Exception):
@@ -235,6 +237,7 @@ class Client:
     scheme: str
     creds: Credentials | None = None
     _auth: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)  # scope -> header
+    _expires: dict[str, float] = field(default_factory=dict, repr=False)  # scope -> monotonic
 
     def __repr__(self) -> str:
         user = self.creds.user if self.creds else None
@@ -264,7 +267,9 @@ class Client:
 
     # ------------------------------------------------------------------ tokens
 
-    def _token(self, params: dict[str, str], scope: str) -> str:
+    def _token(self, params: dict[str, str], scope: str) -> tuple[str, float]:
+        """A bearer token for ``scope`` and how many seconds it lives (``expires_in``, 60 when
+        not given, as the token spec says)."""
         realm = params.get("realm")
         if not realm or urllib.parse.urlsplit(realm).scheme not in ("http", "https"):
             raise PublishError(f"{self.host}: Bearer challenge without a usable realm")
@@ -295,15 +300,18 @@ class Client:
         try:
             body = r.json()
             token = body.get("token") or body.get("access_token")
-        except (ValueError, AttributeError):
-            token = None
+            lifetime = float(body.get("expires_in") or 60)
+        except (ValueError, AttributeError, TypeError):
+            token, lifetime = None, 60.0
         if not token or not isinstance(token, str):
             raise PublishError(f"{self.host}: token service {realm_host} answered without a "
                                f"token")
-        return token
+        return token, lifetime
 
     def _authorize(self, r: requests.Response, scope: str) -> dict[str, str]:
-        """The Authorization header that answers ``r``'s challenge."""
+        """The Authorization header that answers ``r``'s challenge (a bearer token's expiry is
+        noted: :meth:`request` drops it shortly before, so that a large upload never starts with
+        a token about to be refused)."""
         scheme, params = parse_challenge(r.headers.get("WWW-Authenticate", ""))
         if scheme == "basic":
             if self.creds is None:
@@ -314,7 +322,9 @@ class Client:
             raw = f"{self.creds.user}:{self.creds.secret}".encode()
             return {"Authorization": "Basic " + base64.b64encode(raw).decode()}
         if scheme == "bearer":
-            return {"Authorization": "Bearer " + self._token(params, scope or params.get("scope", ""))}
+            token, lifetime = self._token(params, scope or params.get("scope", ""))
+            self._expires[scope] = time.monotonic() + max(lifetime - TOKEN_MARGIN_S, 1.0)
+            return {"Authorization": "Bearer " + token}
         raise PublishError(f"{self.host}: HTTP 401 with an auth scheme this tool does not "
                            f"speak ({scheme or 'none'})")
 
@@ -329,6 +339,9 @@ class Client:
         :class:`PublishError` (or is returned when ``ok_401``)."""
         scope = self.scope if scope is None else scope
         target = url or self.url(path)
+        if time.monotonic() > self._expires.get(scope, float("inf")):
+            self._auth.pop(scope, None)
+            self._expires.pop(scope, None)
         fresh = False
         for _ in range(3):
             r = self._send(method, target, body, {**(headers or {}), **self._auth.get(scope, {})})

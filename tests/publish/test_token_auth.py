@@ -253,6 +253,14 @@ def test_token_is_refetched_when_a_cached_one_is_refused(
     reg._auth[reg.scope] = {"Authorization": "Bearer not.a.token"}  # noqa: SLF001
     reg.check_push()
     assert len(token_registry.issuer.tokens) == issued + 1
+    # a token close to its expires_in is dropped before use, not sent to be refused
+    held = dict(reg._auth[reg.scope])  # noqa: SLF001
+    reg.check_push()
+    assert len(token_registry.issuer.tokens) == issued + 1  # still valid: reused
+    reg._expires[reg.scope] = time.monotonic() - 1  # noqa: SLF001
+    reg.check_push()
+    assert len(token_registry.issuer.tokens) == issued + 2
+    assert reg._auth[reg.scope] != held  # noqa: SLF001
 
 
 def test_engine_push_gets_the_helper_credentials(token_registry: RegistryServer, layered: Any,
