@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 from builder import sif_format, verdicts
 from builder.engine import Engine
 from builder.errors import EngineError, PublishError
-from builder.registry import (PASSWORD_ENV, USER_ENV, Client, Credentials, Transient,
+from builder.registry import (PASSWORD_ENV, TIMEOUT_S, USER_ENV, Client, Credentials, Transient,
                               docker_config_path, parse_reference, resolve_credentials)
 
 __all__ = ["PASSWORD_ENV", "USER_ENV", "Client", "Credentials", "Transient", "connect",
@@ -55,6 +55,7 @@ SIF_LAYER_MEDIA = "application/vnd.sylabs.sif.layer.v1.sif"
 PIN_LABEL = "org.verl-env.pin."
 RETRY_BASE_S = 1.0
 PREFLIGHT_ATTEMPTS = 2
+PREFLIGHT_TIMEOUT_S = 10.0
 _TRANSIENT = re.compile(r"\b(50[0-4])\b|connection reset|broken pipe|unexpected EOF|\bEOF\b|"
                         r"timeout|temporarily unavailable|connection refused", re.IGNORECASE)
 _AUTH = re.compile(r"unauthorized|authentication required|denied|no basic auth", re.IGNORECASE)
@@ -64,11 +65,12 @@ T = TypeVar("T")
 # --------------------------------------------------------------------------- registry access
 
 
-def connect(text: str, *, insecure: bool = False) -> tuple[Client, str]:
+def connect(text: str, *, insecure: bool = False, timeout: float = TIMEOUT_S
+            ) -> tuple[Client, str]:
     """The registry client with its credentials resolved, and where they came from."""
     host, repo, scheme = parse_reference(text, insecure=insecure)
     creds = resolve_credentials(host)
-    return Client(host, repo, scheme, creds), creds.source if creds else "none"
+    return Client(host, repo, scheme, creds, timeout), creds.source if creds else "none"
 
 
 def retrying(action: Callable[[], T], what: str, attempts: int) -> T:
@@ -95,7 +97,7 @@ def preflight(registry_text: str, *, insecure: bool = False,
               attempts: int = PREFLIGHT_ATTEMPTS) -> None:
     """Before a build with ``--push``: the registry is reachable and the credentials found for
     it are accepted for pushing to its repository. Raises :class:`PublishError` in seconds."""
-    reg, _ = connect(registry_text, insecure=insecure)
+    reg, _ = connect(registry_text, insecure=insecure, timeout=PREFLIGHT_TIMEOUT_S)
     check_access(reg, attempts)
 
 

@@ -236,6 +236,7 @@ class Client:
     repo: str
     scheme: str
     creds: Credentials | None = None
+    timeout: float = TIMEOUT_S  # seconds per connect/read (not per transfer)
     _auth: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)  # scope -> header
     _expires: dict[str, float] = field(default_factory=dict, repr=False)  # scope -> monotonic
 
@@ -277,14 +278,14 @@ class Client:
         realm_host = urllib.parse.urlsplit(realm).netloc
         try:
             if self.creds and self.creds.identity:
-                r = requests.post(realm, timeout=TIMEOUT_S, data={
+                r = requests.post(realm, timeout=self.timeout, data={
                     **query, "grant_type": "refresh_token", "client_id": "verl-env",
                     "refresh_token": self.creds.secret})
             else:
                 if self.creds:
                     query["account"] = self.creds.user
                 auth = (self.creds.user, self.creds.secret) if self.creds else None
-                r = requests.get(realm, params=query, auth=auth, timeout=TIMEOUT_S)
+                r = requests.get(realm, params=query, auth=auth, timeout=self.timeout)
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise Transient(f"token service {realm_host}: {exc.__class__.__name__}") from None
         except requests.RequestException as exc:  # never its text: it may quote a header
@@ -366,10 +367,10 @@ class Client:
                 with open(body, "rb") as f:
                     headers = {**headers, "Content-Length": str(body.stat().st_size)}
                     r = requests.request(method, url, data=f, headers=headers,
-                                              timeout=TIMEOUT_S)
+                                              timeout=self.timeout)
             else:
                 r = requests.request(method, url, data=body, headers=headers,
-                                          timeout=TIMEOUT_S)
+                                          timeout=self.timeout)
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise Transient(f"{method} {self._short(url)}: {exc.__class__.__name__}") from None
         except requests.RequestException as exc:  # never its text: it may quote a header

@@ -54,7 +54,8 @@ class TokenIssuer:
     the chain against the bundle, the signature, then the ``access`` claims against the request.
     Anonymous callers get a token with no access (as public registries do); a wrong password gets
     401. ``POST /token`` is the OAuth2 form (``grant_type=refresh_token``) that clients holding
-    an identity token use; it accepts :data:`REFRESH_TOKEN`. Every token issued and every request seen is kept for the tests' assertions."""
+    an identity token use; it accepts :data:`REFRESH_TOKEN`. Every token issued and every
+    request seen is kept for the tests' assertions."""
 
     def __init__(self, root: Path) -> None:
         from cryptography import x509
