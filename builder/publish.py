@@ -1,45 +1,50 @@
 """``build-env publish``: push a verified image and its SIF to an OCI registry, by digest.
 
-* The image goes through the Docker Engine (``images.push``, whose stream never raises: every
-  event is scanned for ``error``/``errorDetail``). Its manifest digest is then read back from the
-  registry API with the v2/OCI ``Accept`` headers (without them a registry may answer with a
-  schema1 manifest whose digest differs) and must equal the digest the engine reported.
+* :func:`preflight` first (also called by the pipeline before a build with ``--push``): the
+  registry answers ``/v2/``, the credentials are accepted, and they may push to the repository
+  (a blob upload is started and cancelled), in seconds.
+* The image goes through the Docker Engine (``images.push`` with the credentials as
+  ``auth_config``; dockerd does the Basic or Bearer token flow itself; its stream never raises:
+  every event is scanned for ``error``/``errorDetail``). Its manifest digest is then read back
+  from the registry API with the v2/OCI ``Accept`` headers (without them a registry may answer
+  with a schema1 manifest whose digest differs) and must equal the digest the engine reported.
 * The SIF goes as an ORAS artifact with the media types ``apptainer pull oras://`` accepts
   (config ``application/vnd.sylabs.sif.config.v1+json`` = ``{}``, one
-  ``application/vnd.sylabs.sif.layer.v1.sif`` layer with a title), through ``oras``. Its manifest
-  is read back, and its layer must have the SIF's own sha256 and size.
+  ``application/vnd.sylabs.sif.layer.v1.sif`` layer with a title), spoken directly over the OCI
+  distribution API (:mod:`builder.registry`: monolithic blob uploads, manifest ``PUT``). Its
+  manifest is read back, and its layer must have the SIF's own sha256 and size.
 * Only then the publish record (target, pins, both digests, SIF size, time) is written,
   atomically. An auth failure or a digest mismatch is an error and no record is written.
 
-Credentials come from ``VERL_ENV_REGISTRY_USER``/``VERL_ENV_REGISTRY_PASSWORD`` or the Docker
-config (``auths`` entries); they are never printed, logged or recorded. Transient registry errors
-(5xx, connection reset) are retried with backoff. Loopback registries are spoken to over plain
-HTTP (Docker's default config trusts 127.0.0.0/8 as insecure); others over HTTPS unless
-``--insecure``.
+Credentials: see :mod:`builder.registry` (environment, then the Docker config's
+``credHelpers``/``credsStore``/``auths``); they are never printed, logged or recorded, and
+neither are bearer tokens. Transient registry errors (5xx, connection reset) are retried with
+backoff. Loopback registries are spoken to over plain HTTP (Docker's default config trusts
+127.0.0.0/8 as insecure); others over HTTPS unless ``--insecure``.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import datetime
 import hashlib
-import ipaddress
 import json
 import os
 import re
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-
-import requests
 
 from builder import sif_format, verdicts
 from builder.engine import Engine
 from builder.errors import EngineError, PublishError
+from builder.registry import (PASSWORD_ENV, TIMEOUT_S, USER_ENV, Client, Credentials, Transient,
+                              docker_config_path, parse_reference, resolve_credentials)
+
+__all__ = ["PASSWORD_ENV", "USER_ENV", "Client", "Credentials", "Transient", "connect",
+           "docker_config_path", "preflight", "publish", "publish_verified"]
 
 RECORD_SCHEMA = "verl-env/publish-record/v1"
 MANIFEST_ACCEPT = ("application/vnd.docker.distribution.manifest.v2+json, "
@@ -48,96 +53,24 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 SIF_CONFIG_MEDIA = "application/vnd.sylabs.sif.config.v1+json"
 SIF_LAYER_MEDIA = "application/vnd.sylabs.sif.layer.v1.sif"
 PIN_LABEL = "org.verl-env.pin."
-USER_ENV, PASSWORD_ENV = "VERL_ENV_REGISTRY_USER", "VERL_ENV_REGISTRY_PASSWORD"
 RETRY_BASE_S = 1.0
+PREFLIGHT_ATTEMPTS = 2
+PREFLIGHT_TIMEOUT_S = 10.0
 _TRANSIENT = re.compile(r"\b(50[0-4])\b|connection reset|broken pipe|unexpected EOF|\bEOF\b|"
                         r"timeout|temporarily unavailable|connection refused", re.IGNORECASE)
 _AUTH = re.compile(r"unauthorized|authentication required|denied|no basic auth", re.IGNORECASE)
 T = TypeVar("T")
 
 
-class Transient(Exception):
-    """A registry error worth retrying (5xx, connection reset...)."""
+# --------------------------------------------------------------------------- registry access
 
 
-# --------------------------------------------------------------------------- registry address
-
-
-@dataclass(frozen=True)
-class Registry:
-    """``HOST[:PORT]/REPO`` with how to talk to it (credentials kept out of ``repr``)."""
-
-    host: str
-    repo: str
-    scheme: str
-    user: str | None = None
-    password: str | None = None
-
-    def __repr__(self) -> str:  # never show the password
-        return f"Registry({self.host}/{self.repo}, {self.scheme}, user={self.user!r})"
-
-    @property
-    def auth(self) -> tuple[str, str] | None:
-        return (self.user, self.password) if self.user and self.password else None
-
-    def url(self, path: str) -> str:
-        return f"{self.scheme}://{self.host}/v2/{path}"
-
-
-def is_loopback(host: str) -> bool:
-    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    name = name.strip("[]")
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def parse_registry(text: str, *, insecure: bool = False) -> tuple[str, str, str]:
-    """``HOST[:PORT]/REPO`` -> (host, repo, scheme)."""
-    host, sep, repo = text.partition("/")
-    if not sep or not repo or not re.fullmatch(r"[a-z0-9]+(?:[._/-][a-z0-9]+)*", repo):
-        raise PublishError(f"--registry must be HOST[:PORT]/REPO (lower-case repository), "
-                           f"got {text!r}")
-    scheme = "http" if insecure or is_loopback(host) else "https"
-    return host, repo, scheme
-
-
-def docker_config_path() -> Path:
-    return Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
-
-
-def credentials(host: str) -> tuple[str | None, str | None, str]:
-    """(user, password, source) from the environment, else the Docker config's ``auths``."""
-    user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
-    if user and password:
-        return user, password, "environment"
-    try:
-        auths = json.loads(docker_config_path().read_text()).get("auths", {})
-    except (OSError, ValueError):
-        auths = {}
-    for key in (host, f"https://{host}", f"http://{host}", f"https://{host}/v1/"):
-        encoded = (auths.get(key) or {}).get("auth")
-        if encoded:
-            try:
-                u, _, p = base64.b64decode(encoded).decode().partition(":")
-            except (ValueError, UnicodeDecodeError):
-                continue
-            if u and p:
-                return u, p, "docker-config"
-    return None, None, "none"
-
-
-def connect(text: str, *, insecure: bool = False) -> tuple[Registry, str]:
-    """The registry with its credentials resolved, and where they came from."""
-    host, repo, scheme = parse_registry(text, insecure=insecure)
-    user, password, source = credentials(host)
-    return Registry(host, repo, scheme, user, password), source
-
-
-# --------------------------------------------------------------------------- retries and HTTP
+def connect(text: str, *, insecure: bool = False, timeout: float = TIMEOUT_S
+            ) -> tuple[Client, str]:
+    """The registry client with its credentials resolved, and where they came from."""
+    host, repo, scheme = parse_reference(text, insecure=insecure)
+    creds = resolve_credentials(host)
+    return Client(host, repo, scheme, creds, timeout), creds.source if creds else "none"
 
 
 def retrying(action: Callable[[], T], what: str, attempts: int) -> T:
@@ -153,57 +86,38 @@ def retrying(action: Callable[[], T], what: str, attempts: int) -> T:
     raise AssertionError("unreachable")
 
 
-def http(reg: Registry, method: str, path: str, **kw: Any) -> requests.Response:
-    """One registry API request; 5xx and connection errors raise :class:`Transient`."""
-    try:
-        r = requests.request(method, reg.url(path), auth=reg.auth, timeout=60, **kw)
-    except (requests.ConnectionError, requests.Timeout) as exc:
-        raise Transient(f"{method} {path}: {exc.__class__.__name__}") from None
-    if r.status_code >= 500:
-        raise Transient(f"{method} {path}: HTTP {r.status_code}")
-    return r
+def check_access(reg: Client, attempts: int) -> None:
+    """``GET /v2/`` with the credentials, then push access to the repository: a clear error
+    before anything is uploaded."""
+    retrying(reg.check_api, f"{reg.host}: API check", attempts)
+    retrying(reg.check_push, f"{reg.host}: push access check", attempts)
 
 
-def check_access(reg: Registry, attempts: int) -> None:
-    """``GET /v2/`` with the credentials: a clear error before anything is uploaded."""
-    r = retrying(lambda: http(reg, "GET", ""), f"{reg.host}: API check", attempts)
-    if r.status_code == 401:
-        if reg.auth:
-            raise PublishError(f"{reg.host}: authentication failed for user {reg.user!r} "
-                               "(wrong password?)")
-        raise PublishError(f"{reg.host}: the registry requires authentication; set "
-                           f"{USER_ENV}/{PASSWORD_ENV} or add it to {docker_config_path()}")
-    if r.status_code != 200:
-        raise PublishError(f"{reg.host}: /v2/ answered HTTP {r.status_code}; not a registry?")
+def preflight(registry_text: str, *, insecure: bool = False,
+              attempts: int = PREFLIGHT_ATTEMPTS) -> None:
+    """Before a build with ``--push``: the registry is reachable and the credentials found for
+    it are accepted for pushing to its repository. Raises :class:`PublishError` in seconds."""
+    reg, _ = connect(registry_text, insecure=insecure, timeout=PREFLIGHT_TIMEOUT_S)
+    check_access(reg, attempts)
 
 
-def manifest_digest(reg: Registry, reference: str, attempts: int,
+def manifest_digest(reg: Client, reference: str, attempts: int,
                     accept: str = MANIFEST_ACCEPT) -> tuple[str, dict[str, Any]]:
     """Read a manifest back: its digest (sha256 of the bytes served, checked against the
     ``Docker-Content-Digest`` header) and its JSON."""
-    def get() -> requests.Response:
-        return http(reg, "GET", f"{reg.repo}/manifests/{reference}", headers={"Accept": accept})
-
-    r = retrying(get, f"read back {reg.repo}:{reference}", attempts)
-    if r.status_code != 200:
-        raise PublishError(f"{reg.host}/{reg.repo}:{reference}: manifest read-back answered "
-                           f"HTTP {r.status_code}")
-    digest = "sha256:" + hashlib.sha256(r.content).hexdigest()
-    header = r.headers.get("Docker-Content-Digest")
-    if header and header != digest:
-        raise PublishError(f"{reg.repo}:{reference}: registry digest {header} differs from the "
-                           f"manifest it served ({digest})")
-    return digest, r.json()
+    return retrying(lambda: reg.manifest(reference, accept),
+                    f"read back {reg.repo}:{reference}", attempts)
 
 
 # --------------------------------------------------------------------------- the image
 
 
-def push_image(engine: Engine, image: Any, reg: Registry, tag: str, attempts: int) -> str:
-    """Tag ``HOST/REPO:TAG`` and push; returns the digest the engine reported."""
+def push_image(engine: Engine, image: Any, reg: Client, tag: str, attempts: int) -> str:
+    """Tag ``HOST/REPO:TAG`` and push; returns the digest the engine reported. The engine gets
+    the credentials as ``auth_config`` and negotiates Basic or Bearer auth itself."""
     ref = f"{reg.host}/{reg.repo}"
     engine.tag(image.id, f"{ref}:{tag}")
-    auth = {"username": reg.user, "password": reg.password} if reg.auth else None
+    auth = reg.creds.auth_config() if reg.creds else None
 
     def once() -> str:
         digest = None
@@ -238,63 +152,39 @@ def sha256_file(path: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _oras_client(reg: Registry) -> Any:
-    """An ``oras`` client with basic auth from our credentials (never ``login()``, which
-    writes ~/.docker/config.json) and without oras-py's own retry loop (its sleeps grow to
-    minutes and it retries auth errors); :func:`retrying` decides instead."""
-    import oras.client
-    import oras.provider
-
-    class Client(oras.client.OrasClient):  # type: ignore[misc]
-        do_request = oras.provider.Registry.do_request.__wrapped__
-
-    client = Client(hostname=reg.host, insecure=reg.scheme == "http", auth_backend="basic")
-    # push() loads credentials from the Docker config; give it exactly ours instead.
-    auths = {}
-    if reg.auth:
-        client.auth.set_basic_auth(reg.user, reg.password)
-        token = base64.b64encode(f"{reg.user}:{reg.password}".encode()).decode()
-        auths = {reg.host: {"auth": token}}
-    else:
-        client.auth._basic_auth = None  # noqa: SLF001 (anonymous: no Authorization header)
-    client.auth._auth_config = {  # noqa: SLF001
-        "auths": auths, "credsStore": None, "credHelpers": {}}
-    return client
+def sif_manifest(blob: str, size: int, title: str, created: str) -> tuple[bytes, bytes]:
+    """The ORAS artifact ``apptainer pull oras://`` accepts: (config bytes, manifest bytes)."""
+    config = b"{}"
+    manifest = {
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": SIF_CONFIG_MEDIA, "size": len(config),
+                   "digest": "sha256:" + hashlib.sha256(config).hexdigest()},
+        "layers": [{"mediaType": SIF_LAYER_MEDIA, "digest": blob, "size": size,
+                    "annotations": {"org.opencontainers.image.title": title}}],
+        "annotations": {"org.opencontainers.image.created": created}}
+    return config, json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()
 
 
-def push_sif(sif: Path, reg: Registry, tag: str, attempts: int) -> tuple[str, dict[str, Any]]:
-    """Push the SIF as apptainer's ORAS artifact; returns the manifest digest and manifest."""
+def push_sif(sif: Path, reg: Client, tag: str, attempts: int, *, blob: str | None = None
+             ) -> tuple[str, dict[str, Any]]:
+    """Push the SIF as apptainer's ORAS artifact (config blob, SIF blob, manifest; blobs the
+    registry already has are not sent again); returns the manifest digest read back and the
+    manifest."""
     target = f"{reg.host}/{reg.repo}:{tag}"
+    blob = blob or sha256_file(sif)
     created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-    def once() -> None:
-        with tempfile.TemporaryDirectory(prefix="verl-env-oras-") as tmp:
-            config = Path(tmp) / "sif-config.json"
-            config.write_text("{}")
-            try:
-                response = _oras_client(reg).push(
-                    target=target, files=[f"{sif}:{SIF_LAYER_MEDIA}"],
-                    manifest_config=f"{config}:{SIF_CONFIG_MEDIA}",
-                    manifest_annotations={"org.opencontainers.image.created": created},
-                    disable_path_validation=True, do_chunked=True, chunk_size=64 << 20,
-                    quiet=True)
-            except (requests.ConnectionError, requests.Timeout) as exc:
-                raise Transient(f"ORAS push: {exc.__class__.__name__}") from None
-            except ValueError as exc:  # oras-py reports HTTP failures as ValueError
-                text = str(exc)
-                if re.search(r"\b5\d\d\b|Server Error|Service Unavailable|Bad Gateway", text):
-                    raise Transient(f"ORAS push: {text}") from None
-                if _AUTH.search(text) or "authentication" in text.lower():
-                    raise PublishError(f"ORAS push of {target} refused: {text}") from None
-                raise PublishError(f"ORAS push of {target} failed: {text}") from None
-            if response.status_code >= 500:
-                raise Transient(f"ORAS manifest upload: HTTP {response.status_code}")
-            if response.status_code not in (200, 201):
-                raise PublishError(f"ORAS manifest upload of {target}: HTTP "
-                                   f"{response.status_code}")
-
-    retrying(once, f"ORAS push {target}", attempts)
-    return manifest_digest(reg, tag, attempts, accept=OCI_MANIFEST)
+    config, manifest = sif_manifest(blob, sif.stat().st_size, sif.name, created)
+    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
+    retrying(lambda: reg.put_blob(config, config_digest), f"ORAS push {target} (config)",
+             attempts)
+    retrying(lambda: reg.put_blob(sif, blob), f"ORAS push {target} (SIF blob)", attempts)
+    pushed = retrying(lambda: reg.put_manifest(tag, manifest, OCI_MANIFEST),
+                      f"ORAS push {target} (manifest)", attempts)
+    digest, served = manifest_digest(reg, tag, attempts, accept=OCI_MANIFEST)
+    if digest != pushed:
+        raise PublishError(f"{target}: the registry serves {digest}, the SIF manifest pushed "
+                           f"was {pushed}")
+    return digest, served
 
 
 def check_sif_manifest(manifest: dict[str, Any], blob_digest: str, size: int) -> None:
@@ -379,7 +269,7 @@ def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path |
     if sif is not None:
         stag = sif_tag or f"{tag}-sif"
         blob, size = sha256_file(sif), sif.stat().st_size
-        sif_digest, manifest = push_sif(sif, reg, stag, attempts)
+        sif_digest, manifest = push_sif(sif, reg, stag, attempts, blob=blob)
         check_sif_manifest(manifest, blob, size)
         record["sif"] = {"tag": f"{reg.host}/{reg.repo}:{stag}", "digest": sif_digest,
                          "reference": f"oras://{reg.host}/{reg.repo}@{sif_digest}",
@@ -440,6 +330,7 @@ def _default_tag(ref: str, target: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``build-env publish``."""
+    preflight(args.registry, insecure=args.insecure, attempts=max(1, min(args.attempts, 2)))
     target = args.target
     if target:
         from builder.spec import load_matrix

@@ -1,10 +1,15 @@
 """Fixtures for the publish tests: a real OCI registry (Debian ``docker-registry``) on a free
-loopback port with its own directory, optionally with htpasswd basic auth or read-only storage,
-and a fault-injecting TCP proxy in front of it. Everything started here is stopped by PID at
-teardown, also when a test fails."""
+loopback port with its own directory, optionally with htpasswd basic auth, with ``auth: token``
+(Bearer tokens from :class:`TokenIssuer`, a small token service written here), or read-only
+storage, and a fault-injecting TCP proxy in front of it. Everything started here is stopped by
+PID (or shut down, for the in-process issuer) at teardown, also when a test fails."""
 
 from __future__ import annotations
 
+import base64
+import datetime
+import http.server
+import json
 import shutil
 import signal
 import socket
@@ -12,6 +17,8 @@ import struct
 import subprocess
 import threading
 import time
+import urllib.parse
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,12 +31,143 @@ from tests.sif.conftest import docker_client, layered, layered_sif, need_tools  
 
 USER = "verl"
 PASSWORD = "s3cret-Pa55-do-not-print"
+REFRESH_TOKEN = "refresh-Tok3n-do-not-print"  # an identity token, as `docker login` may store
+SERVICE = "verl-env-test-registry"
+ISSUER = "verl-env-test-issuer"
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+class TokenIssuer:
+    """The token service of distribution's ``auth: token``: ``GET /token?service=&scope=`` with
+    basic credentials (or none) answers an RS256 JWT whose header carries the ``x5c`` chain (one
+    self-signed certificate, which is also the registry's ``rootcertbundle``). distribution 2.8
+    checks ``iss`` == its ``issuer``, ``aud`` == its ``service``, ``exp``/``nbf`` (60 s leeway),
+    the chain against the bundle, the signature, then the ``access`` claims against the request.
+    Anonymous callers get a token with no access (as public registries do); a wrong password gets
+    401. ``POST /token`` is the OAuth2 form (``grant_type=refresh_token``) that clients holding
+    an identity token use; it accepts :data:`REFRESH_TOKEN`. Every token issued and every
+    request seen is kept for the tests' assertions."""
+
+    def __init__(self, root: Path) -> None:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        from cryptography.x509.oid import NameOID
+
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ISSUER)])
+        now = datetime.datetime.now(datetime.timezone.utc)
+        self.cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+                     .public_key(self.key.public_key()).serial_number(x509.random_serial_number())
+                     .not_valid_before(now - datetime.timedelta(hours=1))
+                     .not_valid_after(now + datetime.timedelta(days=1))
+                     .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                     .sign(self.key, hashes.SHA256()))
+        root.mkdir(parents=True, exist_ok=True)
+        self.bundle = root / "token-ca.pem"
+        self.bundle.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
+        self._der = self.cert.public_bytes(serialization.Encoding.DER)
+        self.tokens: list[str] = []
+        self.requests: list[dict[str, Any]] = []
+        issuer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                issuer._handle(self)
+
+            def do_POST(self) -> None:  # noqa: N802
+                issuer._handle_oauth(self)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.realm = f"http://127.0.0.1:{self.server.server_address[1]}/token"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def sign(self, claims: dict[str, Any]) -> str:
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding
+
+        header = {"typ": "JWT", "alg": "RS256", "x5c": [base64.b64encode(self._der).decode()]}
+        signing_input = ".".join(_b64url(json.dumps(part, separators=(",", ":")).encode())
+                                 for part in (header, claims))
+        signature = self.key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
+        return f"{signing_input}.{_b64url(signature)}"
+
+    def _handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        url = urllib.parse.urlsplit(h.path)
+        query = urllib.parse.parse_qs(url.query)
+        user = None
+        header = h.headers.get("Authorization", "")
+        seen = {"path": url.path, "service": query.get("service", [None])[0],
+                "scope": query.get("scope", []), "basic": header.startswith("Basic ")}
+        self.requests.append(seen)
+        if header.startswith("Basic "):
+            given = base64.b64decode(header[6:]).decode(errors="replace")
+            if given != f"{USER}:{PASSWORD}":
+                h.send_response(401)
+                h.send_header("Content-Type", "application/json")
+                h.end_headers()
+                h.wfile.write(b'{"details":"invalid username or password"}')
+                return
+            user = USER
+        self._issue(h, url.path, seen["service"], query.get("scope", []), user, "token")
+
+    def _handle_oauth(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        url = urllib.parse.urlsplit(h.path)
+        length = int(h.headers.get("Content-Length") or 0)
+        form = urllib.parse.parse_qs(h.rfile.read(length).decode())
+        scopes = [x for s in form.get("scope", []) for x in s.split(" ") if x]
+        seen = {"path": url.path, "service": form.get("service", [None])[0], "scope": scopes,
+                "basic": False, "oauth": form.get("grant_type", [None])[0]}
+        self.requests.append(seen)
+        if (seen["oauth"] != "refresh_token"
+                or form.get("refresh_token", [None])[0] != REFRESH_TOKEN):
+            h.send_response(401)
+            h.end_headers()
+            return
+        self._issue(h, url.path, seen["service"], scopes, USER, "access_token")
+
+    def _issue(self, h: http.server.BaseHTTPRequestHandler, path: str, service: str | None,
+               scopes: list[str], user: str | None, field: str) -> None:
+        if path != "/token" or service != SERVICE:
+            h.send_response(400)
+            h.end_headers()
+            return
+        access = []
+        for scope in scopes:
+            kind, _, rest = scope.partition(":")
+            name, _, actions = rest.rpartition(":")
+            if user and kind == "repository":
+                access.append({"type": kind, "name": name,
+                               "actions": [a for a in actions.split(",") if a]})
+        now = int(time.time())
+        token = self.sign({"iss": ISSUER, "sub": user or "", "aud": SERVICE, "exp": now + 300,
+                           "nbf": now - 5, "iat": now, "jti": uuid.uuid4().hex,
+                           "access": access})
+        self.tokens.append(token)
+        body = json.dumps({field: token, "expires_in": 300,
+                           "issued_at": datetime.datetime.now(datetime.timezone.utc).isoformat()})
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.end_headers()
+        h.wfile.write(body.encode())
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=10)
 
 
 @dataclass
@@ -39,6 +177,7 @@ class RegistryServer:
     proc: subprocess.Popen[bytes]
     user: str | None = None
     password: str | None = None
+    issuer: TokenIssuer | None = None
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -53,7 +192,8 @@ class RegistryServer:
         return (self.root / "registry.log").read_text(errors="replace")
 
 
-def start_registry(root: Path, *, auth: bool = False, readonly: bool = False) -> RegistryServer:
+def start_registry(root: Path, *, auth: bool = False, readonly: bool = False,
+                   token: TokenIssuer | None = None) -> RegistryServer:
     """``docker-registry serve`` on 127.0.0.1:<free port>; ready when /v2/ answers."""
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -68,12 +208,16 @@ def start_registry(root: Path, *, auth: bool = False, readonly: bool = False) ->
         (root / "htpasswd").write_text(htpasswd)
         lines += ["auth:", "  htpasswd:", "    realm: verl-env-test",
                   f"    path: {root / 'htpasswd'}"]
+    if token is not None:
+        lines += ["auth:", "  token:", f"    realm: {token.realm}", f"    service: {SERVICE}",
+                  f"    issuer: {ISSUER}", f"    rootcertbundle: {token.bundle}"]
     (root / "config.yml").write_text("\n".join(lines) + "\n")
     log = open(root / "registry.log", "wb")
     proc = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = RegistryServer(f"127.0.0.1:{port}", root, proc, USER if auth else None,
-                            PASSWORD if auth else None)
+    authed = auth or token is not None
+    server = RegistryServer(f"127.0.0.1:{port}", root, proc, USER if authed else None,
+                            PASSWORD if authed else None, token)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -95,9 +239,13 @@ def registry_factory(tmp_path: Path) -> Iterator[Callable[..., RegistryServer]]:
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not installed (apt-get install {pkg})")
     started: list[RegistryServer] = []
+    issuers: list[TokenIssuer] = []
 
-    def make(**kw: Any) -> RegistryServer:
-        server = start_registry(tmp_path / f"registry{len(started)}", **kw)
+    def make(*, token: bool = False, **kw: Any) -> RegistryServer:
+        root = tmp_path / f"registry{len(started)}"
+        if token:
+            issuers.append(TokenIssuer(root))
+        server = start_registry(root, token=issuers[-1] if token else None, **kw)
         started.append(server)
         return server
 
@@ -106,6 +254,8 @@ def registry_factory(tmp_path: Path) -> Iterator[Callable[..., RegistryServer]]:
     finally:
         for server in started:
             server.stop()
+        for issuer in issuers:
+            issuer.stop()
 
 
 @pytest.fixture
@@ -116,6 +266,13 @@ def registry(registry_factory: Callable[..., RegistryServer]) -> RegistryServer:
 @pytest.fixture
 def auth_registry(registry_factory: Callable[..., RegistryServer]) -> RegistryServer:
     return registry_factory(auth=True)
+
+
+@pytest.fixture
+def token_registry(registry_factory: Callable[..., RegistryServer]) -> RegistryServer:
+    """``docker-registry`` with ``auth: token``; its issuer is ``.issuer``."""
+    pytest.importorskip("cryptography", reason="the test token issuer signs with cryptography")
+    return registry_factory(token=True)
 
 
 # --------------------------------------------------------------------------- fault injection

@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from builder import publish, verdicts
+from builder import registry as regapi
 from builder.engine import Engine
 from builder.errors import PublishError
 from tests.conftest import run_build_env
@@ -84,13 +85,10 @@ def test_publish_image_and_sif_and_pull_back(registry: RegistryServer, layered: 
     data = _pull_sif(registry, sif["digest"], layered_sif)
     assert data == layered_sif.read_bytes()
     assert sif["blob_digest"] == "sha256:" + hashlib.sha256(data).hexdigest()
-    # and with oras itself, by tag
-    import oras.client
-
-    out = tmp_path / "pulled"
-    files = oras.client.OrasClient(insecure=True).pull(target=f"{registry.host}/{REPO}:layers-sif",
-                                                       outdir=str(out))
-    assert Path(files[0]).read_bytes() == layered_sif.read_bytes()
+    # and by tag: the tag names the same manifest
+    by_tag = requests.get(f"http://{registry.host}/v2/{REPO}/manifests/layers-sif", timeout=30,
+                          headers={"Accept": publish.OCI_MANIFEST})
+    assert "sha256:" + hashlib.sha256(by_tag.content).hexdigest() == sif["digest"]
     assert not (tmp_path / "home" / ".docker").exists()
 
 
@@ -108,7 +106,7 @@ def test_publish_with_basic_auth_keeps_secret(auth_registry: RegistryServer, lay
     pulled = docker_client.images.pull(f"{auth_registry.host}/{REPO}@{record['image_digest']}",
                                        auth_config={"username": USER, "password": PASSWORD})
     assert pulled.id == layered.id
-    assert not (tmp_path / "home" / ".docker").exists()  # oras login() was not used
+    assert not (tmp_path / "home" / ".docker").exists()  # no login was written anywhere
     # nor in what reached the registry (layers, manifests, its log); htpasswd holds a hash
     for f in auth_registry.root.rglob("*"):
         if f.is_file() and f.name != "htpasswd":
@@ -162,12 +160,20 @@ def test_engine_push_refusal_is_not_swallowed(auth_registry: RegistryServer, lay
     assert not (tmp_path / "r.json").exists()
 
 
-def test_read_only_registry_refuses(registry_factory: Any, layered: Any, tmp_path: Path) -> None:
+def test_read_only_registry_refuses(registry_factory: Any, layered: Any, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     ro = registry_factory(readonly=True)
     proc, record_path = cli_publish(ro.host, tmp_path)
     assert proc.returncode == 1
-    assert "push of" in proc.stderr and "refuses writes" in proc.stderr
-    assert not record_path.exists()
+    assert "refuses writes" in proc.stderr and "read-only?" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not record_path.exists()
+    # and past the preflight, the engine's own push is refused just as clearly
+    monkeypatch.setattr(publish, "check_access", lambda reg, attempts: None)
+    engine = Engine.connect()
+    with pytest.raises(PublishError, match="push of .* refuses writes"):
+        publish.publish(engine, engine.image(LAYERED_TAG), f"{ro.host}/{REPO}", tag="layers",
+                        sif=None, target=None, record_path=tmp_path / "r.json")
+    assert not (tmp_path / "r.json").exists()
 
 
 @pytest.mark.parametrize("pattern,mode", [
@@ -254,22 +260,48 @@ def test_pipeline_entry_requires_a_verdict(registry: RegistryServer, layered: An
 
 def test_registry_argument_and_credentials_units(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    assert publish.parse_registry("127.0.0.1:5000/a/b") == ("127.0.0.1:5000", "a/b", "http")
-    assert publish.parse_registry("localhost:5000/a")[2] == "http"
-    assert publish.parse_registry("reg.example.org/a")[2] == "https"
-    assert publish.parse_registry("reg.example.org/a", insecure=True)[2] == "http"
-    for bad in ("127.0.0.1:5000", "host/UPPER", "host/"):
+    parse = regapi.parse_reference
+    assert parse("127.0.0.1:5000/a/b") == ("127.0.0.1:5000", "a/b", "http")
+    assert parse("localhost:5000/a")[2] == "http"
+    assert parse("reg.example.org/a")[2] == "https"
+    assert parse("reg.example.org/a", insecure=True)[2] == "http"
+    for bad in ("127.0.0.1:5000", "host/UPPER", "host/", "verl/env"):
         with pytest.raises(PublishError):
-            publish.parse_registry(bad)
+            parse(bad)
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
     monkeypatch.delenv(publish.USER_ENV, raising=False)
     monkeypatch.delenv(publish.PASSWORD_ENV, raising=False)
-    assert publish.credentials("h:1") == (None, None, "none")
+    assert regapi.resolve_credentials("h:1") is None
     token = base64.b64encode(b"cfguser:cfgpass").decode()
     (tmp_path / "config.json").write_text(json.dumps({"auths": {"https://h:1": {"auth": token}}}))
-    assert publish.credentials("h:1") == ("cfguser", "cfgpass", "docker-config")
+    creds = regapi.resolve_credentials("h:1")
+    assert creds and (creds.user, creds.secret, creds.source) == (
+        "cfguser", "cfgpass", "docker-config")
+    assert "cfgpass" not in repr(creds) and "cfgpass" not in str(creds)
+    (tmp_path / "config.json").write_text(json.dumps({"auths": {
+        "h:1": {"username": "u2", "password": "p2"},
+        "h:2": {"identitytoken": "refresh-xyz"}}}))
+    creds = regapi.resolve_credentials("h:1")
+    assert creds and (creds.user, creds.secret) == ("u2", "p2")
+    creds = regapi.resolve_credentials("h:2")
+    assert creds and creds.identity and creds.auth_config() == {"identitytoken": "refresh-xyz"}
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(PublishError, match="config.json: not readable as JSON"):
+        regapi.resolve_credentials("h:1")
     monkeypatch.setenv(publish.USER_ENV, "envuser")
     monkeypatch.setenv(publish.PASSWORD_ENV, "envpass")
-    assert publish.credentials("h:1") == ("envuser", "envpass", "environment")
-    reg, _ = publish.connect("127.0.0.1:1/x")
-    assert "envpass" not in repr(reg)
+    creds = regapi.resolve_credentials("h:1")
+    assert creds and (creds.user, creds.secret, creds.source) == (
+        "envuser", "envpass", "environment")
+    reg, source = publish.connect("127.0.0.1:1/x")
+    assert source == "environment" and "envpass" not in repr(reg)
+
+
+def test_challenge_parsing() -> None:
+    scheme, params = regapi.parse_challenge(
+        'Bearer realm="https://auth.example.org/token",service="registry.example.org",'
+        'scope="repository:a/b:pull,push",error="insufficient_scope"')
+    assert scheme == "bearer" and params == {
+        "realm": "https://auth.example.org/token", "service": "registry.example.org",
+        "scope": "repository:a/b:pull,push", "error": "insufficient_scope"}
+    assert regapi.parse_challenge('Basic realm="x"') == ("basic", {"realm": "x"})

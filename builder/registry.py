@@ -1,0 +1,463 @@
+"""The OCI distribution API, spoken directly with ``requests``: credentials, auth, and the few
+calls ``publish`` needs.
+
+Credentials (:func:`resolve_credentials`), first match wins:
+
+1. ``VERL_ENV_REGISTRY_USER``/``VERL_ENV_REGISTRY_PASSWORD``;
+2. the Docker config (``$DOCKER_CONFIG/config.json``, else ``~/.docker/config.json``):
+   ``credHelpers[host]``, else ``credsStore`` (both through ``docker-credential-<name> get``:
+   the server address on stdin, ``{"Username": ..., "Secret": ...}`` on stdout), else the
+   ``auths`` entry (``auth`` = base64 ``user:password``, or ``username``/``password``, or an
+   ``identitytoken``).
+
+Auth (:class:`Client`): a request goes out without credentials; on ``401`` the
+``WWW-Authenticate`` challenge decides. ``Basic``: the request is repeated with the credentials.
+``Bearer realm=...,service=...,scope=...``: a token is fetched from the realm (``GET`` with basic
+credentials, or anonymously; an identity token is exchanged with the OAuth2 ``POST``
+``grant_type=refresh_token``), its ``token``/``access_token`` is cached per scope and sent as
+``Authorization: Bearer``. This is what Docker Hub, GHCR, GitLab, Harbor, Quay, NGC and
+``distribution`` with ``auth: token`` expect.
+
+No secret (password, identity token, bearer token) ever appears in an exception, ``repr`` or log
+line of this module: errors name the host, the user and the HTTP status only.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from builder.errors import PublishError
+
+USER_ENV, PASSWORD_ENV = "VERL_ENV_REGISTRY_USER", "VERL_ENV_REGISTRY_PASSWORD"
+DOCKER_HUB_KEY = "https://index.docker.io/v1/"
+DOCKER_HUB_HOSTS = ("docker.io", "index.docker.io", "registry-1.docker.io")
+HELPER_TIMEOUT_S = 30
+TIMEOUT_S = 60
+TOKEN_MARGIN_S = 15  # a bearer token is renewed this long before it expires
+
+
+class Transient(Exception):
+    """A registry error worth retrying (5xx, connection reset...)."""
+
+
+# --------------------------------------------------------------------------- credentials
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A user and a secret (a password, or an identity/refresh token when ``identity``)."""
+
+    user: str
+    secret: str = field(repr=False)
+    source: str  # environment, docker-config, credential-helper:<name>
+    identity: bool = False
+
+    def __repr__(self) -> str:
+        return f"Credentials(user={self.user!r}, source={self.source!r})"
+
+    def auth_config(self) -> dict[str, str]:
+        """What the Docker Engine's push takes (``X-Registry-Auth``)."""
+        if self.identity:
+            return {"identitytoken": self.secret}
+        return {"username": self.user, "password": self.secret}
+
+
+def docker_config_path() -> Path:
+    return Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
+
+
+def config_keys(host: str) -> list[str]:
+    """The names under which Docker stores a registry's credentials."""
+    if host in DOCKER_HUB_HOSTS:
+        return [DOCKER_HUB_KEY, "docker.io", "index.docker.io", "registry-1.docker.io"]
+    return [host, f"https://{host}", f"http://{host}", f"https://{host}/v1/",
+            f"https://{host}/v2/"]
+
+
+def _load_config(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise PublishError(f"{path}: not readable as JSON ({exc.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise PublishError(f"{path}: not a JSON object")
+    return data
+
+
+def credential_helper(name: str, host: str, origin: str) -> Credentials | None:
+    """``docker-credential-<name> get`` for ``host``; None when it knows no credentials."""
+    exe = shutil.which(f"docker-credential-{name}")
+    if exe is None:
+        raise PublishError(f"{origin} names the credential helper {name!r}, but "
+                           f"docker-credential-{name} is not on PATH")
+    for key in config_keys(host)[:2]:
+        try:
+            proc = subprocess.run([exe, "get"], input=key, capture_output=True, text=True,
+                                  timeout=HELPER_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise PublishError(f"credential helper docker-credential-{name} failed for {host}: "
+                               f"{exc.__class__.__name__}") from None
+        if proc.returncode != 0:
+            # "credentials not found in native keychain" is the protocol's "no entry"
+            if "not found" in (proc.stdout + proc.stderr).lower():
+                continue
+            raise PublishError(f"credential helper docker-credential-{name} failed for {host} "
+                               f"(exit {proc.returncode})")
+        try:
+            out = json.loads(proc.stdout)
+            user, secret = str(out.get("Username") or ""), str(out.get("Secret") or "")
+        except (ValueError, AttributeError):
+            raise PublishError(f"credential helper docker-credential-{name} answered something "
+                               f"that is not its JSON for {host}") from None
+        if secret:
+            identity = user == "<token>"
+            return Credentials(user, secret, f"credential-helper:{name}", identity)
+    return None
+
+
+def _from_auths(entry: dict[str, Any], path: Path, key: str) -> Credentials | None:
+    if entry.get("identitytoken"):
+        return Credentials(str(entry.get("username") or "<token>"), str(entry["identitytoken"]),
+                           "docker-config", identity=True)
+    if entry.get("auth"):
+        try:
+            user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            raise PublishError(f"{path}: auths.{key}.auth is not base64 user:password") from None
+        if user and password:
+            return Credentials(user, password, "docker-config")
+    if entry.get("username") and entry.get("password"):
+        return Credentials(str(entry["username"]), str(entry["password"]), "docker-config")
+    return None
+
+
+def resolve_credentials(host: str) -> Credentials | None:
+    """Credentials for ``host`` (see the module doc for the order), or None (anonymous)."""
+    user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
+    if user and password:
+        return Credentials(user, password, "environment")
+    path = docker_config_path()
+    config = _load_config(path)
+    helpers = config.get("credHelpers") or {}
+    for key in config_keys(host):
+        if helpers.get(key):
+            return credential_helper(str(helpers[key]), host, f"{path} credHelpers.{key}")
+    auths = config.get("auths") or {}
+    if config.get("credsStore"):
+        found = credential_helper(str(config["credsStore"]), host, f"{path} credsStore")
+        if found is not None:
+            return found
+    for key in config_keys(host):
+        entry = auths.get(key)
+        if isinstance(entry, dict) and (creds := _from_auths(entry, path, key)):
+            return creds
+    return None
+
+
+# --------------------------------------------------------------------------- address
+
+
+def is_loopback(host: str) -> bool:
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    name = name.strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_reference(text: str, *, insecure: bool = False) -> tuple[str, str, str]:
+    """``HOST[:PORT]/REPO`` -> (host, repo, scheme); Docker Hub's API host for ``docker.io``."""
+    host, sep, repo = text.partition("/")
+    if not sep or not repo or not re.fullmatch(r"[a-z0-9]+(?:[._/-][a-z0-9]+)*", repo):
+        raise PublishError(f"--registry must be HOST[:PORT]/REPO (lower-case repository), "
+                           f"got {text!r}")
+    if "." not in host and ":" not in host and host != "localhost":
+        raise PublishError(f"--registry {text!r}: {host!r} is not a registry host name "
+                           f"(write docker.io/{text} for Docker Hub)")
+    scheme = "http" if insecure or is_loopback(host) else "https"
+    return host, repo, scheme
+
+
+def api_host(host: str) -> str:
+    return "registry-1.docker.io" if host in DOCKER_HUB_HOSTS else host
+
+
+# --------------------------------------------------------------------------- challenges
+
+
+_PARAM = re.compile(r'(\w+)=(?:"((?:[^"\\]|\\.)*)"|([^,\s]*))')
+
+
+def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    """``Bearer realm="...",service="..."`` -> ("bearer", {"realm": ..., ...})."""
+    scheme, _, rest = header.strip().partition(" ")
+    params = {m.group(1).lower(): m.group(2) if m.group(2) is not None else m.group(3)
+              for m in _PARAM.finditer(rest)}
+    return scheme.lower(), params
+
+
+def _registry_errors(r: requests.Response) -> str:
+    """The registry's own error codes/messages (never the request's headers)."""
+    try:
+        errors = r.json().get("errors") or []
+        text = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)
+    except (ValueError, AttributeError):
+        text = ""
+    return f" ({text})" if text else ""
+
+
+# --------------------------------------------------------------------------- the client
+
+
+@dataclass
+class Client:
+    """One repository on one registry, with credentials; auth is negotiated on demand."""
+
+    host: str  # as the user wrote it (the engine's name for it)
+    repo: str
+    scheme: str
+    creds: Credentials | None = None
+    timeout: float = TIMEOUT_S  # seconds per connect/read (not per transfer)
+    _auth: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)  # scope -> header
+    _expires: dict[str, float] = field(default_factory=dict, repr=False)  # scope -> monotonic
+
+    def __repr__(self) -> str:
+        user = self.creds.user if self.creds else None
+        return f"Client({self.host}/{self.repo}, {self.scheme}, user={user!r})"
+
+    @property
+    def scope(self) -> str:
+        return f"repository:{self.repo}:pull,push"
+
+    def url(self, path: str) -> str:
+        return f"{self.scheme}://{api_host(self.host)}/v2/{path}"
+
+    def _who(self) -> str:
+        return f"user {self.creds.user!r}" if self.creds and not self.creds.identity else (
+            "the identity token" if self.creds else "anonymous")
+
+    def _missing(self) -> PublishError:
+        return PublishError(f"{self.host}: the registry requires authentication; set "
+                            f"{USER_ENV}/{PASSWORD_ENV}, `docker login {self.host}`, or add it "
+                            f"to {docker_config_path()}")
+
+    def _refused(self, what: str) -> PublishError:
+        if self.creds is None:
+            return self._missing()
+        return PublishError(f"{self.host}: authentication failed for {self._who()} "
+                            f"({what}; wrong password?)")
+
+    # ------------------------------------------------------------------ tokens
+
+    def _token(self, params: dict[str, str], scope: str) -> tuple[str, float]:
+        """A bearer token for ``scope`` and how many seconds it lives (``expires_in``, 60 when
+        not given, as the token spec says)."""
+        realm = params.get("realm")
+        if not realm or urllib.parse.urlsplit(realm).scheme not in ("http", "https"):
+            raise PublishError(f"{self.host}: Bearer challenge without a usable realm")
+        query = {k: v for k, v in (("service", params.get("service")), ("scope", scope)) if v}
+        realm_host = urllib.parse.urlsplit(realm).netloc
+        try:
+            if self.creds and self.creds.identity:
+                r = requests.post(realm, timeout=self.timeout, data={
+                    **query, "grant_type": "refresh_token", "client_id": "verl-env",
+                    "refresh_token": self.creds.secret})
+            else:
+                if self.creds:
+                    query["account"] = self.creds.user
+                auth = (self.creds.user, self.creds.secret) if self.creds else None
+                r = requests.get(realm, params=query, auth=auth, timeout=self.timeout)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise Transient(f"token service {realm_host}: {exc.__class__.__name__}") from None
+        except requests.RequestException as exc:  # never its text: it may quote a header
+            raise PublishError(f"{self.host}: token request to {realm_host} failed: "
+                               f"{exc.__class__.__name__}") from None
+        if r.status_code >= 500:
+            raise Transient(f"token service {realm_host}: HTTP {r.status_code}")
+        if r.status_code in (401, 403):
+            raise self._refused(f"token service {realm_host} answered HTTP {r.status_code}")
+        if r.status_code != 200:
+            raise PublishError(f"{self.host}: token service {realm_host} answered HTTP "
+                               f"{r.status_code}")
+        try:
+            body = r.json()
+            token = body.get("token") or body.get("access_token")
+            lifetime = float(body.get("expires_in") or 60)
+        except (ValueError, AttributeError, TypeError):
+            token, lifetime = None, 60.0
+        if not token or not isinstance(token, str):
+            raise PublishError(f"{self.host}: token service {realm_host} answered without a "
+                               f"token")
+        return token, lifetime
+
+    def _authorize(self, r: requests.Response, scope: str) -> dict[str, str]:
+        """The Authorization header that answers ``r``'s challenge (a bearer token's expiry is
+        noted: :meth:`request` drops it shortly before, so that a large upload never starts with
+        a token about to be refused)."""
+        scheme, params = parse_challenge(r.headers.get("WWW-Authenticate", ""))
+        if scheme == "basic":
+            if self.creds is None:
+                raise self._missing()
+            if self.creds.identity:
+                raise PublishError(f"{self.host}: the registry wants a password (Basic), the "
+                                   f"credentials found are an identity token")
+            raw = f"{self.creds.user}:{self.creds.secret}".encode()
+            return {"Authorization": "Basic " + base64.b64encode(raw).decode()}
+        if scheme == "bearer":
+            token, lifetime = self._token(params, scope or params.get("scope", ""))
+            self._expires[scope] = time.monotonic() + max(lifetime - TOKEN_MARGIN_S, 1.0)
+            return {"Authorization": "Bearer " + token}
+        raise PublishError(f"{self.host}: HTTP 401 with an auth scheme this tool does not "
+                           f"speak ({scheme or 'none'})")
+
+    # ------------------------------------------------------------------ requests
+
+    def request(self, method: str, path: str, *, scope: str | None = None,
+                url: str | None = None, body: bytes | Path | None = None,
+                headers: dict[str, str] | None = None, ok_401: bool = False,
+                negotiate: bool = True) -> requests.Response:
+        """One API call, negotiating auth on a 401 (unless not ``negotiate``). 5xx and
+        connection errors raise :class:`Transient`; a 401 that survives fresh credentials raises
+        :class:`PublishError` (or is returned when ``ok_401``)."""
+        scope = self.scope if scope is None else scope
+        target = url or self.url(path)
+        if time.monotonic() > self._expires.get(scope, float("inf")):
+            self._auth.pop(scope, None)
+            self._expires.pop(scope, None)
+        fresh = False
+        for _ in range(3):
+            r = self._send(method, target, body, {**(headers or {}), **self._auth.get(scope, {})})
+            if r.status_code != 401 or not negotiate:
+                return r
+            if fresh:
+                if ok_401:
+                    return r
+                raise self._refused(f"{method} {self._short(target)} answered HTTP 401 with "
+                                    f"fresh credentials{_registry_errors(r)}")
+            self._auth[scope] = self._authorize(r, scope)
+            fresh = True
+        raise AssertionError("unreachable")
+
+    def _short(self, url: str) -> str:
+        return urllib.parse.urlsplit(url).path
+
+    def _send(self, method: str, url: str, body: bytes | Path | None,
+              headers: dict[str, str]) -> requests.Response:
+        try:
+            if isinstance(body, Path):
+                with open(body, "rb") as f:
+                    headers = {**headers, "Content-Length": str(body.stat().st_size)}
+                    r = requests.request(method, url, data=f, headers=headers,
+                                              timeout=self.timeout)
+            else:
+                r = requests.request(method, url, data=body, headers=headers,
+                                          timeout=self.timeout)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise Transient(f"{method} {self._short(url)}: {exc.__class__.__name__}") from None
+        except requests.RequestException as exc:  # never its text: it may quote a header
+            raise PublishError(f"{self.host}: {method} {self._short(url)} failed: "
+                               f"{exc.__class__.__name__}") from None
+        if r.status_code >= 500:
+            raise Transient(f"{method} {self._short(url)}: HTTP {r.status_code}")
+        return r
+
+    # ------------------------------------------------------------------ the API
+
+    def check_api(self) -> None:
+        """``GET /v2/``: the registry answers and accepts our credentials (or none)."""
+        r = self.request("GET", "", scope="")
+        if r.status_code != 200:
+            raise PublishError(f"{self.host}: /v2/ answered HTTP {r.status_code}; not a "
+                               f"registry?")
+
+    def check_push(self) -> None:
+        """Push access to the repository: start a blob upload and cancel it. This is the one
+        check every registry answers truthfully (a token service may hand out a token with
+        fewer rights than asked for, and ``/v2/`` says nothing about one repository)."""
+        r = self.request("POST", f"{self.repo}/blobs/uploads/", ok_401=True)
+        if r.status_code == 401 and self.creds is None:
+            raise self._missing()
+        if r.status_code in (401, 403):
+            raise PublishError(f"{self.host}: {self._who()} may not push to {self.repo} "
+                               f"(HTTP {r.status_code}{_registry_errors(r)})")
+        if r.status_code == 404:
+            raise PublishError(f"{self.host}: no repository {self.repo} to push to (HTTP 404"
+                               f"{_registry_errors(r)}; create it first on this registry?)")
+        if r.status_code == 405:
+            raise PublishError(f"{self.host}: the registry refuses writes to {self.repo} "
+                               f"(HTTP {r.status_code}{_registry_errors(r)}; read-only?)")
+        if r.status_code != 202:
+            raise PublishError(f"{self.host}: starting an upload to {self.repo} answered HTTP "
+                               f"{r.status_code}{_registry_errors(r)}")
+        location = r.headers.get("Location")
+        if location:  # cancel it, if the token we hold allows (distribution wants "delete")
+            try:
+                self.request("DELETE", "", url=self._absolute(location), negotiate=False)
+            except (Transient, PublishError):
+                pass  # an abandoned upload session expires on its own
+
+    def _absolute(self, location: str) -> str:
+        return urllib.parse.urljoin(f"{self.scheme}://{api_host(self.host)}/", location)
+
+    def manifest(self, reference: str, accept: str) -> tuple[str, dict[str, Any]]:
+        """A manifest's digest (sha256 of the bytes served, checked against
+        ``Docker-Content-Digest``) and its JSON."""
+        r = self.request("GET", f"{self.repo}/manifests/{reference}", headers={"Accept": accept})
+        if r.status_code != 200:
+            raise PublishError(f"{self.host}/{self.repo}:{reference}: manifest read-back "
+                               f"answered HTTP {r.status_code}")
+        digest = "sha256:" + hashlib.sha256(r.content).hexdigest()
+        header = r.headers.get("Docker-Content-Digest")
+        if header and header != digest:
+            raise PublishError(f"{self.repo}:{reference}: registry digest {header} differs "
+                               f"from the manifest it served ({digest})")
+        return digest, r.json()
+
+    def has_blob(self, digest: str) -> bool:
+        r = self.request("HEAD", f"{self.repo}/blobs/{digest}")
+        return r.status_code == 200
+
+    def put_blob(self, data: bytes | Path, digest: str) -> None:
+        """Monolithic upload: ``POST`` an upload session, ``PUT`` the bytes with the digest."""
+        if self.has_blob(digest):
+            return
+        r = self.request("POST", f"{self.repo}/blobs/uploads/")
+        if r.status_code != 202 or not r.headers.get("Location"):
+            raise PublishError(f"{self.host}/{self.repo}: starting a blob upload answered HTTP "
+                               f"{r.status_code}{_registry_errors(r)}")
+        parts = urllib.parse.urlsplit(self._absolute(r.headers["Location"]))
+        query = urllib.parse.urlencode(
+            urllib.parse.parse_qsl(parts.query) + [("digest", digest)])
+        put = urllib.parse.urlunsplit(parts._replace(query=query))
+        r = self.request("PUT", "", url=put, body=data,
+                         headers={"Content-Type": "application/octet-stream"})
+        if r.status_code != 201:
+            raise PublishError(f"{self.host}/{self.repo}: blob upload of {digest} answered HTTP "
+                               f"{r.status_code}{_registry_errors(r)}")
+
+    def put_manifest(self, reference: str, data: bytes, media_type: str) -> str:
+        r = self.request("PUT", f"{self.repo}/manifests/{reference}", body=data,
+                         headers={"Content-Type": media_type})
+        if r.status_code != 201:
+            raise PublishError(f"{self.host}/{self.repo}:{reference}: manifest upload answered "
+                               f"HTTP {r.status_code}{_registry_errors(r)}")
+        return "sha256:" + hashlib.sha256(data).hexdigest()
