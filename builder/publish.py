@@ -37,7 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from builder import sif_format, verdicts
+from builder import verdicts
+from builder.sif import format as sif_format
 from builder.engine import Engine
 from builder.errors import EngineError, PublishError
 from builder.registry import (PASSWORD_ENV, TIMEOUT_S, USER_ENV, Client, Credentials, Transient,
