@@ -149,13 +149,15 @@ def pins_of(doc: dict[str, Any]) -> dict[str, str]:
     wanted = {"torch", "verl", "vllm", "sglang", "transformers", "ray", "flash-attn", "flash_attn",
               "tensordict", "numpy"}
     return {c["name"]: c.get("version", "") for c in doc.get("components", [])
-            if str(c.get("purl", "")).startswith("pkg:pypi/") and c.get("name", "").lower()
-            in wanted}
+            if isinstance(c, dict) and str(c.get("purl", "")).startswith("pkg:pypi/")
+            and str(c.get("name", "")).lower() in wanted}
 
 
 def counts(doc: dict[str, Any]) -> dict[str, int]:
     out = {"pypi": 0, "deb": 0}
     for c in doc.get("components", []):
+        if not isinstance(c, dict):
+            continue
         kind = str(c.get("purl", "")).split("/", 1)[0].removeprefix("pkg:")
         if kind in out:
             out[kind] += 1

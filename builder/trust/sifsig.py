@@ -135,7 +135,9 @@ def compare(path: Path, signed: dict[str, Any], group: int) -> str | None:
     now = metadata(path, group)
     if signed.get("header") != now["header"]:
         return "the SIF header (launch script, UUID) changed since it was signed"
-    before = {o.get("relativeId"): o for o in signed.get("objects", []) if isinstance(o, dict)}
+    before: dict[int, dict[str, Any]] = {
+        o["relativeId"]: o for o in signed.get("objects", [])
+        if isinstance(o, dict) and isinstance(o.get("relativeId"), int)}
     members = sifraw.read(path).group(group)
     for o, d in zip(now["objects"], members):
         label = f"object {d.ident} ({d.name or hex(d.datatype)})"

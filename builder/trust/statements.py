@@ -41,9 +41,14 @@ def to_bytes(stmt: dict[str, Any]) -> bytes:
     return json.dumps(stmt, sort_keys=True, separators=(",", ":")).encode()
 
 
+def _report(verdict: dict[str, Any]) -> dict[str, Any]:
+    report = verdict.get("report")
+    return report if isinstance(report, dict) else {}
+
+
 def verdict_predicate(verdict: dict[str, Any]) -> dict[str, Any]:
     """The local verdict record verbatim, with the self-test and builder versions beside it."""
-    report = verdict.get("report") if isinstance(verdict.get("report"), dict) else {}
+    report = _report(verdict)
     return {"verdict": verdict, "selftestVersion": report.get("selftest_version"),
             "builderVersion": __version__}
 
@@ -56,7 +61,7 @@ def release_problem(verdict: Any) -> str | None:
     """
     if not isinstance(verdict, dict):
         return "the verdict is not a JSON object"
-    report = verdict.get("report") if isinstance(verdict.get("report"), dict) else {}
+    report = _report(verdict)
     if verdict.get("overall") != "pass":
         return f"overall is {verdict.get('overall')!r}, not 'pass'"
     if report and report.get("overall") != "pass":

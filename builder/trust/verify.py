@@ -71,7 +71,7 @@ def verify_sif(sif: Path, keys: list[Path], pgp: Path | None = None,
         if stmt.get("_type") != st.STATEMENT_TYPE:
             raise TrustError(f"{where}: _type {stmt.get('_type')!r} is not {st.STATEMENT_TYPE}")
         ptype = stmt.get("predicateType")
-        kind = st.KINDS.get(ptype)
+        kind = st.KINDS.get(ptype) if isinstance(ptype, str) else None
         if kind is None:
             raise TrustError(f"{where}: unknown predicateType {ptype!r}")
         _check_subject(stmt, digest, sif, where)
@@ -102,7 +102,9 @@ def verify_sif(sif: Path, keys: list[Path], pgp: Path | None = None,
 
 def _check_subject(stmt: dict[str, Any], digest: str, sif: Path, where: str) -> None:
     want = digest.split(":", 1)[1]
-    subjects = stmt.get("subject") if isinstance(stmt.get("subject"), list) else []
+    subjects = stmt.get("subject")
+    if not isinstance(subjects, list):
+        subjects = []
     got = [s.get("digest", {}).get("sha256") for s in subjects if isinstance(s, dict)]
     if want not in got:
         raise TrustError(f"{where}: subject sha256:{(got or ['none'])[0]} is not this file "
