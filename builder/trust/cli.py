@@ -68,33 +68,12 @@ def _read_json(path: Path, what: str) -> dict:
 
 
 def _sign(args: argparse.Namespace) -> int:
-    from builder import verdicts
-    from builder.trust.sign import sign_sif
-    from builder.trust.statements import ProvenanceInputs
+    from builder.trust.sign import sign_from_report
 
-    provenance = ProvenanceInputs.from_report(args.report)
-    if args.verdict:
-        verdict = _read_json(args.verdict, "verdict")
-    else:
-        if not provenance.image_id:
-            raise TrustError(f"{args.report}: no image_id; pass --verdict")
-        found = verdicts.lookup(provenance.image_id)
-        if found is None:
-            raise TrustError(f"no local verdict for image {provenance.image_id[:19]}; pass "
-                             "--verdict")
-        verdict = found
-    if args.sbom:
-        sbom_doc = _read_json(args.sbom, "SBOM")
-    else:
-        from builder.engine import Engine
-        from builder.trust import sbom
-
-        if not provenance.image_id:
-            raise TrustError(f"{args.report}: no image_id; pass --sbom")
-        inventory = sbom.collect(Engine.connect(), provenance.image_id)
-        sbom_doc = sbom.build(inventory, name=provenance.target, version=provenance.image_id,
-                              pins=provenance.pins)
-    signed = sign_sif(args.sif, verdict, sbom_doc, provenance, args.key, args.pgp_key)
+    signed = sign_from_report(
+        args.sif, args.report, args.key, args.pgp_key,
+        verdict=_read_json(args.verdict, "verdict") if args.verdict else None,
+        sbom_doc=_read_json(args.sbom, "SBOM") if args.sbom else None)
     print(f"{signed.sif}: signed {signed.digest} (key {signed.keyid[:16]}"
           + (f", PGP {signed.pgp_fingerprint}" if signed.pgp_fingerprint else "") + ")")
     print(f"{signed.sidecar}: 3 attestations (verdict, sbom, provenance)")

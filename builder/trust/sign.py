@@ -87,6 +87,41 @@ def sign_sif(sif: Path, verdict: dict[str, Any], sbom: dict[str, Any],
     return Signed(sif, sidecar, digest, keyid(private.public_key()), fpr)
 
 
+def sign_from_report(sif: Path, report: Path, key: Path, pgp_key: Path | None = None, *,
+                     verdict: dict[str, Any] | None = None, sbom_doc: dict[str, Any] | None = None,
+                     engine: Any = None) -> Signed:
+    """The whole signing step from a build's ``report.json``: provenance from the report, the
+    verdict from the local record of its image (unless given), the SBOM from an inventory of
+    the image through ``engine`` (unless given; connected on demand)."""
+    from builder import verdicts
+    from builder.trust import sbom
+
+    load_private(key)  # fail before the (slower) inventory
+    if pgp_key is not None:
+        load_pgp(pgp_key, private=True)
+    provenance = st.ProvenanceInputs.from_report(report)
+    if verdict is None:
+        if not provenance.image_id:
+            raise TrustError(f"{report}: no image_id; give the verdict")
+        verdict = verdicts.lookup(provenance.image_id)
+        if verdict is None:
+            raise TrustError(f"no local verdict for image {provenance.image_id[:19]}")
+    problem = st.release_problem(verdict)
+    if problem:
+        raise TrustError(f"{sif}: refusing to sign: {problem}")
+    if sbom_doc is None:
+        if not provenance.image_id:
+            raise TrustError(f"{report}: no image_id; give the SBOM")
+        if engine is None:
+            from builder.engine import Engine
+
+            engine = Engine.connect()
+        inventory = sbom.collect(engine, provenance.image_id)
+        sbom_doc = sbom.build(inventory, name=provenance.target, version=provenance.image_id,
+                              pins=provenance.pins)
+    return sign_sif(sif, verdict, sbom_doc, provenance, key, pgp_key)
+
+
 def _restore(sif: Path, head: bytes, length: int) -> None:
     """Undo ``siftool add``: it appends data and rewrites only the head."""
     fd = os.open(sif, os.O_WRONLY)
