@@ -5,7 +5,7 @@
 # tests check SIF signatures with the real gpg, independently of the PGPy code under test).
 set -euo pipefail
 packages=(docker.io docker-registry apache2-utils slurmctld slurmd slurm-client munge shellcheck
-          squashfuse squashfs-tools siftool skopeo umoci charliecloud-runtime debootstrap gnupg)
+          squashfuse squashfs-tools siftool skopeo umoci charliecloud-runtime debootstrap gnupg openssl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
