@@ -6,8 +6,8 @@
 # Go + sylabs sif sources (the tests build the reference SIF signature verifier from them).
 set -euo pipefail
 packages=(docker.io docker-registry apache2-utils slurmctld slurmd slurm-client munge shellcheck
-          squashfuse squashfs-tools siftool skopeo umoci charliecloud-runtime debootstrap gnupg openssl
-          golang-go golang-github-sylabs-sif-dev)
+          squashfuse squashfs-tools siftool skopeo umoci charliecloud-runtime debootstrap gnupg
+          openssl golang-go golang-github-sylabs-sif-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
