@@ -18,7 +18,7 @@ from builder.errors import BuildEnvError, CompatError
 from builder.targets import Site, default_matrix, init_site, open_site, resolve_target
 
 SUBCOMMANDS = ("build", "init", "list", "check", "lock", "render", "verify", "sif", "publish",
-               "slurm", "doctor")
+               "slurm", "doctor", "trust")
 
 # One convention for every subcommand: --matrix/--snapshot name the site, --target a matrix
 # target, --json prints machine-readable output on stdout, paths are options, not positionals
@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module, helptext in (("sif", "builder.sif", "convert a verified image to .sif"),
                                    ("publish", "builder.publish", "push image and SIF"),
                                    ("slurm", "builder.slurm", "write an sbatch script"),
-                                   ("doctor", "builder.doctor", "pre-flight a cluster node")):
+                                   ("doctor", "builder.doctor", "pre-flight a cluster node"),
+                                   ("trust", "builder.trust.cli", "sign and check attestations")):
         mod = importlib.import_module(module)
         sp = sub.add_parser(name, help=helptext)
         if name in ("sif", "publish", "slurm"):

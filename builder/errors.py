@@ -79,3 +79,10 @@ class SiteError(BuildEnvError):
     """A matrix's directory lacks what it needs (snapshot, locks); says which command fixes it."""
 
     stage = "site"
+
+
+class TrustError(BuildEnvError):
+    """Signing or checking attestations failed: names the file, envelope line or key."""
+
+    stage = "trust"
+    exit_code = 1

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Install the OS packages the tests and the quick start use (Debian 12). Needs root.
 # Real parts only: Docker Engine, an OCI registry, Slurm, siftool/mksquashfs, shellcheck,
-# debootstrap for the base image, charliecloud (runs a SIF's squashfs), skopeo/umoci.
+# debootstrap for the base image, charliecloud (runs a SIF's squashfs), skopeo/umoci, gnupg (the
+# tests check SIF signatures with the real gpg, independently of the PGPy code under test), and
+# Go + sylabs sif sources (the tests build the reference SIF signature verifier from them).
 set -euo pipefail
 packages=(docker.io docker-registry apache2-utils slurmctld slurmd slurm-client munge shellcheck
           squashfuse squashfs-tools siftool skopeo umoci charliecloud-runtime debootstrap
-          qemu-user-static binfmt-support)
+          qemu-user-static binfmt-support gnupg openssl golang-go golang-github-sylabs-sif-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,91 @@
+"""``build-env trust keygen|sign|verify``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from builder.errors import TrustError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="trust_command", metavar="ACTION", required=True)
+    kg = sub.add_parser("keygen", help="write an ECDSA P-256 key pair (and an OpenPGP key)")
+    kg.add_argument("directory", type=Path, metavar="DIR")
+    kg.add_argument("--pgp", action="store_true",
+                    help="also an OpenPGP RSA-3072 key for the SIF's native signature")
+    kg.add_argument("--name", default="verl-env signing key", help="OpenPGP user id name")
+    kg.add_argument("--email", default="verl-env@localhost", help="OpenPGP user id e-mail")
+
+    sg = sub.add_parser("sign", help="embed SBOM and verdict in a SIF, sign it, write the sidecar")
+    sg.add_argument("sif", type=Path, metavar="SIF")
+    sg.add_argument("--key", type=Path, required=True, help="ECDSA P-256 private key (PEM)")
+    sg.add_argument("--pgp-key", type=Path, default=None,
+                    help="OpenPGP private key: also sign the SIF natively (apptainer verify)")
+    sg.add_argument("--report", type=Path, required=True,
+                    help="the build's report.json (build/<target>/report.json): provenance")
+    sg.add_argument("--verdict", type=Path, default=None,
+                    help="verdict JSON (default: the local verdict record of the report's image)")
+    sg.add_argument("--sbom", type=Path, default=None,
+                    help="CycloneDX JSON (default: inventory the report's image in the engine)")
+
+    vf = sub.add_parser("verify", help="check a SIF and its sidecar offline")
+    vf.add_argument("sif", type=Path, metavar="SIF")
+    vf.add_argument("--key", type=Path, action="append", required=True,
+                    help="trusted ECDSA public key (PEM); repeat for several")
+    vf.add_argument("--pgp", type=Path, default=None,
+                    help="OpenPGP public key: also check the SIF's native signature")
+    vf.add_argument("--sidecar", type=Path, default=None,
+                    help="attestations (default: SIF.intoto.jsonl beside the SIF)")
+    vf.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"keygen": _keygen, "sign": _sign, "verify": _verify}[args.trust_command](args)
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from builder.trust.keys import generate
+
+    files = generate(args.directory, pgp=args.pgp, name=args.name, email=args.email)
+    print(f"{files.private} (private, keep on the build host)")
+    print(f"{files.public} (public, give to clusters)  keyid {files.keyid}")
+    if files.pgp_private:
+        print(f"{files.pgp_private} (OpenPGP private)")
+        print(f"{files.pgp_public} (OpenPGP public)  fingerprint {files.pgp_fingerprint}")
+    return 0
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TrustError(f"{path}: cannot read the {what} ({exc})") from None
+    if not isinstance(data, dict):
+        raise TrustError(f"{path}: the {what} is not a JSON object")
+    return data
+
+
+def _sign(args: argparse.Namespace) -> int:
+    from builder.trust.sign import sign_from_report
+
+    signed = sign_from_report(
+        args.sif, args.report, args.key, args.pgp_key,
+        verdict=_read_json(args.verdict, "verdict") if args.verdict else None,
+        sbom_doc=_read_json(args.sbom, "SBOM") if args.sbom else None)
+    print(f"{signed.sif}: signed {signed.digest} (key {signed.keyid[:16]}"
+          + (f", PGP {signed.pgp_fingerprint}" if signed.pgp_fingerprint else "") + ")")
+    print(f"{signed.sidecar}: 3 attestations (verdict, sbom, provenance)")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from builder.trust.verify import summary_lines, verify_sif
+
+    checked = verify_sif(args.sif, args.key, args.pgp, args.sidecar)
+    if args.json:
+        print(json.dumps(checked.to_dict(), indent=2, sort_keys=True))
+    else:
+        print("\n".join(summary_lines(checked)))
+    return 0

@@ -1,0 +1,132 @@
+"""Sign a SIF: SBOM and verdict into object group 1, the native PGP signature, then the sidecar
+``<name>.sif.intoto.jsonl`` (one DSSE envelope a line: verdict, SBOM, provenance) whose subject
+is the final file's sha256.
+
+Nothing half-done: everything that can fail before the file changes is checked first, and if
+adding an object fails the SIF's head (header and descriptor table) and length are restored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builder.errors import TrustError
+from builder.files import atomic_write_text
+from builder.trust import dsse, sifraw, sifsig
+from builder.trust import statements as st
+from builder.trust.keys import keyid, load_pgp, load_private
+
+VERDICT_NAME, SBOM_NAME = "verl-verdict.json", "verl-sbom.cdx.json"
+HEAD_BYTES = 4096 + 48 * sifraw.DESCRIPTOR.size  # header page + descriptor table
+
+
+@dataclass(frozen=True)
+class Signed:
+    sif: Path
+    sidecar: Path
+    digest: str  # sha256:<hex> of the signed file
+    keyid: str
+    pgp_fingerprint: str | None
+
+
+def sidecar_of(sif: Path) -> Path:
+    return sif.with_name(sif.name + ".intoto.jsonl")
+
+
+def sign_sif(sif: Path, verdict: dict[str, Any], sbom: dict[str, Any],
+             provenance: st.ProvenanceInputs, key: Path, pgp_key: Path | None = None) -> Signed:
+    """Embed ``sbom`` and ``verdict`` in ``sif`` (group 1), PGP-sign group 1 with ``pgp_key``,
+    and write the signed sidecar with ``key``. Refuses a verdict that is not a release one."""
+    sif = Path(sif)
+    problem = st.release_problem(verdict)
+    if problem:
+        raise TrustError(f"{sif}: refusing to sign: {problem}")
+    private = load_private(key)
+    if pgp_key is not None:
+        load_pgp(pgp_key, private=True)
+    raw = sifraw.read(sif)
+    if not raw.group(1):
+        raise TrustError(f"{sif}: has no object group 1 (not a SIF this tool can sign)")
+    taken = {d.name for d in raw.group(1)} & {VERDICT_NAME, SBOM_NAME}
+    if taken or raw.signatures_of(1):
+        raise TrustError(f"{sif}: already carries {', '.join(sorted(taken)) or 'a signature'}; "
+                         "sign a fresh SIF")
+    with open(sif, "rb") as f:
+        head = f.read(HEAD_BYTES)
+    length = sif.stat().st_size
+    fpr = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="verl-env-sign-") as tmp:
+            v, s = Path(tmp) / VERDICT_NAME, Path(tmp) / SBOM_NAME
+            v.write_text(json.dumps(verdict, sort_keys=True, indent=1) + "\n")
+            s.write_text(json.dumps(sbom, sort_keys=True) + "\n")
+            sifsig.siftool_add(sif, s, "--datatype", "9", "--sbomformat", "cyclonedx-json",
+                               "--groupid", "1", "--filename", SBOM_NAME)
+            sifsig.siftool_add(sif, v, "--datatype", "6", "--groupid", "1",
+                               "--filename", VERDICT_NAME)
+        if pgp_key is not None:
+            fpr = sifsig.sign_group(sif, pgp_key, 1)
+    except BaseException:
+        _restore(sif, head, length)
+        raise
+    digest = sifraw.file_sha256(sif)
+    subjects = [st.subject(sif.name, digest)]
+    lines = []
+    for ptype, predicate in ((st.VERDICT_TYPE, st.verdict_predicate(verdict)),
+                             (st.SBOM_TYPE, sbom),
+                             (st.PROVENANCE_TYPE, st.provenance_predicate(provenance))):
+        envelope = dsse.sign(st.to_bytes(st.statement(subjects, ptype, predicate)), private)
+        lines.append(json.dumps(envelope, sort_keys=True, separators=(",", ":")))
+    sidecar = sidecar_of(sif)
+    atomic_write_text(sidecar, "\n".join(lines) + "\n")
+    return Signed(sif, sidecar, digest, keyid(private.public_key()), fpr)
+
+
+def sign_from_report(sif: Path, report: Path, key: Path, pgp_key: Path | None = None, *,
+                     verdict: dict[str, Any] | None = None, sbom_doc: dict[str, Any] | None = None,
+                     engine: Any = None) -> Signed:
+    """The whole signing step from a build's ``report.json``: provenance from the report, the
+    verdict from the local record of its image (unless given), the SBOM from an inventory of
+    the image through ``engine`` (unless given; connected on demand)."""
+    from builder import verdicts
+    from builder.trust import sbom
+
+    load_private(key)  # fail before the (slower) inventory
+    if pgp_key is not None:
+        load_pgp(pgp_key, private=True)
+    provenance = st.ProvenanceInputs.from_report(report)
+    if verdict is None:
+        if not provenance.image_id:
+            raise TrustError(f"{report}: no image_id; give the verdict")
+        verdict = verdicts.lookup(provenance.image_id)
+        if verdict is None:
+            raise TrustError(f"no local verdict for image {provenance.image_id[:19]}")
+    problem = st.release_problem(verdict)
+    if problem:
+        raise TrustError(f"{sif}: refusing to sign: {problem}")
+    if sbom_doc is None:
+        if not provenance.image_id:
+            raise TrustError(f"{report}: no image_id; give the SBOM")
+        if engine is None:
+            from builder.engine import Engine
+
+            engine = Engine.connect()
+        inventory = sbom.collect(engine, provenance.image_id)
+        sbom_doc = sbom.build(inventory, name=provenance.target, version=provenance.image_id,
+                              pins=provenance.pins)
+    return sign_sif(sif, verdict, sbom_doc, provenance, key, pgp_key)
+
+
+def _restore(sif: Path, head: bytes, length: int) -> None:
+    """Undo ``siftool add``: it appends data and rewrites only the head."""
+    fd = os.open(sif, os.O_WRONLY)
+    try:
+        os.pwrite(fd, head, 0)
+        os.ftruncate(fd, length)
+    finally:
+        os.close(fd)

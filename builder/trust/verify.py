@@ -1,0 +1,157 @@
+"""The offline check of a SIF with its sidecar: nothing from the network, nothing from the
+build host but the public keys.
+
+Hash the file; check every envelope of ``<name>.sif.intoto.jsonl`` (a trusted key signed it, its
+subject is this file); require one verdict, one SBOM and one provenance statement; require a
+release verdict; compare the verdict and SBOM embedded in the SIF with the attested ones; check
+the SIF's native PGP signature when a PGP key is given. Every failure is a TrustError naming the
+file, the sidecar line or the key.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder.errors import TrustError
+from builder.trust import dsse, sbom, sifraw, sifsig
+from builder.trust import statements as st
+from builder.trust.keys import load_public
+from builder.trust.sign import SBOM_NAME, VERDICT_NAME, sidecar_of
+
+
+@dataclass
+class Checked:
+    sif: Path
+    digest: str
+    keyids: list[str] = field(default_factory=list)
+    verdict: dict[str, Any] = field(default_factory=dict)
+    selftest_version: str | None = None
+    pins: dict[str, str] = field(default_factory=dict)
+    components: dict[str, int] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    pgp_fingerprint: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sif": str(self.sif), "digest": self.digest, "keyids": self.keyids,
+                "target": self.verdict.get("target"), "overall": self.verdict.get("overall"),
+                "selftest_version": self.selftest_version, "pins": self.pins,
+                "components": self.components, "provenance": self.provenance,
+                "pgp_fingerprint": self.pgp_fingerprint}
+
+
+def verify_sif(sif: Path, keys: list[Path], pgp: Path | None = None,
+               sidecar: Path | None = None) -> Checked:
+    sif = Path(sif)
+    if not sif.is_file():
+        raise TrustError(f"{sif}: no such file")
+    sidecar = Path(sidecar) if sidecar else sidecar_of(sif)
+    if not sidecar.is_file():
+        raise TrustError(f"{sidecar}: no attestation sidecar beside the SIF (expected "
+                         f"{sidecar.name}); the SIF is unsigned or the sidecar was not copied")
+    if not keys:
+        raise TrustError("no public key given (--key verl-env.pub)")
+    public = [load_public(k) for k in keys]
+    digest = sifraw.file_sha256(sif)
+    result = Checked(sif, digest)
+    found: dict[str, dict[str, Any]] = {}
+    lines = sidecar.read_text().splitlines()
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{sidecar}:{n}"
+        try:
+            envelope = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TrustError(f"{where}: not JSON ({exc.msg})") from None
+        verified = dsse.verify(envelope, public, where)
+        stmt = dsse.statement_of(verified, where)
+        if stmt.get("_type") != st.STATEMENT_TYPE:
+            raise TrustError(f"{where}: _type {stmt.get('_type')!r} is not {st.STATEMENT_TYPE}")
+        ptype = stmt.get("predicateType")
+        kind = st.KINDS.get(ptype) if isinstance(ptype, str) else None
+        if kind is None:
+            raise TrustError(f"{where}: unknown predicateType {ptype!r}")
+        _check_subject(stmt, digest, sif, where)
+        if kind in found:
+            raise TrustError(f"{where}: a second {kind} statement (one of each is expected)")
+        if not isinstance(stmt.get("predicate"), dict):
+            raise TrustError(f"{where}: the {kind} statement has no predicate object")
+        found[kind] = stmt["predicate"]
+        result.keyids.append(verified.keyid)
+    missing = [k for k in ("verdict", "sbom", "provenance") if k not in found]
+    if missing:
+        raise TrustError(f"{sidecar}: no {', '.join(missing)} statement")
+    verdict = found["verdict"].get("verdict")
+    problem = st.release_problem(verdict)
+    if problem:
+        raise TrustError(f"{sif}: not a release verdict: {problem}")
+    assert isinstance(verdict, dict)
+    result.verdict = verdict
+    result.selftest_version = found["verdict"].get("selftestVersion")
+    _check_embedded(sif, verdict, found["sbom"])
+    result.pins = sbom.pins_of(found["sbom"])
+    result.components = sbom.counts(found["sbom"])
+    result.provenance = _provenance_summary(found["provenance"])
+    if pgp is not None:
+        result.pgp_fingerprint = sifsig.verify_group(sif, pgp, 1)
+    return result
+
+
+def _check_subject(stmt: dict[str, Any], digest: str, sif: Path, where: str) -> None:
+    want = digest.split(":", 1)[1]
+    subjects = stmt.get("subject")
+    if not isinstance(subjects, list):
+        subjects = []
+    got = [s.get("digest", {}).get("sha256") for s in subjects if isinstance(s, dict)]
+    if want not in got:
+        raise TrustError(f"{where}: subject sha256:{(got or ['none'])[0]} is not this file "
+                         f"({digest}): {sif.name} changed after signing, or the sidecar belongs "
+                         "to another file")
+
+
+def _check_embedded(sif: Path, verdict: dict[str, Any], sbom_doc: dict[str, Any]) -> None:
+    raw = sifraw.read(sif)
+    for name, attested in ((VERDICT_NAME, verdict), (SBOM_NAME, sbom_doc)):
+        obj = next((d for d in raw.group(1) if d.name == name), None)
+        if obj is None:
+            raise TrustError(f"{sif}: no embedded {name} in object group 1")
+        try:
+            embedded = json.loads(sifraw.read_object(sif, obj))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise TrustError(f"{sif}: embedded {name} is not JSON ({exc})") from None
+        if embedded != attested:
+            raise TrustError(f"{sif}: embedded {name} differs from the attested one")
+
+
+def _provenance_summary(pred: dict[str, Any]) -> dict[str, Any]:
+    definition = pred.get("buildDefinition", {}) or {}
+    deps = {d.get("name"): d.get("digest") for d in definition.get("resolvedDependencies", [])
+            if isinstance(d, dict) and d.get("name") != "base-image"}
+    bases = [d.get("uri") or d.get("digest") for d in definition.get("resolvedDependencies", [])
+             if isinstance(d, dict) and d.get("name") == "base-image"]
+    run = pred.get("runDetails", {}) or {}
+    return {"target": (definition.get("externalParameters") or {}).get("target"),
+            "dependencies": deps, "base_images": bases,
+            "builder": (run.get("builder") or {}).get("version"),
+            "host_arch": (definition.get("internalParameters") or {}).get("buildHostArch"),
+            "finished": (run.get("metadata") or {}).get("finishedOn")}
+
+
+def summary_lines(c: Checked) -> list[str]:
+    lines = [f"{c.sif}: OK  {c.digest}",
+             f"  signed by key {', '.join(sorted({k[:16] for k in c.keyids}))}",
+             f"  verdict: {c.verdict.get('overall')} (target {c.verdict.get('target')}, self-test "
+             f"{c.selftest_version}, recorded {c.verdict.get('recorded_at', '?')})"]
+    pins = "  ".join(f"{k}={v}" for k, v in sorted(c.pins.items()))
+    lines.append(f"  pins: {pins or '(none recorded)'}")
+    lines.append(f"  sbom: {c.components.get('pypi', 0)} Python, {c.components.get('deb', 0)} "
+                 "Debian packages")
+    p = c.provenance
+    lines.append(f"  built by build-env {(p.get('builder') or {}).get('build-env')} on "
+                 f"{p.get('host_arch')} at {p.get('finished')}; bases: "
+                 f"{', '.join(str(b) for b in p.get('base_images') or []) or '-'}")
+    lines.append(f"  SIF PGP signature: {c.pgp_fingerprint or 'not checked (no --pgp key given)'}")
+    return lines
