@@ -80,6 +80,13 @@ def _build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sif", type=Path, default=None, metavar="PATH",
                    help="also convert the verified image to this .sif (a directory for several "
                         "targets: DIR/<target>.sif)")
+    p.add_argument("--sign-key", type=Path, default=os.environ.get("VERL_ENV_SIGN_KEY") or None,
+                   metavar="PATH", help="sign the SIF's attestations (verdict, SBOM, provenance) "
+                   "with this ECDSA key (env VERL_ENV_SIGN_KEY; `build-env trust keygen`)")
+    p.add_argument("--sign-pgp-key", type=Path,
+                   default=os.environ.get("VERL_ENV_SIGN_PGP_KEY") or None, metavar="PATH",
+                   help="also sign the SIF itself (apptainer verify) with this OpenPGP key "
+                        "(env VERL_ENV_SIGN_PGP_KEY)")
     p.add_argument("--push", default=None, metavar="REGISTRY/REPO",
                    help="also publish the verified image (and the SIF) to this registry")
 
@@ -261,6 +268,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             verify_timeout=args.verify_timeout, gpus=args.gpus, expect_gpus=args.expect_gpus,
             reverify=args.reverify,
             sif=(args.sif / f"{name}.sif" if several else args.sif) if args.sif else None,
+            sign_key=args.sign_key, sign_pgp_key=args.sign_pgp_key,
             push=args.push, verbose=args.verbose and not several, quiet=args.json)
 
     outcomes = run_many([request(n) for n in names], args.jobs or len(names))

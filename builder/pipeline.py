@@ -48,6 +48,8 @@ class BuildRequest:
     expect_gpus: int | None = None
     reverify: bool = False
     sif: Path | None = None
+    sign_key: Path | None = None  # ECDSA P-256 (PKCS#8 PEM): attestations beside the SIF
+    sign_pgp_key: Path | None = None  # OpenPGP key: the SIF's own signature
     push: str | None = None
     verbose: bool = False
     quiet: bool = False
@@ -172,6 +174,15 @@ def preflight(req: BuildRequest, target: Target) -> Engine:
         from builder import sif
 
         sif.pick_backend("auto", target.name)
+        if req.sign_key:
+            from builder.trust import keys
+
+            keys.load_private(req.sign_key)
+            if req.sign_pgp_key:
+                keys.load_pgp(req.sign_pgp_key, private=True)
+    elif req.sign_key:
+        raise BuildEnvError("--sign-key signs the SIF and its attestations: add --sif PATH",
+                            target=target.name)
     if req.push:
         from builder import publish
 
@@ -331,6 +342,13 @@ def _sif_and_push(req: BuildRequest, target: Target, image_id: str, report: Repo
         sif_path = sif.convert_verified(image_id, req.sif, target=target.name)
         report.stages["sif"] = {"path": str(sif_path)}
         console.stage("sif", "ok", str(sif_path))
+        if req.sign_key:
+            from builder.trust.sign import sign_from_report
+
+            signed = sign_from_report(sif_path, report_path, req.sign_key, req.sign_pgp_key)
+            report.stages["sif"].update(sidecar=str(signed.sidecar), digest=signed.digest,
+                                        keyid=signed.keyid, pgp=signed.pgp_fingerprint)
+            console.stage("sign", "ok", f"{signed.sidecar} (key {signed.keyid[:16]})")
     if req.push:
         from builder import publish
 

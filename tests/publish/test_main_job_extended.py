@@ -1,6 +1,7 @@
-"""The main job extended end to end: `build-env --target T --sif PATH --push REG` builds (cached),
-verifies, tags, converts the verified image to a SIF that runs its self-test, and publishes
-both to a real registry, reading the digests back."""
+"""The main job extended end to end: `build-env --target T --sif PATH --sign-key K --push REG`
+builds (cached), verifies, tags, converts the verified image to a SIF that runs its self-test,
+signs its attestations (checked offline by `build-env trust verify`), and publishes both to a
+real registry, reading the digests back."""
 
 from __future__ import annotations
 
@@ -22,14 +23,23 @@ def test_build_sif_and_push_in_one_run(cpu_image: dict, ca_bundle: Path, tmp_pat
     for tool in ("siftool", "mksquashfs", "ch-run"):
         if not __import__("shutil").which(tool):
             pytest.skip(f"{tool} not installed")
+    from builder.trust import keys
+
+    key = keys.generate(tmp_path / "keys", pgp=True)
     sif = tmp_path / "cpu.sif"
     proc = run_build_env("--target", "cpu-x86_64", "--matrix", str(FIXTURE),
                          "--ca-bundle", str(ca_bundle), "--workdir", str(tmp_path / "w"),
-                         "--sif", str(sif), "--push", f"{registry.host}/verl-env")
+                         "--sif", str(sif), "--push", f"{registry.host}/verl-env",
+                         "--sign-key", str(key.private), "--sign-pgp-key", str(key.pgp_private))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    check = run_build_env("trust", "verify", str(sif), "--key", str(key.public), "--pgp",
+                          str(key.pgp_public))
+    assert check.returncode == 0, check.stdout + check.stderr
     report = json.loads((tmp_path / "w" / "report.json").read_text())
     assert report["image_id"] == cpu_image["image_id"]  # cached: the same verified image
     assert report["stages"]["sif"]["path"] == str(sif) and sif.is_file()
+    assert report["stages"]["sif"]["keyid"] == key.keyid
+    assert Path(report["stages"]["sif"]["sidecar"]).is_file()
     listing = subprocess.run(["siftool", "list", str(sif)], capture_output=True, text=True,
                              check=True).stdout
     assert "FS (Squashfs/*System/amd64)" in listing and "Def.FILE" in listing
