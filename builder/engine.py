@@ -35,6 +35,7 @@ import requests
 import urllib3.exceptions
 
 from builder.errors import EngineError
+from builder.families import VENDORS
 
 # Every container this tool starts carries this label, so leftovers are findable.
 OWNER_LABEL = "org.verl-env.owner"
@@ -468,12 +469,15 @@ class Engine:
         ``RunResult.files`` (a path the container did not write is absent there).
         """
         kwargs: dict[str, Any] = {}
-        if gpus == "nvidia":
+        vendor = VENDORS.get(gpus or "")
+        if gpus and vendor is None:
+            raise EngineError(f"unknown GPU vendor {gpus!r} (known: {', '.join(VENDORS)})")
+        if vendor and vendor.gpu_request:
             kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1,
                                                                     capabilities=[["gpu"]])]
-        elif gpus == "amd":
-            kwargs.update(devices=["/dev/kfd:/dev/kfd", "/dev/dri:/dev/dri"], group_add=["video"],
-                          security_opt=["seccomp=unconfined"])
+        if vendor and vendor.devices:
+            kwargs.update(devices=[f"{d}:{d}" for d in vendor.devices],
+                          group_add=list(vendor.groups), security_opt=list(vendor.security))
         return self._run_container(image, command, entrypoint=entrypoint, timeout=timeout,
                                    network=network, files=files or {}, dirs=dirs,
                                    collect=collect, environment=environment or {},

@@ -39,6 +39,7 @@ from typing import Any
 from builder import verdicts
 from builder.engine import Engine
 from builder.errors import EngineError, VerifyError
+from builder.families import ALL_PHASES, FAMILIES, VENDORS
 from builder.files import atomic_write_text
 
 VERDICTS = {0: "pass", 1: "fail", 2: "incomplete", 3: "error"}
@@ -54,17 +55,12 @@ _LAUNCH = ('PY=$(command -v python || command -v python3) || { echo "no python i
            'exec "$PY" -m verl_env_selftest "$@"')
 ENTRYPOINT = ["/bin/sh", "-c", _LAUNCH, "verl-env-selftest"]
 
-# Family data of the gate. The phases a release verdict needs: every phase that can apply to
-# the family (a cpu target has no GPU or NCCL collective to test).
-ALL_PHASES = ("preflight", "env", "imports", "versions", "cpu", "gpu", "collective", "ray")
-RELEASE_PHASES: dict[str, tuple[str, ...]] = {
-    "cpu": ("preflight", "env", "imports", "versions", "cpu", "ray"),
-    "cuda": ALL_PHASES,
-    "rocm": ALL_PHASES,
-}
-# GPU vendor of each family and the device nodes that count its GPUs on the engine's host.
-GPU_VENDOR = {"cuda": "nvidia", "rocm": "amd"}
-DEVICE_GLOBS = {"nvidia": ("nvidia[0-9]*",), "amd": ("kfd", "dri/renderD*")}
+# Family data of the gate (builder.families): the phases a release verdict needs (every phase
+# that can apply: a cpu target has no GPU or NCCL collective to test), the GPU vendor of each
+# family and the device nodes that count its GPUs on the engine's host.
+RELEASE_PHASES: dict[str, tuple[str, ...]] = {n: f.release_phases for n, f in FAMILIES.items()}
+GPU_VENDOR = {n: f.vendor.name for n, f in FAMILIES.items() if f.vendor}
+DEVICE_GLOBS = {n: v.device_globs for n, v in VENDORS.items()}
 # Self-test arguments that never relax the verdict (anything else makes a run partial).
 RELEASE_SAFE = {"strict", "timeout", "jobs", "keep_logs", "phases"}
 # Arguments verify sets itself.
