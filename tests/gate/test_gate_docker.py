@@ -32,12 +32,12 @@ def client(docker_host: str) -> docker.DockerClient:
 
 
 @pytest.fixture(scope="module")
-def derive(cpu_image: dict, client: docker.DockerClient):
+def derive(gate_base: str, client: docker.DockerClient):
     """Build ``FROM <fixture image>`` plus some lines; returns the new image ID."""
     made: list[str] = []
 
     def build(tag: str, lines: str) -> str:
-        text = f"FROM {cpu_image['image_id']}\n{lines}\n"
+        text = f"FROM {gate_base}\n{lines}\n"
         image, _ = client.images.build(fileobj=io.BytesIO(text.encode()), tag=tag, rm=True,
                                        network_mode="none")
         made.append(tag)
@@ -86,10 +86,10 @@ def _tree(root: Path, names: list[str]) -> Path:
     return root
 
 
-def test_host_gpus_are_counted_through_the_engine(cpu_image: dict, docker_host: str,
+def test_host_gpus_are_counted_through_the_engine(gate_base: str, docker_host: str,
                                                   tmp_path: Path) -> None:
     engine = Engine.connect()
-    image = cpu_image["image_id"]
+    image = gate_base
     nvidia = _tree(tmp_path / "nv", ["nvidia0", "nvidia1", "nvidia3", "nvidiactl", "nvidia-uvm",
                                      "nvidia-modeset", "nvidia-caps/nvidia-cap1"])
     amd = _tree(tmp_path / "amd", ["kfd", "dri/renderD128", "dri/renderD129", "dri/card0",
