@@ -248,7 +248,8 @@ class PlainProgress:
             state = m.group(2)
             if state == "CACHED" and entry is not None and not entry["cached"]:
                 entry["cached"] = True
-                p.cache_hits += 1
+                # a base image is reported CACHED once any build used it: not a hit of ours
+                p.cache_hits += not entry["instruction"].startswith("FROM ")
             elif state.startswith("DONE") and entry is not None:
                 entry["seconds"] = float(m.group(3))
             elif state.startswith("ERROR"):
