@@ -128,9 +128,9 @@ class Bench:
             target="cpu-x86_64", family="cpu", sif=str(self.image), runtime="ch-run", nodes=2,
             partition="debug", time="10", interface="lo", cache_dir=str(self.root / "sifcache"),
             hf_home=str(self.root / "hf"), ray_ports=ports, port_stride=50,
-            ray_tmp_root=str(self.ray_tmp), ray_wait_timeout=150, selftest_port=b + 3,
-            selftest_timeout=240, job_dir=str(self.root / "job-${SLURM_JOB_ID}"),
-            exclusive=False, selftest_args="--timeout 200", inputs=inputs,
+            ray_tmp_root=str(self.ray_tmp), ray_wait_timeout=240, selftest_port=b + 3,
+            selftest_timeout=400, job_dir=str(self.root / "job-${SLURM_JOB_ID}"),
+            exclusive=False, selftest_args="--timeout 300", inputs=inputs,
             env={"DEBIAN_FRONTEND": "site-wins", "NCCL_DEBUG": "INFO"},
             # verl's trainer arguments, with the stand-in in place of verl.trainer.main_ppo
             train_cmd=inputs.trainer_command().replace("-m verl.trainer.main_ppo",
@@ -139,7 +139,7 @@ class Bench:
         values.update(overrides)
         return SlurmJob(**values)  # type: ignore[arg-type]
 
-    def submit(self, job: SlurmJob, name: str, timeout: float = 400,
+    def submit(self, job: SlurmJob, name: str, timeout: float = 900,
                env: dict[str, str] | None = None) -> tuple[dict[str, str], str, float]:
         """Write, sbatch, wait; return (scontrol fields, job output, wall seconds)."""
         script = write_sbatch(job, self.root / f"{name}.sbatch")
