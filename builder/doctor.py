@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import fcntl
+import getpass
 import json
 import os
 import shutil
@@ -216,7 +217,10 @@ def check_runtime(runtime: str) -> list[Finding]:
         return [Finding("runtime", FAIL, f"{runtime} not found on PATH",
                         f"module load {runtime} (or install it on every node)")]
     try:
-        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20)
+        env = dict(os.environ)
+        env.setdefault("USER", getpass.getuser())  # ch-run refuses to start without $USER
+        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20,
+                              env=env)
         version = (proc.stdout or proc.stderr).strip().splitlines()[0] if proc.returncode == 0 else ""
     except (OSError, subprocess.TimeoutExpired, IndexError):
         version = ""
@@ -296,7 +300,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--interface", default="ib0", help="interface Ray/NCCL will use")
     parser.add_argument("--hf-home", default=None, help="HF cache to test (default $HF_HOME)")
-    parser.add_argument("--runtime", default="apptainer", help="container runtime command")
+    parser.add_argument("--runtime", default="apptainer",
+                        help="container runtime command (apptainer, singularity, ch-run)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,15 +22,192 @@ import jinja2
 
 from builder.errors import SlurmError
 
-FAMILIES = ("cuda", "rocm", "cpu")
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "job.sbatch.j2"
 
-#: verl's PPO trainer entry, with the cluster shape filled in by the job script from Slurm.
-DEFAULT_TRAIN_CMD = (
-    "python3 -m verl.trainer.main_ppo trainer.nnodes=${SLURM_NNODES} "
-    "trainer.n_gpus_per_node=${VERL_ENV_GPUS_PER_NODE}"
-)
+RUNTIMES = ("apptainer", "singularity", "ch-run")
+#: Where checkpoints go when the user names no --checkpoint-dir (shared, survives the job).
+DEFAULT_CHECKPOINT_DIR = "${SLURM_SUBMIT_DIR}/checkpoints"
+
+
+# --------------------------------------------------------------------------- family data
+@dataclass(frozen=True)
+class FamilyProfile:
+    """What the job script does differently per accelerator family. Site values (``--env``)
+    always win over ``collective_defaults``; nothing here is baked into an image."""
+
+    #: apptainer/singularity flag that injects the host's GPU driver stack
+    apptainer_flags: tuple[str, ...]
+    #: NCCL/RCCL variables exported unless the site exported them first
+    collective_defaults: Mapping[str, str]
+    #: InfiniBand tuning (NCCL_SOCKET_IFNAME, NCCL_IB_HCA from the InfiniBand ports)
+    uses_ib: bool
+    #: how the node side counts its GPUs when Slurm does not say: ``nvidia`` (/dev/nvidiaN),
+    #: ``amd`` (KFD topology nodes with SIMDs), or None (no GPUs)
+    gpu_probe: str | None
+    #: variables unset before the container starts (Ray refuses ROCR_VISIBLE_DEVICES)
+    unset: tuple[str, ...] = ()
+    #: why ch-run cannot run this family (None: it can)
+    chrun_refusal: str | None = None
+
+
+_CHRUN_GPU = ("ch-run does not inject the host's {what} into the container, and this tool "
+              "does not either; use --runtime apptainer (or singularity) for {family} images")
+
+#: The per-family NCCL/RCCL profile and runtime flags: the one place the job template reads them.
+FAMILY_PROFILES: Mapping[str, FamilyProfile] = MappingProxyType({
+    "cuda": FamilyProfile(
+        apptainer_flags=("--nv",),
+        collective_defaults=MappingProxyType({"NCCL_IB_DISABLE": "0"}),
+        uses_ib=True, gpu_probe="nvidia",
+        chrun_refusal=_CHRUN_GPU.format(what="NVIDIA driver libraries", family="cuda")),
+    "rocm": FamilyProfile(
+        apptainer_flags=("--rocm",),
+        collective_defaults=MappingProxyType({"NCCL_IB_DISABLE": "0", "RCCL_MSCCL_ENABLE": "0",
+                                              "HSA_NO_SCRATCH_RECLAIM": "1"}),
+        uses_ib=True, gpu_probe="amd", unset=("ROCR_VISIBLE_DEVICES",),
+        chrun_refusal=_CHRUN_GPU.format(what="ROCm devices and libraries", family="rocm")),
+    "cpu": FamilyProfile(apptainer_flags=(), collective_defaults=MappingProxyType({}),
+                         uses_ib=False, gpu_probe=None),
+})
+FAMILIES = tuple(FAMILY_PROFILES)
+
+#: Variables the job script hands to the container explicitly (besides every ``--env`` name),
+#: so that they win over an image ENV of the same name; passed only when set.
+PASSED_PREFIXES = ("NCCL_", "RCCL_", "GLOO_", "HSA_", "TORCH_NCCL_", "UCX_")
+PASSED_NAMES = ("HF_HOME", "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
+                "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                "VERL_ENV_TARGET", "VERL_ENV_FAMILY", "VERL_ENV_CPUS_PER_NODE",
+                "VERL_ENV_GPUS_PER_NODE", "VERL_ENV_JOB_DIR", "PYTHONUNBUFFERED")
+
+
+@dataclass(frozen=True)
+class Bind:
+    """One path bound into every container: ``src`` on the nodes, ``dst`` inside."""
+
+    src: str
+    dst: str
+    ro: bool = False
+    what: str = "bind"  # named in the job-time error when ``src`` is missing
+
+    @classmethod
+    def parse(cls, spec: str) -> "Bind":
+        """``SRC[:DST[:ro]]`` as ``--bind`` takes it (DST defaults to SRC)."""
+        parts = spec.split(":")
+        if not parts[0] or len(parts) > 3 or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+            raise SlurmError(f"--bind expects SRC[:DST[:ro]], got {spec!r}")
+        if len(parts) == 2 and parts[1] in ("ro", "rw"):
+            parts = [parts[0], parts[0], parts[1]]
+        src = _absolute(parts[0], "--bind")
+        dst = parts[1] if len(parts) > 1 and parts[1] else src
+        if not dst.startswith(("/", "$")):
+            raise SlurmError(f"--bind destination {dst!r} must be an absolute path")
+        return cls(src, dst, len(parts) == 3 and parts[2] == "ro", f"--bind {spec}")
+
+
+def _absolute(path: str, option: str) -> str:
+    """A path for the nodes: absolute, ``$VAR``-relative, or made absolute against the cwd (the
+    generator runs where the job is submitted from)."""
+    if not path:
+        raise SlurmError(f"{option} is empty")
+    if path.startswith(("/", "$")):
+        return path
+    if path.startswith("~"):
+        return "${HOME}" + path[1:] if path.startswith("~/") or path == "~" else path
+    return str(Path(path).absolute())
+
+
+def is_model_path(model: str) -> bool:
+    """A local model directory (bound into the container) rather than a hub id (``org/name``,
+    fetched into HF_HOME)."""
+    return model.startswith(("/", ".", "~", "$"))
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the trainer reads and writes; every path is checked on each node and bound."""
+
+    train_files: str | None = None
+    val_files: str | None = None
+    model: str | None = None
+    checkpoint_dir: str = DEFAULT_CHECKPOINT_DIR
+    binds: tuple[Bind, ...] = ()
+
+    @classmethod
+    def from_options(cls, data: str | None = None, train_files: str | None = None,
+                     val_files: str | None = None, model: str | None = None,
+                     checkpoint_dir: str | None = None, binds: list[str] | None = None
+                     ) -> "Inputs":
+        if data and (train_files or val_files):
+            raise SlurmError("give --data DIR or --train-files/--val-files, not both")
+        if data:
+            root = _absolute(data, "--data").rstrip("/") or "/"
+            train_files, val_files = f"{root}/train.parquet", f"{root}/test.parquet"
+        else:
+            train_files = _absolute(train_files, "--train-files") if train_files else None
+            val_files = _absolute(val_files, "--val-files") if val_files else None
+        if model and is_model_path(model):
+            model = _absolute(model, "--model")
+        return cls(train_files, val_files, model,
+                   _absolute(checkpoint_dir, "--checkpoint-dir") if checkpoint_dir
+                   else DEFAULT_CHECKPOINT_DIR,
+                   tuple(Bind.parse(b) for b in binds or ()))
+
+    def missing_for_trainer(self) -> list[str]:
+        """The options the default training command cannot do without."""
+        out = []
+        if not self.train_files:
+            out.append("--data (or --train-files)")
+        if not self.val_files:
+            out.append("--data (or --val-files)")
+        if not self.model:
+            out.append("--model")
+        return list(dict.fromkeys(out))
+
+    def checks(self) -> list[tuple[str, str]]:
+        """(what, path) pairs that must exist on every node before anything starts."""
+        out = [("train files", self.train_files), ("validation files", self.val_files)]
+        if self.model and is_model_path(self.model):
+            out.append(("model", self.model))
+        out += [(b.what, b.src) for b in self.binds]
+        return [(w, p) for w, p in out if p]
+
+    def all_binds(self) -> list[Bind]:
+        """Every bind of the job: data parents and model read-only, checkpoints read-write."""
+        out: list[Bind] = []
+        for path in (self.train_files, self.val_files):
+            if path:
+                parent = path.rsplit("/", 1)[0] or "/"
+                out.append(Bind(parent, parent, True, "data"))
+        if self.model and is_model_path(self.model):
+            out.append(Bind(self.model, self.model, True, "model"))
+        out.append(Bind(self.checkpoint_dir, self.checkpoint_dir, False, "checkpoints"))
+        out += self.binds
+        seen: dict[str, Bind] = {}
+        for b in out:
+            if b.dst not in seen:
+                seen[b.dst] = b
+        return list(seen.values())
+
+    def trainer_command(self) -> str:
+        """verl's PPO trainer with data, model, checkpoints and the cluster shape filled in."""
+        missing = self.missing_for_trainer()
+        if missing:
+            raise SlurmError("the default training command (verl.trainer.main_ppo) needs "
+                             f"{' and '.join(missing)}; or pass your own --train-cmd")
+        words = ["python3", "-m", "verl.trainer.main_ppo",
+                 f"data.train_files={self.train_files}", f"data.val_files={self.val_files}",
+                 f"actor_rollout_ref.model.path={self.model}",
+                 f"trainer.default_local_dir={self.checkpoint_dir}",
+                 "trainer.nnodes=${SLURM_NNODES}",
+                 "trainer.n_gpus_per_node=${VERL_ENV_GPUS_PER_NODE}"]
+        return " ".join(_quote_keep_vars(w) for w in words)
+
+
+def _quote_keep_vars(word: str) -> str:
+    """shlex-quote ``word`` for train_argv() while keeping it one word; ``$VAR`` survives since
+    shell_word() re-opens those references."""
+    return shlex.quote(word) if re.search(r"[^\w@%+=:,./${}-]", word) else word
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _VAR_REF = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
@@ -85,16 +262,18 @@ class SlurmJob:
     family: str
     sif: str
     nodes: int = 2
-    gpus_per_node: int | None = None  # None: 8 for cuda/rocm, 0 for cpu
-    cpus_per_task: int = 32
+    gpus_per_node: int | None = None  # None: no #SBATCH line, the allocation decides
+    cpus_per_task: int | None = None  # None: no #SBATCH line, the allocation decides
     partition: str | None = None
-    time: str = "04:00:00"
+    time: str | None = None  # None: the partition's default limit
     interface: str = "ib0"
     cache_dir: str = "${HOME}/.cache/verl-env/sif"
     hf_home: str = "${HOME}/.cache/huggingface"
-    train_cmd: str = DEFAULT_TRAIN_CMD
+    train_cmd: str | None = None  # None: verl's trainer on ``inputs`` (needs data and model)
+    inputs: Inputs = field(default_factory=Inputs)
     env: Mapping[str, str] = field(default_factory=dict)  # site NCCL/RCCL overrides, win last
     runtime: str = "apptainer"
+    roce: bool = False  # NCCL_IB_HCA also lists RoCE (Ethernet link layer) ports
     ray_ports: RayPorts = field(default_factory=RayPorts)
     port_stride: int = 0  # >0 only when several Slurm nodes share one host (test clusters)
     ray_tmp_root: str = "/tmp"
@@ -108,8 +287,6 @@ class SlurmJob:
     job_name: str | None = None
 
     def __post_init__(self) -> None:
-        if self.gpus_per_node is None:
-            object.__setattr__(self, "gpus_per_node", 0 if self.family == "cpu" else 8)
         if self.job_name is None:
             object.__setattr__(self, "job_name", f"verl-{self.target}")
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
@@ -124,16 +301,28 @@ def validate(job: SlurmJob) -> None:
     """Raise :class:`SlurmError` naming the first field that cannot make a working script."""
     if job.family not in FAMILIES:
         raise _fail(f"family must be one of {', '.join(FAMILIES)}, not {job.family!r}", job)
-    gpus = job.gpus_per_node or 0
-    if job.nodes < 1 or job.cpus_per_task < 1 or gpus < 0:
-        raise _fail("nodes and cpus_per_task must be >= 1 and gpus_per_node >= 0", job)
-    if job.family != "cpu" and gpus < 1:
-        raise _fail(f"a {job.family} job needs gpus_per_node >= 1", job)
+    if job.runtime not in RUNTIMES:
+        raise _fail(f"runtime must be one of {', '.join(RUNTIMES)}, not {job.runtime!r}", job)
+    refusal = FAMILY_PROFILES[job.family].chrun_refusal
+    if job.runtime == "ch-run" and refusal:
+        raise _fail(f"--runtime ch-run is refused for the {job.family} family: {refusal}", job)
+    if job.runtime == "ch-run" and job.sif.startswith(_REMOTE):
+        raise _fail("ch-run runs a local image directory; unpack the image on the shared "
+                    f"filesystem and pass its path instead of {job.sif!r}", job)
+    if job.nodes < 1 or (job.cpus_per_task is not None and job.cpus_per_task < 1):
+        raise _fail("nodes and cpus_per_task must be >= 1", job)
+    if job.gpus_per_node is not None:
+        if job.gpus_per_node < 0:
+            raise _fail("gpus_per_node must be >= 0", job)
+        if job.family != "cpu" and job.gpus_per_node < 1:
+            raise _fail(f"a {job.family} job needs gpus_per_node >= 1", job)
+        if job.family == "cpu" and job.gpus_per_node > 0:
+            raise _fail("a cpu job asks for no GPUs (gpus_per_node must be 0 or unset)", job)
     for name in ("target", "job_name", "partition", "interface"):
         value = getattr(job, name)
         if value is not None and not _SBATCH_VALUE.fullmatch(value):
             raise _fail(f"{name} {value!r} has characters a Slurm option cannot hold", job)
-    if not _TIME.fullmatch(job.time):
+    if job.time is not None and not _TIME.fullmatch(job.time):
         raise _fail(f"time {job.time!r} is not a Slurm time (MM, HH:MM:SS or D-HH:MM:SS)", job)
     for key in job.env:
         if not _NAME.fullmatch(key):
@@ -141,8 +330,12 @@ def validate(job: SlurmJob) -> None:
     if job.sif.startswith(_REMOTE) and not _DIGEST.search(job.sif):
         raise _fail(f"SIF reference {job.sif!r} must be pinned by digest (…@sha256:<64 hex>): "
                     "the shared cache is keyed by digest", job)
-    if not job.train_cmd.strip():
+    if job.train_cmd is not None and not job.train_cmd.strip():
         raise _fail("the training command is empty", job)
+    try:
+        command = training_command(job)
+    except SlurmError as exc:
+        raise _fail(str(exc), job) from None
     try:
         shlex.split(job.selftest_args)
     except ValueError as exc:
@@ -152,11 +345,17 @@ def validate(job: SlurmJob) -> None:
             raise _fail("timeouts must be >= 1 s", job)
     _check_ports(job)
     for text in (job.cache_dir, job.hf_home, job.runtime, job.ray_tmp_root, job.job_dir,
-                 job.selftest_phases or "", job.selftest_args, *job.env.values(), job.train_cmd):
+                 job.selftest_phases or "", job.selftest_args, *job.env.values(), command,
+                 *(p for b in job.inputs.all_binds() for p in (b.src, b.dst))):
         try:
             shell_word(text)
         except ValueError as exc:
             raise _fail(str(exc), job) from None
+
+
+def training_command(job: SlurmJob) -> str:
+    """``--train-cmd``, else verl's trainer on the job's data and model (refused without them)."""
+    return job.train_cmd if job.train_cmd is not None else job.inputs.trainer_command()
 
 
 def _check_ports(job: SlurmJob) -> None:
@@ -230,6 +429,7 @@ def _environment() -> jinja2.Environment:
         comment_end_string="##}",
     )
     env.filters["sh"] = shell_word
+    env.filters["lit"] = lambda text: '"' + _escape(text) + '"'  # shown as is: no $VAR expansion
     return env
 
 
@@ -241,7 +441,14 @@ def render_sbatch(job: SlurmJob) -> str:
         env=dict(sorted(job.env.items())),
         ports=job.ray_ports,
         node_ports=job.ray_ports.per_node(),
-        train_argv=train_argv(job.train_cmd),
+        train_argv=train_argv(training_command(job)),
+        profile=FAMILY_PROFILES[job.family],
+        binds=job.inputs.all_binds(),
+        path_checks=job.inputs.checks(),
+        checkpoint_dir=job.inputs.checkpoint_dir,
+        passed_prefixes=PASSED_PREFIXES,
+        passed_names=PASSED_NAMES,
+        env_prefix="SINGULARITYENV_" if job.runtime == "singularity" else "APPTAINERENV_",
         selftest_argv=shlex.split(job.selftest_args),
         sif_name=sif_cache_name(job.sif),
         generator="build-env slurm",
@@ -279,24 +486,47 @@ def parse_env(items: list[str] | None) -> dict[str, str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``build-env slurm`` (the CLI adds ``--target`` and resolves it to a family)."""
-    d = SlurmJob(target="t", family="cpu", sif="x.sif")
+    d = SlurmJob(target="t", family="cpu", sif="x.sif", train_cmd="true")
     parser.add_argument("--family", choices=FAMILIES, help="accelerator family of the target")
-    parser.add_argument("--nodes", type=int, default=d.nodes)
-    parser.add_argument("--gpus-per-node", type=int, default=None, help="default 8 (0 for cpu)")
-    parser.add_argument("--cpus-per-task", type=int, default=d.cpus_per_task,
-                        help="CPUs per node for Ray (--num-cpus)")
-    parser.add_argument("--partition", default=None)
-    parser.add_argument("--time", default=d.time)
-    parser.add_argument("--interface", default=d.interface,
-                        help="network interface for Ray, NCCL and gloo (default ib0)")
-    parser.add_argument("--sif", default=None,
-                        help="oras://…@sha256:… or docker://…@sha256:… or a .sif path")
+    parser.add_argument("--sif", "--image", dest="sif", default=None,
+                        help="oras://…@sha256:…, docker://…@sha256:… or a .sif path (apptainer, "
+                             "singularity); an unpacked image directory (ch-run)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default=d.runtime,
+                        help="container runtime on the nodes (ch-run: cpu family only)")
+    io = parser.add_argument_group("what the trainer reads and writes (bound into every container)")
+    io.add_argument("--data", default=None, metavar="DIR",
+                    help="directory holding train.parquet and test.parquet (verl's preprocessing "
+                         "output)")
+    io.add_argument("--train-files", default=None, metavar="PATH", help="training parquet file")
+    io.add_argument("--val-files", default=None, metavar="PATH", help="validation parquet file")
+    io.add_argument("--model", default=None, metavar="PATH_OR_ID",
+                    help="model directory (bound read-only) or a hub id fetched into --hf-home")
+    io.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                    help=f"where verl writes checkpoints (default {DEFAULT_CHECKPOINT_DIR})")
+    io.add_argument("--bind", action="append", default=[], metavar="SRC[:DST[:ro]]",
+                    help="another path bound into every container (repeatable)")
+    io.add_argument("--train-cmd", default=None,
+                    help="training command in the image (default: verl.trainer.main_ppo with "
+                         "data, model, checkpoints and the cluster shape filled in)")
+    alloc = parser.add_argument_group("allocation (a #SBATCH line only for what you give)")
+    alloc.add_argument("--nodes", type=int, default=d.nodes)
+    alloc.add_argument("--gpus-per-node", type=int, default=None)
+    alloc.add_argument("--cpus-per-task", type=int, default=None,
+                       help="CPUs per node (Ray's --num-cpus otherwise comes from the allocation)")
+    alloc.add_argument("--partition", default=None)
+    alloc.add_argument("--time", default=None)
+    alloc.add_argument("--no-exclusive", dest="exclusive", action="store_false",
+                       help="share nodes (default: #SBATCH --exclusive, whole nodes)")
+    net = parser.add_argument_group("network")
+    net.add_argument("--interface", default=d.interface,
+                     help="network interface for Ray, NCCL and gloo (default ib0)")
+    net.add_argument("--env", action="append", metavar="KEY=VALUE",
+                     help="site NCCL/RCCL setting, passed into the container so that it wins over "
+                          "the image's own (repeatable)")
+    net.add_argument("--roce", action="store_true",
+                     help="NCCL_IB_HCA also lists RoCE (Ethernet link layer) ports")
     parser.add_argument("--cache-dir", default=d.cache_dir, help="shared SIF cache directory")
     parser.add_argument("--hf-home", default=d.hf_home, help="shared Hugging Face cache")
-    parser.add_argument("--train-cmd", default=d.train_cmd, help="training command in the image")
-    parser.add_argument("--env", action="append", metavar="KEY=VALUE",
-                        help="site NCCL/RCCL setting exported by the script (repeatable)")
-    parser.add_argument("--runtime", default=d.runtime, help="container runtime command")
     parser.add_argument("--selftest-phases", default=None, help="phases for the node self-test")
     parser.add_argument("--selftest-args", default="",
                         help="more self-test options (e.g. '--strict --bw-ref FILE')")
@@ -311,14 +541,18 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
         raise SlurmError("no accelerator family: pass --family (or a --target the CLI resolves)")
     if not getattr(args, "sif", None):
         raise SlurmError("no image: pass --sif (oras://…@sha256:…, docker://…@sha256:… or a path)")
+    inputs = Inputs.from_options(data=args.data, train_files=args.train_files,
+                                 val_files=args.val_files, model=args.model,
+                                 checkpoint_dir=args.checkpoint_dir, binds=args.bind)
+    sif = args.sif if args.sif.startswith(_REMOTE + ("$",)) else _absolute(args.sif, "--sif")
     return SlurmJob(
-        target=getattr(args, "target", None) or family, family=family, sif=args.sif,
+        target=getattr(args, "target", None) or family, family=family, sif=sif,
         nodes=args.nodes, gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
         partition=args.partition, time=args.time, interface=args.interface,
-        cache_dir=args.cache_dir, hf_home=args.hf_home, train_cmd=args.train_cmd,
-        env=parse_env(args.env), runtime=args.runtime, selftest_phases=args.selftest_phases,
-        selftest_args=args.selftest_args,
-        ray_wait_timeout=args.ray_wait_timeout,
+        cache_dir=args.cache_dir, hf_home=args.hf_home, train_cmd=args.train_cmd, inputs=inputs,
+        env=parse_env(args.env), runtime=args.runtime, roce=args.roce,
+        selftest_phases=args.selftest_phases, selftest_args=args.selftest_args,
+        ray_wait_timeout=args.ray_wait_timeout, exclusive=args.exclusive,
     )
 
 

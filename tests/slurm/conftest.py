@@ -1,8 +1,10 @@
-"""Fixtures for the Slurm tests: a real two-node Slurm on this host, a stand-in container runtime,
-and free port blocks.
+"""Fixtures for the Slurm tests: a real two-node Slurm on this host and free port blocks.
 
 The cluster is Debian's slurmctld + two ``slurmd -N nodeI`` on localhost with ``auth/none``
-(research/feasibility.md §2). Every daemon is started here and stopped here by its PID, also
+(research/feasibility.md §2). A real ``TaskProlog`` exports the ``KEY=VALUE`` lines of
+``<root>/node-env/<node>.env`` into every task on that node (how a site prolog or module setup
+can leave one node's environment different); tests use it to break one node on purpose. Every
+daemon is started here and stopped here by its PID, also
 when a test fails.
 """
 
@@ -22,60 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurm.unit_runtime import standin_runtime  # noqa: F401  (fixture for the unit tests)
+
 SLURM_TOOLS = ("slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "srun")
-
-# A stand-in for apptainer: `pull DEST SRC` copies $FAKE_SIF_STORE/<digest hex> (or a path),
-# `exec [--nv|--rocm] [-B SRC[:DST]]... SIF CMD...` checks what apptainer would check (the SIF
-# and every bind source exist) and runs CMD on the host. Every call is logged. Test switches:
-# $FAKE_NODE_ENV_DIR/NODE.env (KEY=VALUE lines exported on that node only) and
-# FAKE_RUNTIME_BROKEN_NODE=NODE (exec fails there, as an unmountable image would).
-STANDIN_RUNTIME = r"""#!/usr/bin/env bash
-set -euo pipefail
-echo "${SLURMD_NODENAME:-batch} $*" >>"${FAKE_RUNTIME_LOG:-/dev/null}"
-cmd=${1:-}
-shift || true
-case $cmd in
-  version|--version) echo "apptainer version 0.0.0-standin" ;;
-  pull)
-    dest=$1 src=$2
-    [ ! -e "$dest" ] || { echo "FATAL: $dest exists" >&2; exit 255; }
-    case $src in
-      *@sha256:*) file="$FAKE_SIF_STORE/${src##*@sha256:}" ;;
-      *) file=$src ;;
-    esac
-    sleep "${FAKE_PULL_SECONDS:-0}"
-    cp "$file" "$dest"
-    ;;
-  exec)
-    while [ $# -gt 0 ]; do
-      case $1 in
-        --nv|--rocm|--cleanenv|--contain) shift ;;
-        -B|--bind)
-          src=${2%%:*}
-          [ -e "$src" ] || { echo "FATAL: bind source $src does not exist" >&2; exit 255; }
-          shift 2 ;;
-        -*) echo "standin: unknown option $1" >&2; exit 255 ;;
-        *) break ;;
-      esac
-    done
-    sif=$1
-    shift
-    [ -f "$sif" ] || { echo "FATAL: image $sif not found" >&2; exit 255; }
-    # a node-specific environment (as a node's prolog or module setup could leave it)
-    node_env="${FAKE_NODE_ENV_DIR:-/nonexistent}/${SLURMD_NODENAME:-none}.env"
-    if [ -f "$node_env" ]; then
-      while IFS= read -r line; do export "${line?}"; done <"$node_env"
-    fi
-    if [ -n "${FAKE_RUNTIME_BROKEN_NODE:-}" ] && [ "${SLURMD_NODENAME:-}" = "$FAKE_RUNTIME_BROKEN_NODE" ]; then
-      echo "FATAL: could not mount $sif on this node (FAKE_RUNTIME_BROKEN_NODE)" >&2
-      exit 255
-    fi
-    exec "$@"
-    ;;
-  *) echo "standin: unsupported command $cmd" >&2; exit 255 ;;
-esac
-"""
-
 
 def port_free(port: int) -> bool:
     """True when nothing holds ``port`` on any local address (TCP)."""
@@ -163,12 +114,21 @@ def _write_conf(root: Path, nodes: int, ctld_port: int, node_ports: list[int]) -
         f"SlurmctldLogFile={root}/slurmctld.log",
         f"SlurmdLogFile={root}/slurmd-%n.log",
         f"PlugStackConfig={root}/plugstack.conf",
+        f"TaskProlog={root}/taskprolog.sh",
     ]
     for i, port in enumerate(node_ports, start=1):
         lines.append(f"NodeName=node{i} NodeHostname=localhost Port={port} CPUs=2 "
                      "RealMemory=4000 State=UNKNOWN")
     lines.append(f"PartitionName=debug Nodes=node[1-{nodes}] Default=YES MaxTime=INFINITE State=UP")
     (root / "plugstack.conf").write_text("")
+    (root / "node-env").mkdir()
+    prolog = root / "taskprolog.sh"
+    prolog.write_text("#!/bin/sh\n"
+                      f'f="{root}/node-env/${{SLURMD_NODENAME}}.env"\n'
+                      'if [ -f "$f" ]; then\n'
+                      '  while IFS= read -r line; do echo "export $line"; done <"$f"\n'
+                      "fi\nexit 0\n")
+    prolog.chmod(0o755)
     (root / "state").mkdir()
     conf = root / "slurm.conf"
     conf.write_text("\n".join(lines) + "\n")
@@ -242,16 +202,6 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
             pass
         _stop(cluster.procs)
         log.close()
-
-
-@pytest.fixture(scope="session")
-def standin_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory holding the stand-in ``apptainer``; put it first on PATH."""
-    bindir = tmp_path_factory.mktemp("standin-bin")
-    runtime = bindir / "apptainer"
-    runtime.write_text(STANDIN_RUNTIME)
-    runtime.chmod(0o755)
-    return bindir
 
 
 def processes_mentioning(text: str) -> list[int]:

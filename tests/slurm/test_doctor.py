@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -168,6 +170,13 @@ def test_visible_devices(env: dict[str, str], status: str) -> None:
 ])
 def test_ray_debug_conflicts(env: dict[str, str], status: str) -> None:
     assert by_id(doctor.check_ray_debug(env), "env.ray_debug").status == status
+
+
+@pytest.mark.skipif(shutil.which("ch-run") is None, reason="ch-run not installed (charliecloud-runtime)")
+def test_real_chrun_version_without_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("USER", raising=False)
+    found = by_id(doctor.check_runtime("ch-run"), "runtime")
+    assert found.status == OK and re.search(r"ch-run: \d+\.\d+", found.message), found
 
 
 def test_runtime_present_and_missing(standin_runtime: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,12 +1,14 @@
 """Rendering the sbatch script: shellcheck on every family and several option sets, the
-contract of SlurmJob/render_sbatch/write_sbatch/CLI, and the node side run for real with the
-stand-in runtime (no Slurm needed)."""
+contract of SlurmJob/render_sbatch/write_sbatch/CLI, the script's own shell functions run by real
+bash (InfiniBand port selection, allocation counts), and the node side's runtime command line
+recorded by a stand-in runtime (no Slurm needed; tests/slurm/unit_runtime.py)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -18,7 +20,7 @@ import pytest
 
 from builder import slurm
 from builder.errors import SlurmError
-from builder.slurm import RayPorts, SlurmJob, render_sbatch, shell_word, write_sbatch
+from builder.slurm import Inputs, RayPorts, SlurmJob, render_sbatch, shell_word, write_sbatch
 
 DIGEST = "0123456789abcdef" * 4
 ORAS = f"oras://registry.example.org/verl/cuda-x86_64@sha256:{DIGEST}"
@@ -36,13 +38,18 @@ OPTION_SETS: dict[str, dict[str, object]] = {
                           cache_dir="/scratch/$USER/sif", hf_home="/scratch/${USER}/hf"),
     "path-source": dict(sif="/shared/images/verl.sif", exclusive=False, port_stride=100,
                         ray_ports=RayPorts(min_worker=20000, max_worker=20050)),
+    "hub-model-binds": dict(roce=True, inputs=Inputs.from_options(
+        train_files="/shared/d/train.parquet", val_files="/scratch/$USER/val.parquet",
+        model="Qwen/Qwen2.5-0.5B-Instruct", checkpoint_dir="${SCRATCH}/ckpt",
+        binds=["/etc/site.conf:/opt/site.conf:ro", "/scratch:ro", "$HOME/x y"])),
 }
+INPUTS = Inputs.from_options(data="/shared/data/gsm8k", model="/shared/models/qwen",
+                             checkpoint_dir="/shared/ckpt")
 
 
 def job_for(kind: str, **overrides: object) -> SlurmJob:
-    values: dict[str, object] = dict(target=f"{kind}-x86_64", family=kind, sif=ORAS)
-    if kind == "cpu":
-        values["gpus_per_node"] = 0
+    values: dict[str, object] = dict(target=f"{kind}-x86_64", family=kind, sif=ORAS,
+                                     inputs=INPUTS)
     values.update(overrides)
     return SlurmJob(**values)  # type: ignore[arg-type]
 
@@ -60,50 +67,180 @@ def shellcheck(path: Path) -> list[dict[str, object]]:
 @pytest.mark.parametrize("family", ["cuda", "rocm", "cpu"])
 def test_generated_script_passes_shellcheck(family: str, options: str, tmp_path: Path) -> None:
     """No findings at all (style level included, no excludes)."""
-    script = write_sbatch(job_for(family, **OPTION_SETS[options]), tmp_path / "job.sbatch")
+    values = dict(OPTION_SETS[options])
+    if family == "cpu":
+        values.pop("gpus_per_node", None)  # a cpu job asks for no GPUs
+    script = write_sbatch(job_for(family, **values), tmp_path / "job.sbatch")
+    findings = shellcheck(script)
+    assert findings == [], "\n".join(f"{f['line']}: SC{f['code']} {f['message']}" for f in findings)
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None,
+                    reason="shellcheck not installed (apt-get install shellcheck)")
+@pytest.mark.parametrize("options", sorted(OPTION_SETS))
+def test_chrun_script_passes_shellcheck(options: str, tmp_path: Path) -> None:
+    values = dict(OPTION_SETS[options], runtime="ch-run", sif="/shared/images/verl-cpu")
+    values.pop("gpus_per_node", None)
+    script = write_sbatch(job_for("cpu", **values), tmp_path / "job.sbatch")
     findings = shellcheck(script)
     assert findings == [], "\n".join(f"{f['line']}: SC{f['code']} {f['message']}" for f in findings)
 
 
 def test_family_profiles() -> None:
     cuda, rocm, cpu = (render_sbatch(job_for(f)) for f in ("cuda", "rocm", "cpu"))
-    assert 'RT=("$RUNTIME" exec --nv ' in cuda and "--rocm" not in cuda
-    assert 'RT=("$RUNTIME" exec --rocm ' in rocm and "--nv " not in rocm
+    assert 'RT=("$RUNTIME" exec --nv -B' in cuda and "--rocm" not in cuda
+    assert 'RT=("$RUNTIME" exec --rocm -B' in rocm and "--nv " not in rocm
     assert 'RT=("$RUNTIME" exec -B' in cpu
     for text in (cuda, rocm):
-        assert "#SBATCH --gpus-per-node=8" in text
-        for line in ('export_default NCCL_SOCKET_IFNAME "$IFACE"', "export_default NCCL_IB_DISABLE 0",
-                     "export_default NCCL_IB_GID_INDEX 3", 'export_default NCCL_IB_HCA "$hcas"'):
+        for line in ('export_default NCCL_SOCKET_IFNAME "$IFACE"', "export_default NCCL_IB_DISABLE",
+                     'export_default NCCL_IB_HCA "$hcas"'):
             assert line in text
-    assert "--gpus-per-node" not in cpu and "NCCL_IB" not in cpu
-    assert "RCCL_MSCCL_ENABLE 0" in rocm and "HSA_NO_SCRATCH_RECLAIM 1" in rocm
+        assert "NCCL_IB_GID_INDEX" not in text  # only when the site sets one
+        assert "Ethernet) continue" in text  # RoCE ports only with --roce
+    assert "NCCL_IB" not in cpu
+    assert "RCCL_MSCCL_ENABLE" in rocm and "HSA_NO_SCRATCH_RECLAIM" in rocm
     assert "RCCL_MSCCL" not in cuda and "HSA_NO_SCRATCH" not in cuda
     assert "unset ROCR_VISIBLE_DEVICES" in rocm and "unset ROCR" not in cuda
+    assert "/sys/class/kfd" in rocm and "/dev/nvidia" in cuda
     for text in (cuda, rocm, cpu):
         assert 'GLOO_SOCKET_IFNAME "$IFACE"' in text
         assert "-B /dev/infiniband" in text
+        assert "APPTAINERENV_" in text
+        assert "#SBATCH --gpus-per-node=" not in text and "#SBATCH --cpus-per-task=" not in text
+        assert "#SBATCH --time=" not in text
+        assert not re.search(r"SLURM_\w+:-\d", text)  # no invented fallback numbers
+    assert "SINGULARITYENV_" in render_sbatch(job_for("cuda", runtime="singularity"))
+    assert slurm.FAMILY_PROFILES["cuda"].apptainer_flags == ("--nv",)
+
+
+def test_sbatch_lines_only_for_what_was_asked() -> None:
+    text = render_sbatch(job_for("cuda", gpus_per_node=4, cpus_per_task=32, time="1:00:00"))
+    for line in ("#SBATCH --gpus-per-node=4", "#SBATCH --cpus-per-task=32",
+                 "#SBATCH --time=1:00:00"):
+        assert line in text
+    assert "#SBATCH --exclusive" not in render_sbatch(job_for("cuda", exclusive=False))
+
+
+def test_chrun_profile_and_refusal() -> None:
+    text = render_sbatch(job_for("cpu", runtime="ch-run", sif="/shared/img",
+                                 env={"NCCL_DEBUG": "INFO"}))
+    assert 'RT=("$RUNTIME" --env-no-expand)' in text
+    assert '"--set-env=$VERL_ENV_SIF/ch/environment"' in text
+    assert text.index("/ch/environment\"") < text.index('RT+=("--set-env=$name=${!name}")')
+    assert "BIND_MODE" not in text and "APPTAINERENV_" not in text and 'RUNTIME="ch-run"' in text
+    for family in ("cuda", "rocm"):
+        with pytest.raises(SlurmError, match=f"ch-run is refused for the {family} family: ch-run "
+                                             "does not inject the host's"):
+            job_for(family, runtime="ch-run", sif="/shared/img")
+    with pytest.raises(SlurmError, match="ch-run runs a local image directory"):
+        job_for("cpu", runtime="ch-run")
 
 
 def test_node_list_ray_ports_and_train_defaults() -> None:
-    text = render_sbatch(job_for("cuda", cpus_per_task=48))
+    text = render_sbatch(job_for("cuda"))
     assert 'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")' in text
-    assert 'nodes_array=("$nodes")' not in text
     for flag in ("--port", "--dashboard-port", "--ray-client-server-port", "--node-manager-port",
                  "--object-manager-port", "--min-worker-port", "--max-worker-port", "--block",
                  "--node-ip-address", "--num-cpus", "--num-gpus", "--temp-dir"):
         assert flag in text
     for setting in ("RAY_GCS_PORT=6379", "RAY_DASHBOARD_PORT=8265", "RAY_CLIENT_PORT=10001",
                     "RAY_MIN_WORKER_PORT=10002", "RAY_MAX_WORKER_PORT=19999",
-                    'VERL_ENV_CPUS_PER_NODE="${SLURM_CPUS_PER_TASK:-48}"',
-                    'VERL_ENV_GPUS_PER_NODE="${SLURM_GPUS_PER_NODE:-8}"', "#SBATCH --exclusive"):
+                    "VERL_ENV_CPUS_PER_NODE=$(alloc_cpus)",
+                    "VERL_ENV_GPUS_PER_NODE=$(alloc_gpus)", "#SBATCH --exclusive"):
         assert setting in text
-    assert ('local cmd=("python3" "-m" "verl.trainer.main_ppo" "trainer.nnodes=${SLURM_NNODES}" '
+    assert ('local cmd=("python3" "-m" "verl.trainer.main_ppo" '
+            '"data.train_files=/shared/data/gsm8k/train.parquet" '
+            '"data.val_files=/shared/data/gsm8k/test.parquet" '
+            '"actor_rollout_ref.model.path=/shared/models/qwen" '
+            '"trainer.default_local_dir=/shared/ckpt" "trainer.nnodes=${SLURM_NNODES}" '
             '"trainer.n_gpus_per_node=${VERL_ENV_GPUS_PER_NODE}")') in text
+    assert 'BIND_SRC=("/shared/data/gsm8k" "/shared/models/qwen" "/shared/ckpt")' in text
+    assert "BIND_MODE=(ro ro rw)" in text
+    assert ('CHECK_PATH=("/shared/data/gsm8k/train.parquet" "/shared/data/gsm8k/test.parquet" '
+            '"/shared/models/qwen")') in text
+
+
+def test_inputs_binds_and_refusals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    hub = Inputs.from_options(data="rel/data", model="Org/Model", binds=["/a:/b:ro", "/c:rw"])
+    assert hub.train_files == f"{tmp_path}/rel/data/train.parquet"  # relative: against the cwd
+    assert [(b.src, b.dst, b.ro) for b in hub.all_binds()] == [
+        (f"{tmp_path}/rel/data", f"{tmp_path}/rel/data", True),
+        ("${SLURM_SUBMIT_DIR}/checkpoints", "${SLURM_SUBMIT_DIR}/checkpoints", False),
+        ("/a", "/b", True), ("/c", "/c", False)]
+    assert "actor_rollout_ref.model.path=Org/Model" in hub.trainer_command()
+    assert all(path != "Org/Model" for _, path in hub.checks())  # a hub id is fetched, not bound
+    local = Inputs.from_options(train_files="/d/t.parquet", val_files="/e/v.parquet",
+                                model="~/models/m")
+    assert local.model == "${HOME}/models/m" and ("model", "${HOME}/models/m") in local.checks()
+    for bad in ("", "/a:/b:rx", "/a:b", "/a:/b:ro:x"):
+        with pytest.raises(SlurmError, match="--bind"):
+            Inputs.from_options(binds=[bad])
+    with pytest.raises(SlurmError, match="not both"):
+        Inputs.from_options(data="/d", train_files="/t")
+    with pytest.raises(SlurmError, match=r"needs --data \(or --train-files\) and --data \(or "
+                                         r"--val-files\) and --model; or pass your own --train-cmd"):
+        job_for("cuda", inputs=Inputs())
+    with pytest.raises(SlurmError, match="needs --model;"):
+        job_for("cuda", inputs=Inputs.from_options(data="/d"))
+    assert job_for("cuda", inputs=Inputs(), train_cmd="python3 x.py")  # own command: no refusal
+
+
+def _function(script: str, name: str) -> str:
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{name}() {{"))
+    end = lines.index("}", start)
+    return "\n".join(lines[start:end + 1])
+
+
+def _bash(code: str, env: dict[str, str] | None = None) -> str:
+    return subprocess.run(["bash", "-c", code], capture_output=True, text=True, check=True,
+                          env={"PATH": os.environ["PATH"], **(env or {})}).stdout.strip()
+
+
+@pytest.mark.parametrize("env, cpus, gpus", [
+    ({"SLURM_CPUS_ON_NODE": "24", "SLURM_CPUS_PER_TASK": "8", "SLURM_GPUS_ON_NODE": "4"},
+     "24", "4"),
+    ({"SLURM_CPUS_PER_TASK": "8", "SLURM_GPUS_PER_NODE": "a100:2"}, "8", "2"),
+    ({}, str(len(os.sched_getaffinity(0))), str(len(list(Path("/dev").glob("nvidia[0-9]*"))))),
+])
+def test_allocation_counts(env: dict[str, str], cpus: str, gpus: str) -> None:
+    """No Slurm counts: nproc, and the /dev/nvidiaN devices the node shows."""
+    text = render_sbatch(job_for("cuda"))
+    code = _function(text, "alloc_cpus") + "\n" + _function(text, "alloc_gpus")
+    assert _bash(code + "\nalloc_cpus; alloc_gpus", env).split() == [cpus, gpus]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare to mount a sysfs stand-in in a private namespace")
+@pytest.mark.parametrize("roce, expected", [(False, "mlx5_0:1,mlx5_2:1"),
+                                            (True, "mlx5_0:1,mlx5_1:1,mlx5_2:1")])
+def test_nccl_ib_hca_from_infiniband_ports(roce: bool, expected: str, tmp_path: Path) -> None:
+    """ib_hcas() of the rendered script, run by bash over a /sys/class tree bind-mounted in a
+    private mount namespace: ACTIVE InfiniBand ports only; RoCE (Ethernet) ones with --roce."""
+    ports = {"mlx5_0/ports/1": ("4: ACTIVE", "InfiniBand"),
+             "mlx5_1/ports/1": ("4: ACTIVE", "Ethernet"),
+             "mlx5_2/ports/1": ("4: ACTIVE", "InfiniBand"),
+             "mlx5_2/ports/2": ("1: DOWN", "InfiniBand"),
+             "mlx5_3/ports/1": ("1: DOWN", "Ethernet")}
+    sysfs = tmp_path / "class"
+    for port, (state, layer) in ports.items():
+        (sysfs / "infiniband" / port).mkdir(parents=True)
+        (sysfs / "infiniband" / port / "state").write_text(state + "\n")
+        (sysfs / "infiniband" / port / "link_layer").write_text(layer + "\n")
+    fn = _function(render_sbatch(job_for("cuda", roce=roce)), "ib_hcas")
+    out = subprocess.run(["unshare", "-m", "--propagation", "private", "bash", "-c",
+                          f"mount --bind {sysfs} /sys/class && {fn}\nib_hcas"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == expected
 
 
 def test_site_overrides_come_after_defaults() -> None:
-    text = render_sbatch(job_for("cuda", env={"NCCL_IB_GID_INDEX": "0"}))
-    assert text.index("export_default NCCL_IB_GID_INDEX 3") < text.index('export NCCL_IB_GID_INDEX="0"')
+    text = render_sbatch(job_for("cuda", env={"NCCL_IB_DISABLE": "1", "NCCL_IB_GID_INDEX": "3"}))
+    assert text.index('export_default NCCL_IB_DISABLE "0"') < text.index(
+        'export NCCL_IB_DISABLE="1"')
+    assert 'export NCCL_IB_GID_INDEX="3"' in text
+    assert "NCCL_IB_GID_INDEX" in text.split("PASS_NAMES=")[1].splitlines()[0]
 
 
 @pytest.mark.parametrize("value", ["plain", "$HOME/x", "${HOME}y", "a b", "it's", 'q"q', "`id`",
@@ -122,6 +259,10 @@ def test_shell_word_round_trips_through_bash(value: str) -> None:
     (dict(sif="docker://r.example/verl:v1"), "pinned by digest"),
     (dict(gpus_per_node=0), "needs gpus_per_node >= 1"),
     (dict(nodes=0), "nodes and cpus_per_task"),
+    (dict(cpus_per_task=0), "nodes and cpus_per_task"),
+    (dict(runtime="docker"), "runtime must be one of"),
+    (dict(runtime="ch-run", sif="/x"), "ch-run is refused for the cuda family"),
+    (dict(inputs=Inputs()), "needs --data"),
     (dict(partition="gpu\n#SBATCH --x"), "partition"),
     (dict(interface="ib0; rm"), "interface"),
     (dict(time="soon"), "not a Slurm time"),
@@ -143,8 +284,10 @@ def test_invalid_jobs_are_refused(overrides: dict[str, object], message: str) ->
 
 def test_job_is_frozen_and_defaults() -> None:
     job = job_for("rocm")
-    assert job.gpus_per_node == 8 and job.job_name == "verl-rocm-x86_64"
-    assert job_for("cpu", gpus_per_node=None).gpus_per_node == 0
+    assert job.gpus_per_node is None and job.cpus_per_task is None and job.time is None
+    assert job.job_name == "verl-rocm-x86_64"
+    with pytest.raises(SlurmError, match="cpu job asks for no GPUs"):
+        job_for("cpu", gpus_per_node=2)
     with pytest.raises(Exception):
         job.nodes = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -183,13 +326,18 @@ def test_cli_writes_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     out = tmp_path / "job.sbatch"
     args = _parse(["--family", "rocm", "--nodes", "4", "--gpus-per-node", "8", "--sif", ORAS,
                    "--partition", "mi300", "--interface", "ib1", "--env", "NCCL_IB_GID_INDEX=3",
-                   "--env", "NCCL_IB_HCA=mlx5_0", "--output", str(out)])
+                   "--env", "NCCL_IB_HCA=mlx5_0", "--data", "/shared/gsm8k", "--model",
+                   "/shared/models/qwen", "--checkpoint-dir", "/shared/ckpt", "--bind",
+                   "/scratch", "--output", str(out)])
     assert slurm.run(args) == 0
     text = out.read_text()
     assert "#SBATCH --nodes=4" in text and "#SBATCH --partition=mi300" in text
+    assert "#SBATCH --gpus-per-node=8" in text and "#SBATCH --cpus-per-task" not in text
     assert 'IFACE="ib1"' in text and 'export NCCL_IB_HCA="mlx5_0"' in text
+    assert '"trainer.default_local_dir=/shared/ckpt"' in text and '"/scratch"' in text
     assert "sbatch" in capsys.readouterr().out
-    assert slurm.run(_parse(["--family", "cpu", "--gpus-per-node", "0", "--sif", "/x.sif"])) == 0
+    assert slurm.run(_parse(["--family", "cpu", "--sif", "/x", "--runtime", "ch-run",
+                             "--train-cmd", "python3 t.py"])) == 0
     assert capsys.readouterr().out.startswith("#!/usr/bin/env bash")
 
 
@@ -201,7 +349,15 @@ def test_cli_reports_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert slurm.run(_parse(["--family", "cuda"])) == 2
     assert "--sif" in capsys.readouterr().err
     assert slurm.run(_parse(["--family", "cpu", "--gpus-per-node", "0", "--sif", ORAS,
-                             "--env", "NOVALUE"])) == 2
+                             "--env", "NOVALUE", "--train-cmd", "x"])) == 2
+    assert slurm.run(_parse(["--family", "cuda", "--sif", ORAS, "--model", "Org/M"])) == 2
+    err = capsys.readouterr().err
+    assert "needs --data (or --train-files) and --data (or --val-files); or pass" in err
+    assert slurm.run(_parse(["--family", "cuda", "--sif", "/x", "--runtime", "ch-run",
+                             "--train-cmd", "x"])) == 2
+    assert "refused for the cuda family" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _parse(["--runtime", "docker"])
 
 
 def test_script_outside_slurm_says_so(tmp_path: Path) -> None:
@@ -217,14 +373,19 @@ def test_node_side_exec_through_runtime(family: str, flag: str | None, tmp_path:
                                         standin_runtime: Path) -> None:
     """`job.sh --node exec CMD` runs CMD through the runtime with the family flag and binds; on
     ROCm the visible-device variables come out consistent (HIP == CUDA, no ROCR)."""
-    script = write_sbatch(job_for(family), tmp_path / "job.sh")
+    bound = tmp_path / "bound"
+    bound.mkdir()
+    inputs = Inputs.from_options(binds=[f"{bound}:/data:ro"], checkpoint_dir=str(tmp_path))
+    script = write_sbatch(job_for(family, inputs=inputs, train_cmd="true",
+                                  env={"NCCL_DEBUG": "INFO"}), tmp_path / "job.sh")
     sif = tmp_path / "image.sif"
     sif.write_text("sif")
     (tmp_path / ".cache" / "huggingface").mkdir(parents=True)  # the default HF_HOME
     env = {"PATH": f"{standin_runtime}:{os.environ['PATH']}", "SLURM_JOB_ID": "7",
            "VERL_ENV_JOB_DIR": str(tmp_path), "VERL_ENV_SIF": str(sif),
            "FAKE_RUNTIME_LOG": str(tmp_path / "rt.log"), "ROCR_VISIBLE_DEVICES": "4,5",
-           "HOME": str(tmp_path)}
+           "HOME": str(tmp_path), "NCCL_DEBUG": "INFO", "RAY_ADDRESS": "1.2.3.4:6379",
+           "UNRELATED": "x"}
     proc = subprocess.run(["bash", str(script), "--node", "exec", "env"], capture_output=True,
                           text=True, env=env)
     assert proc.returncode == 0, proc.stderr
@@ -233,6 +394,11 @@ def test_node_side_exec_through_runtime(family: str, flag: str | None, tmp_path:
     assert call[1] == "exec" and call[-2:] == [str(sif), "env"]
     assert (flag in call) if flag else ("--nv" not in call and "--rocm" not in call)
     assert ["-B", str(tmp_path)] == call[call.index("-B"):call.index("-B") + 2]
+    assert f"{bound}:/data:ro" in call and f"{tmp_path}:{tmp_path}:rw" in call
+    # site and job variables go in as APPTAINERENV_*, which apptainer applies after the image ENV
+    assert seen["APPTAINERENV_NCCL_DEBUG"] == "INFO"
+    assert seen["APPTAINERENV_RAY_ADDRESS"] == "1.2.3.4:6379"
+    assert "APPTAINERENV_UNRELATED" not in seen
     if family == "rocm":
         assert "ROCR_VISIBLE_DEVICES" not in seen
         assert seen["HIP_VISIBLE_DEVICES"] == seen["CUDA_VISIBLE_DEVICES"] == "4,5"
