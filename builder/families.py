@@ -9,7 +9,9 @@ names a family.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 ALL_PHASES = ("preflight", "env", "imports", "versions", "cpu", "gpu", "collective", "ray")
 
@@ -40,25 +42,45 @@ class Family:
     apptainer_flags: tuple[str, ...]  # --nv / --rocm: the host's GPU stack inside the container
     visible_devices: tuple[str, ...]  # the variables that select GPUs for a process
     comm_library: str | None  # the collective library torch's "nccl" backend is here
-    # Defaults of the Slurm job's communication profile (site-tunable, passed at run time,
-    # never baked into images).
-    job_env: tuple[tuple[str, str], ...] = ()
-    charliecloud: bool = False  # ch-run runs it (it does not inject a host GPU stack)
+    # The Slurm job's NCCL/RCCL profile: exported unless the site exported them first (site
+    # values always win), passed at run time, never baked into an image.
+    collective_defaults: Mapping[str, str] = field(default_factory=dict)
+    uses_ib: bool = False  # InfiniBand tuning in the job (NCCL_IB_HCA from InfiniBand ports)
+    unset: tuple[str, ...] = ()  # variables unset before the container starts
+    charliecloud: bool = False  # ch-run can run it (ch-run injects no host GPU stack)
+
+    @property
+    def gpu_probe(self) -> str | None:
+        """Whose GPUs a node counts when Slurm does not say (nvidia, amd, None)."""
+        return self.vendor.name if self.vendor else None
+
+    @property
+    def chrun_refusal(self) -> str | None:
+        """Why ``ch-run`` cannot run this family (None: it can)."""
+        if self.charliecloud:
+            return None
+        what = {"nvidia": "NVIDIA driver libraries", "amd": "ROCm devices and libraries"}.get(
+            self.gpu_probe or "", "GPU stack")
+        return (f"ch-run does not inject the host's {what} into the container, and this tool "
+                f"does not either; use --runtime apptainer (or singularity) for {self.name} "
+                "images")
 
 
-FAMILIES: dict[str, Family] = {
+FAMILIES: Mapping[str, Family] = MappingProxyType({
     "cuda": Family("cuda", NVIDIA, ALL_PHASES, ("--nv",), ("CUDA_VISIBLE_DEVICES",), "NCCL",
-                   job_env=(("NCCL_IB_DISABLE", "0"), ("CUDA_DEVICE_MAX_CONNECTIONS", "1"))),
+                   collective_defaults=MappingProxyType({"NCCL_IB_DISABLE": "0"}), uses_ib=True),
+    # verl's and AMD's MI300 recipes: MSCCL off, no scratch reclaim; Ray refuses
+    # ROCR_VISIBLE_DEVICES and must leave HIP_VISIBLE_DEVICES alone.
     "rocm": Family("rocm", AMD, ALL_PHASES, ("--rocm",),
                    ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"), "RCCL",
-                   # verl and AMD's MI300 recipes: MSCCL off, no scratch reclaim, and Ray told
-                   # not to rewrite HIP_VISIBLE_DEVICES (it refuses ROCR_VISIBLE_DEVICES).
-                   job_env=(("RCCL_MSCCL_ENABLE", "0"), ("HSA_NO_SCRATCH_RECLAIM", "1"),
-                            ("RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES", "1"),
-                            ("NCCL_IB_DISABLE", "0"))),
+                   collective_defaults=MappingProxyType({
+                       "NCCL_IB_DISABLE": "0", "RCCL_MSCCL_ENABLE": "0",
+                       "HSA_NO_SCRATCH_RECLAIM": "1",
+                       "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1"}),
+                   uses_ib=True, unset=("ROCR_VISIBLE_DEVICES",)),
     "cpu": Family("cpu", None, ("preflight", "env", "imports", "versions", "cpu", "ray"), (),
                   (), None, charliecloud=True),
-}
+})
 
 
 def family(name: str | None) -> Family | None:

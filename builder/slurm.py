@@ -21,6 +21,7 @@ from typing import Mapping
 import jinja2
 
 from builder.errors import SlurmError
+from builder.families import FAMILIES, Family
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "job.sbatch.j2"
@@ -31,46 +32,10 @@ DEFAULT_CHECKPOINT_DIR = "${SLURM_SUBMIT_DIR}/checkpoints"
 
 
 # --------------------------------------------------------------------------- family data
-@dataclass(frozen=True)
-class FamilyProfile:
-    """What the job script does differently per accelerator family. Site values (``--env``)
-    always win over ``collective_defaults``; nothing here is baked into an image."""
-
-    #: apptainer/singularity flag that injects the host's GPU driver stack
-    apptainer_flags: tuple[str, ...]
-    #: NCCL/RCCL variables exported unless the site exported them first
-    collective_defaults: Mapping[str, str]
-    #: InfiniBand tuning (NCCL_SOCKET_IFNAME, NCCL_IB_HCA from the InfiniBand ports)
-    uses_ib: bool
-    #: how the node side counts its GPUs when Slurm does not say: ``nvidia`` (/dev/nvidiaN),
-    #: ``amd`` (KFD topology nodes with SIMDs), or None (no GPUs)
-    gpu_probe: str | None
-    #: variables unset before the container starts (Ray refuses ROCR_VISIBLE_DEVICES)
-    unset: tuple[str, ...] = ()
-    #: why ch-run cannot run this family (None: it can)
-    chrun_refusal: str | None = None
-
-
-_CHRUN_GPU = ("ch-run does not inject the host's {what} into the container, and this tool "
-              "does not either; use --runtime apptainer (or singularity) for {family} images")
-
-#: The per-family NCCL/RCCL profile and runtime flags: the one place the job template reads them.
-FAMILY_PROFILES: Mapping[str, FamilyProfile] = MappingProxyType({
-    "cuda": FamilyProfile(
-        apptainer_flags=("--nv",),
-        collective_defaults=MappingProxyType({"NCCL_IB_DISABLE": "0"}),
-        uses_ib=True, gpu_probe="nvidia",
-        chrun_refusal=_CHRUN_GPU.format(what="NVIDIA driver libraries", family="cuda")),
-    "rocm": FamilyProfile(
-        apptainer_flags=("--rocm",),
-        collective_defaults=MappingProxyType({"NCCL_IB_DISABLE": "0", "RCCL_MSCCL_ENABLE": "0",
-                                              "HSA_NO_SCRATCH_RECLAIM": "1"}),
-        uses_ib=True, gpu_probe="amd", unset=("ROCR_VISIBLE_DEVICES",),
-        chrun_refusal=_CHRUN_GPU.format(what="ROCm devices and libraries", family="rocm")),
-    "cpu": FamilyProfile(apptainer_flags=(), collective_defaults=MappingProxyType({}),
-                         uses_ib=False, gpu_probe=None),
-})
-FAMILIES = tuple(FAMILY_PROFILES)
+#: The per-family NCCL/RCCL profile and runtime flags come from builder.families (the one place
+#: that says what a family means); the job template reads them as ``profile``.
+FAMILY_PROFILES: Mapping[str, Family] = FAMILIES
+FAMILY_NAMES = tuple(FAMILIES)
 
 #: Variables the job script hands to the container explicitly (besides every ``--env`` name),
 #: so that they win over an image ENV of the same name; passed only when set.
@@ -299,8 +264,8 @@ def _fail(message: str, job: SlurmJob | None = None) -> SlurmError:
 
 def validate(job: SlurmJob) -> None:
     """Raise :class:`SlurmError` naming the first field that cannot make a working script."""
-    if job.family not in FAMILIES:
-        raise _fail(f"family must be one of {', '.join(FAMILIES)}, not {job.family!r}", job)
+    if job.family not in FAMILY_NAMES:
+        raise _fail(f"family must be one of {', '.join(FAMILY_NAMES)}, not {job.family!r}", job)
     if job.runtime not in RUNTIMES:
         raise _fail(f"runtime must be one of {', '.join(RUNTIMES)}, not {job.runtime!r}", job)
     refusal = FAMILY_PROFILES[job.family].chrun_refusal
@@ -487,7 +452,7 @@ def parse_env(items: list[str] | None) -> dict[str, str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``build-env slurm`` (the CLI adds ``--target`` and resolves it to a family)."""
     d = SlurmJob(target="t", family="cpu", sif="x.sif", train_cmd="true")
-    parser.add_argument("--family", choices=FAMILIES, help="accelerator family of the target")
+    parser.add_argument("--family", choices=FAMILY_NAMES, help="accelerator family of the target")
     parser.add_argument("--sif", "--image", dest="sif", default=None,
                         help="oras://…@sha256:…, docker://…@sha256:… or a .sif path (apptainer, "
                              "singularity); an unpacked image directory (ch-run)")
