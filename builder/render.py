@@ -146,7 +146,7 @@ def _file_sha256(path: Path) -> str:
 
 def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, lock_hash: str,
                       ca_bundle: bool, ca_hash: str | None, wheels: bool,
-                      source_hashed: bool) -> str:
+                      source_hashed: bool, venv_replaced: tuple[str, ...] = ()) -> str:
     source_builds = [p for p in target.enabled_packages if p.build == "source"]
     try:
         return _env().get_template("Dockerfile.j2").render(
@@ -157,6 +157,7 @@ def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, 
             ca_bundle=ca_bundle, wheels=wheels,
             find_links=["/tmp/verl-env/wheels"] if wheels else [],
             source_builds=source_builds, source_hashed=source_hashed,
+            venv_replaced=venv_replaced,
             labels=labels(target, matrix_hash, lock_hash, ca_hash))
     except jinja2.TemplateError as exc:
         raise RenderError(f"template error: {exc}", target=target.name) from None
@@ -187,7 +188,9 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
     ca_hash = "sha256:" + _file_sha256(ca_bundle) if ca_bundle else None
     dockerfile = render_dockerfile(target, layers, matrix_hash=matrix_hash, lock_hash=lock_hash,
                                    ca_bundle=ca_bundle is not None, ca_hash=ca_hash,
-                                   wheels=bool(wheels), source_hashed=source_hashed)
+                                   wheels=bool(wheels), source_hashed=source_hashed,
+                                   venv_replaced=tuple(sorted(
+                                       {"pip", "setuptools", "wheel"} & set(locked))))
     man = manifest(target, matrix_hash, lock_hash)
 
     out = out.resolve()
