@@ -200,7 +200,8 @@ def _file_sha256(path: Path) -> str:
 
 def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, lock_hash: str,
                       ca_bundle: bool, ca_hash: str | None, wheels: bool,
-                      source_hashed: bool, templates: Path | None = None) -> str:
+                      source_hashed: bool, templates: Path | None = None,
+                      venv_replaced: tuple[str, ...] = ()) -> str:
     source_builds = [p for p in target.enabled_packages if p.build == "source"]
     try:
         return _env(templates).get_template("Dockerfile.j2").render(
@@ -212,6 +213,7 @@ def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, 
             find_links=["/tmp/verl-env/wheels"] if wheels else [],
             source_builds=source_builds, source_hashed=source_hashed,
             cuda_archs=CUDA_ARCHS.get(target.arch, CUDA_ARCHS["x86_64"]),
+            venv_replaced=venv_replaced,
             labels=labels(target, matrix_hash, lock_hash, ca_hash))
     except jinja2.TemplateError as exc:
         raise RenderError(f"template error: {exc}", target=target.name) from None
@@ -244,7 +246,9 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
     dockerfile = render_dockerfile(target, layers, matrix_hash=matrix_hash, lock_hash=lock_hash,
                                    ca_bundle=ca_bundle is not None, ca_hash=ca_hash,
                                    wheels=bool(wheels), source_hashed=source_hashed,
-                                   templates=templates)
+                                   templates=templates,
+                                   venv_replaced=tuple(sorted(
+                                       {"pip", "setuptools", "wheel"} & set(locked))))
     man = manifest(target, matrix_hash, lock_hash)
 
     out = out.resolve()

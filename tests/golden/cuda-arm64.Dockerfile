@@ -19,7 +19,8 @@ RUN apt-get update \
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
 RUN python3.12 -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt
+    && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt \
+    && /opt/venv/bin/python -m pip uninstall -y -q setuptools
 COPY layers/10-torch.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/10-torch.txt
@@ -63,7 +64,8 @@ RUN apt-get update \
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
 RUN python3.12 -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt
+    && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt \
+    && /opt/venv/bin/python -m pip uninstall -y -q setuptools
 
 # torch: 29 packages
 COPY layers/10-torch.txt /opt/verl-env/layers/

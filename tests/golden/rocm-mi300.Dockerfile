@@ -18,7 +18,8 @@ RUN apt-get update \
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
 RUN python3.12 -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt
+    && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt \
+    && /opt/venv/bin/python -m pip uninstall -y -q setuptools
 
 # deps: 118 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
