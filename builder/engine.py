@@ -446,6 +446,18 @@ class Engine:
         if not self.client.api.tag(image_id, repo, tag, force=True):
             raise EngineError(f"could not tag {image_id[:19]} as {ref}")
 
+    def push(self, repository: str, tag: str, *, auth_config: dict[str, str] | None = None
+             ) -> Iterator[dict[str, Any]]:
+        """The engine's push of ``repository:tag``, as its stream of decoded events (the caller
+        scans every event: a push stream never raises for a refused layer). The engine does the
+        registry's auth flow (Basic or Bearer) itself with ``auth_config``."""
+        try:
+            yield from self.client.images.push(repository, tag=tag, stream=True, decode=True,
+                                               auth_config=auth_config)
+        except (docker.errors.APIError, requests.RequestException) as exc:
+            raise EngineError(f"push of {repository}:{tag} broke off: "
+                              f"{getattr(exc, 'explanation', None) or exc}") from None
+
     def remove_candidate(self, image_id: str) -> None:
         """Remove an image only while no tag names it (a candidate nobody released), keeping its
         parent layers (the build cache). A cached rebuild of a released image is left alone."""

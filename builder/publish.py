@@ -122,8 +122,7 @@ def push_image(engine: Engine, image: Any, reg: Client, tag: str, attempts: int)
 
     def once() -> str:
         digest = None
-        for event in engine.client.images.push(ref, tag=tag, stream=True, decode=True,
-                                               auth_config=auth):
+        for event in engine.push(ref, tag, auth_config=auth):
             if "error" in event or "errorDetail" in event:
                 message = (event.get("errorDetail") or {}).get("message") or event.get("error")
                 message = str(message).strip()
