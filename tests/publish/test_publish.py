@@ -220,7 +220,8 @@ def test_digest_mismatch_writes_no_record(registry: RegistryServer, layered: Any
 
 def test_sif_of_another_image_is_refused(registry: RegistryServer, layered: Any,
                                          tmp_path: Path) -> None:
-    from builder import sif_format, sif_meta
+    from builder.sif import format as sif_format
+    from builder.sif import meta as sif_meta
 
     meta = sif_meta.generate({"Labels": {"org.verl-env.pin.demo": "2.0"}}, source="other:1",
                              arch="amd64", when=__import__("datetime").datetime.now().astimezone())
@@ -246,7 +247,9 @@ def test_pipeline_entry_requires_a_verdict(registry: RegistryServer, layered: An
     with pytest.raises(PublishError, match="no passing verdict"):
         publish.publish_verified(layered.id, f"{registry.host}/{REPO}", target="layers",
                                  sif=None, pins={})
-    verdicts.record(layered.id, {"overall": "pass", "target": "layers"})
+    # a passing release verdict, as the gate records one (scope: the full phase set)
+    verdicts.record(layered.id, {"overall": "pass", "target": "layers",
+                                 "report": {"overall": "pass", "gate": {"scope": "release"}}})
     try:
         record = publish.publish_verified(layered.id, f"{registry.host}/{REPO}", target="layers",
                                           sif=layered_sif, pins={"demo": "1.0"})

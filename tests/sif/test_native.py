@@ -229,7 +229,9 @@ def test_pipeline_entry_converts_only_verified_images(layered: Any, tmp_path: Pa
     out = tmp_path / "v.sif"
     with pytest.raises(SifError, match="no passing verdict"):
         sif_mod.convert_verified(layered.id, out, target="layers")
-    verdicts.record(layered.id, {"overall": "pass", "target": "layers"})
+    # a passing release verdict, as the gate records one (scope: the full phase set)
+    verdicts.record(layered.id, {"overall": "pass", "target": "layers",
+                                 "report": {"overall": "pass", "gate": {"scope": "release"}}})
     try:
         with pytest.raises(SifError, match="selftest") as err:
             sif_mod.convert_verified(layered.id, out, target="layers")
