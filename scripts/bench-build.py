@@ -49,10 +49,11 @@ def e2e(args: argparse.Namespace, workdir: Path, extra: list[str]) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"build failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     report = json.loads(proc.stdout)
-    return {"wall_s": round(wall, 1), "build_s": report["stages"]["build"]["seconds"],
-            "steps": report["stages"]["build"]["steps"],
-            "cache_hits": report["stages"]["build"]["cache_hits"],
-            "verify_s": report["stages"]["verify"]["seconds"], "image_id": report["image_id"]}
+    build, verify = report["stages"]["build"], report["stages"]["verify"]
+    selftest = (report.get("verification") or {}).get("duration_s")
+    return {"wall_s": round(wall, 1), "build_s": build["seconds"], "steps": build.get("steps"),
+            "cache_hits": build.get("cache_hits"), "reused": report.get("reused", False),
+            "verify_s": verify["seconds"], "selftest_s": selftest, "image_id": report["image_id"]}
 
 
 def install_floor(lock: Path, python: str, find_links: list[str]) -> float:
@@ -143,6 +144,10 @@ def main() -> int:
             result["e2e_verl_bump"] = e2e(args, work / "c", ["--set", args.bump])
             result["ratio_verl_bump_over_cold_e2e"] = round(
                 result["e2e_verl_bump"]["wall_s"] / result["e2e_cold"]["wall_s"], 3)
+            print(f"no-change run {result['e2e_no_change']['wall_s']:.1f} s end to end (goal "
+                  f"<= 3 s); verl-only bump {result['ratio_verl_bump_over_cold_e2e']:.1%} of a "
+                  f"cold run (goal <= 10 %); self-test {result['e2e_cold']['selftest_s']} s "
+                  "(goal: CPU phases <= 8 s)", file=sys.stderr)
         print(json.dumps(result, indent=2))
         print(f"cold build {cold:.1f} s vs install floor {floor:.1f} s: "
               f"{cold / floor:.2f}x (goal <= 1.3x)", file=sys.stderr)
