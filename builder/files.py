@@ -6,6 +6,7 @@ disk, and replaces the target with ``os.replace``. On any error the temporary fi
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -32,3 +33,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def sha256_file(path: Path) -> str:
+    """``sha256:<hex>`` of a file, read in 8 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            h.update(block)
+    return "sha256:" + h.hexdigest()

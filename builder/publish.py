@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from builder import verdicts
+from builder.files import sha256_file
 from builder.sif import format as sif_format
 from builder.engine import Engine
 from builder.errors import EngineError, PublishError
@@ -142,14 +143,6 @@ def push_image(engine: Engine, image: Any, reg: Client, tag: str, attempts: int)
 
 
 # --------------------------------------------------------------------------- the SIF (ORAS)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(8 << 20):
-            h.update(block)
-    return "sha256:" + h.hexdigest()
 
 
 def sif_manifest(blob: str, size: int, title: str, created: str) -> tuple[bytes, bytes]:

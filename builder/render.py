@@ -23,6 +23,7 @@ import jinja2
 
 from builder import __version__
 from builder.errors import RenderError
+from builder.files import sha256_file
 from builder.layers import Layer, split_layers
 from builder.lock import LockedPackage, build_lock_path, parse_lock
 from builder.metadata import Snapshot
@@ -191,11 +192,7 @@ def _local_wheels(target: Target, locked: dict[str, LockedPackage]) -> list[Path
 
 
 def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return sha256_file(path).split(":", 1)[1]
 
 
 def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, lock_hash: str,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import TrustError
+from builder.files import sha256_file
 
 HEADER = struct.Struct("<32s10s3s3s16s8q")  # 128 bytes
 DESCRIPTOR = struct.Struct("<i?IIIqqqqqqq128s384s")  # 585 bytes
@@ -112,9 +113,4 @@ def read_object(path: Path, d: RawDescriptor, limit: int = 64 << 20) -> bytes:
         return f.read(d.size)
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
+file_sha256 = sha256_file  # the SIF file's digest, as statements name it

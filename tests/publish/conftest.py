@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 import requests
 
+from tests.conftest import run_build_env
+from tests.sif.images import LAYERED_TAG
 from tests.sif.conftest import docker_client, layered, layered_sif, need_tools  # noqa: F401
 
 USER = "verl"
@@ -382,3 +384,18 @@ def flaky_proxy() -> Iterator[Callable[..., FlakyProxy]]:
     finally:
         for proxy in proxies:
             proxy.stop()
+
+
+REPO = "verl-env/test"
+
+
+def publish_cli(reg: str, tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
+                sif: Path | None = None) -> tuple[Any, Path]:
+    record = tmp_path / "record.json"
+    args = ["publish", "--image", LAYERED_TAG, "--force", "--registry", f"{reg}/{REPO}",
+            "--tag", "layers", "--record", str(record), "--json", *extra]
+    if sif is not None:
+        args += ["--sif", str(sif)]
+    # HOME and DOCKER_CONFIG point into the test dir: nothing may be written to a real config
+    base = {"HOME": str(tmp_path / "home"), "DOCKER_CONFIG": str(tmp_path / "docker-config")}
+    return run_build_env(*args, env={**base, **(env or {})}, timeout=600), record

@@ -21,23 +21,11 @@ from builder import registry as regapi
 from builder.engine import Engine
 from builder.errors import PublishError
 from tests.conftest import run_build_env
-from tests.publish.conftest import PASSWORD, USER, RegistryServer
+from tests.publish.conftest import PASSWORD, REPO, USER, RegistryServer
+from tests.publish.conftest import publish_cli as cli_publish
 from tests.sif.images import LAYERED_TAG
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
-REPO = "verl-env/test"
-
-
-def cli_publish(reg: str, tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
-                sif: Path | None = None) -> tuple[Any, Path]:
-    record = tmp_path / "record.json"
-    args = ["publish", "--image", LAYERED_TAG, "--force", "--registry", f"{reg}/{REPO}",
-            "--tag", "layers", "--record", str(record), "--json", *extra]
-    if sif is not None:
-        args += ["--sif", str(sif)]
-    # HOME and DOCKER_CONFIG point into the test dir: nothing may be written to a real config
-    base = {"HOME": str(tmp_path / "home"), "DOCKER_CONFIG": str(tmp_path / "docker-config")}
-    return run_build_env(*args, env={**base, **(env or {})}, timeout=600), record
 
 
 def _no_secret(*texts: str) -> None:

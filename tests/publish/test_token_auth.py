@@ -26,20 +26,15 @@ from tests.publish.conftest import (PASSWORD, REFRESH_TOKEN, SERVICE, USER, Regi
 from tests.sif.images import LAYERED_TAG
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
-REPO = "verl-env/test"
+from tests.publish.conftest import REPO, publish_cli
 HELPER = "verlenvtest"
 
 
 def cli_publish(reg: str, tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
                 sif: Path | None = None) -> tuple[Any, Path]:
-    record = tmp_path / "record.json"
-    args = ["publish", "--image", LAYERED_TAG, "--force", "--registry", f"{reg}/{REPO}",
-            "--tag", "layers", "--record", str(record), "--json", *extra]
-    if sif is not None:
-        args += ["--sif", str(sif)]
-    base = {"HOME": str(tmp_path / "home"), "DOCKER_CONFIG": str(tmp_path / "docker-config"),
-            publish.USER_ENV: "", publish.PASSWORD_ENV: ""}
-    return run_build_env(*args, env={**base, **(env or {})}, timeout=600), record
+    """The CLI publish with no credentials from the environment (only the docker config's)."""
+    return publish_cli(reg, tmp_path, *extra, sif=sif, env={
+        publish.USER_ENV: "", publish.PASSWORD_ENV: "", **(env or {})})
 
 
 def secrets_of(reg: RegistryServer) -> list[str]:
