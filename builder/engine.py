@@ -96,6 +96,21 @@ def interrupts_raise() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def context_host() -> str | None:
+    """The endpoint of the docker CLI's current context, as the CLI picks it (``DOCKER_CONTEXT``,
+    else ``currentContext`` in the docker config); None for the default context."""
+    from docker.context import ContextAPI
+    from docker.context.config import get_current_context_name
+
+    name = os.environ.get("DOCKER_CONTEXT") or get_current_context_name()
+    if name in ("", "default"):
+        return None
+    ctx = ContextAPI.get_context(name)
+    if ctx is None:
+        raise EngineError(f"docker context {name!r} does not exist (docker context ls)")
+    return str(ctx.Host) if ctx.Host else None
+
+
 def _memlock() -> docker.types.Ulimit:
     """As much locked memory as this host allows (unlimited where it may: RDMA registration);
     asking for more than the host's hard limit makes runc refuse to start the container."""
@@ -300,13 +315,24 @@ class Engine:
 
     @classmethod
     def connect(cls) -> Engine:
+        """The engine the docker CLI would use: ``DOCKER_HOST``, else the current docker context
+        (``DOCKER_CONTEXT``, else the config's ``currentContext``; ``ssh://`` included), else the
+        local socket. A login node can so drive a remote build node end to end."""
+        host = None if os.environ.get("DOCKER_HOST") else context_host()
         try:
-            client = docker.from_env(timeout=600)
+            if host:
+                client = docker.DockerClient(base_url=host, timeout=600,
+                                             use_ssh_client=host.startswith("ssh://"))
+            else:
+                client = docker.from_env(timeout=600)
             client.ping()
         except (docker.errors.DockerException, requests.RequestException) as exc:
+            where = f"the docker context's {host}" if host else "DOCKER_HOST"
             raise EngineError(f"cannot reach the Docker Engine ({exc.__class__.__name__}: {exc}); "
-                              "is dockerd running and DOCKER_HOST right?") from None
-        return cls(client)
+                              f"is dockerd running and {where} right?") from None
+        engine = cls(client)
+        engine.host = host
+        return engine
 
     # ----------------------------------------------------------------------- images
 
