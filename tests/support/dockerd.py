@@ -7,6 +7,7 @@ containers none). Everything is torn down by PID at the end.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -24,6 +25,7 @@ class Dockerd:
     host: str  # DOCKER_HOST value
     root: Path
     proc: subprocess.Popen[bytes]
+    bridge: str = ""
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -39,6 +41,25 @@ class Dockerd:
         for m in sorted(mounts, reverse=True):
             subprocess.run(["umount", "-l", m], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
+        if self.bridge:
+            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+_BRIDGES = itertools.count()
+
+
+def _private_bridge() -> str:
+    """A bridge of the session's own for dockerd's default network (containers here use the
+    host's network or none, so it carries nothing). Not ``--bridge=none``: a dockerd started with
+    it deletes the host's ``docker0``, breaking a Docker the machine already runs."""
+    name = f"verlenv{os.getpid() % 100000}x{next(_BRIDGES)}"[:15]
+    subprocess.run(["ip", "link", "del", name], capture_output=True)
+    subprocess.run(["ip", "link", "add", "name", name, "type", "bridge"], check=True,
+                   capture_output=True)
+    # an address of its own, so dockerd does not pick docker0's default subnet
+    subprocess.run(["ip", "addr", "add", "172.31.254.1/30", "dev", name], check=True,
+                   capture_output=True)
+    return name
 
 
 def unavailable_reason() -> str | None:
@@ -53,12 +74,13 @@ def start_dockerd(timeout: float = 60) -> Dockerd:
     root = Path(tempfile.mkdtemp(prefix="verl-env-dockerd-", dir="/var/tmp"))
     sock = root / "docker.sock"
     log = open(root / "dockerd.log", "wb")
+    bridge = _private_bridge()
     proc = subprocess.Popen(
         ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
-         "--pidfile", str(root / "dockerd.pid"), "-H", f"unix://{sock}", "--bridge=none",
+         "--pidfile", str(root / "dockerd.pid"), "-H", f"unix://{sock}", "--bridge", bridge,
          "--iptables=false", "--ip6tables=false", "--ip-masq=false"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    d = Dockerd(f"unix://{sock}", root, proc)
+    d = Dockerd(f"unix://{sock}", root, proc, bridge)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
