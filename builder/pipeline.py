@@ -354,8 +354,10 @@ def _sif_and_push(req: BuildRequest, target: Target, image_id: str, report: Repo
 
         record = publish.publish_verified(image_id, req.push, target=target.name,
                                           sif=req.sif, pins=report.pins,
-                                          record_path=report_path.parent / "publish.json")
+                                          record_path=report_path.parent / "publish.json",
+                                          sign_key=req.sign_key, report=report_path)
         report.stages["publish"] = record
-        console.stage("publish", "ok", str(record.get("image_digest", "")))
+        signed = " (attestations pushed as referrers)" if record.get("attestations") else ""
+        console.stage("publish", "ok", str(record.get("image_digest", "")) + signed)
     if req.sif or req.push:
         report.write(report_path)
