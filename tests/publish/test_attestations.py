@@ -291,3 +291,31 @@ def test_publish_signs_the_image_and_trust_verify_reads_the_registry(
     bom = json.loads(base64.b64decode(envelope["payload"]))["predicate"]
     assert bom["bomFormat"] == "CycloneDX" and bom["specVersion"] == "1.6"
     assert any(c.get("purl", "").startswith("pkg:deb/") for c in bom["components"])
+
+
+@pytest.mark.docker
+def test_signing_refusals_push_nothing(registry: RegistryServer, layered: Any,
+                                       keypair: keys.KeyFiles, report: Path,
+                                       tmp_path: Path) -> None:
+    """`publish --sign-key` refuses before the first push: no report, a report of another
+    image, an image with no release verdict (even with --force, which only skips the publish
+    gate). Nothing reaches the registry and no record is written."""
+    from tests.sif.images import LAYERED_TAG
+
+    record = tmp_path / "record.json"
+    env = {"HOME": str(tmp_path / "home"), "DOCKER_CONFIG": str(tmp_path / "docker-config")}
+    base = ["publish", "--image", LAYERED_TAG, "--force", "--registry",
+            f"{registry.host}/{REPO}", "--tag", "layers", "--record", str(record),
+            "--sign-key", str(keypair.private)]
+    own = tmp_path / "own-report.json"
+    own.write_text(json.dumps({**json.loads(report.read_text()), "image_id": layered.id}))
+    for extra, message in (
+            ((), "--sign-key needs the build's report.json"),
+            (("--report", str(report)), f"describes image sha256:555555555555, not {layered.id[:19]}"),
+            (("--report", str(own)), f"no local verdict for image {layered.id[:19]}")):
+        proc = run_build_env(*base, *extra, env=env, timeout=300)
+        assert proc.returncode == 1, proc.stderr
+        assert message in proc.stderr
+        assert not record.exists()
+        listing = requests.get(f"http://{registry.host}/v2/{REPO}/tags/list", timeout=30)
+        assert listing.status_code == 404  # the repository was never created
