@@ -69,8 +69,8 @@ class Inventory:
 
 def collect(engine: Any, image: str, *, timeout: float = 300) -> Inventory:
     """Run the inventory script in a throw-away container of ``image`` (no network)."""
-    result = engine.run(image, ["/bin/sh", "-c", _LAUNCH, _COLLECT], timeout=timeout,
-                        network="none", shm_size="64m")
+    result = engine.run(image, ["-c", _LAUNCH, _COLLECT], entrypoint=["/bin/sh"],
+                        timeout=timeout, network="none", shm_size="64m", role="sbom")
     if result.exit_code != 0 or MARKER not in result.logs:
         raise TrustError(f"{image[:19]}: SBOM inventory failed (exit {result.exit_code}): "
                          f"{result.logs[-1500:].strip()}")

@@ -220,7 +220,8 @@ def test_digest_mismatch_writes_no_record(registry: RegistryServer, layered: Any
 
 def test_sif_of_another_image_is_refused(registry: RegistryServer, layered: Any,
                                          tmp_path: Path) -> None:
-    from builder import sif_format, sif_meta
+    from builder.sif import format as sif_format
+    from builder.sif import meta as sif_meta
 
     meta = sif_meta.generate({"Labels": {"org.verl-env.pin.demo": "2.0"}}, source="other:1",
                              arch="amd64", when=__import__("datetime").datetime.now().astimezone())
