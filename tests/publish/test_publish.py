@@ -247,7 +247,8 @@ def test_pipeline_entry_requires_a_verdict(registry: RegistryServer, layered: An
     with pytest.raises(PublishError, match="no passing verdict"):
         publish.publish_verified(layered.id, f"{registry.host}/{REPO}", target="layers",
                                  sif=None, pins={})
-    verdicts.record(layered.id, {"overall": "pass", "target": "layers"})
+    verdicts.record(layered.id, {"overall": "pass", "target": "layers",
+                                 "report": {"gate": {"scope": verdicts.RELEASE}}})
     try:
         record = publish.publish_verified(layered.id, f"{registry.host}/{REPO}", target="layers",
                                           sif=layered_sif, pins={"demo": "1.0"})
