@@ -174,15 +174,16 @@ def preflight(req: BuildRequest, target: Target) -> Engine:
         from builder import sif
 
         sif.pick_backend("auto", target.name)
-        if req.sign_key:
-            from builder.trust import keys
-
-            keys.load_private(req.sign_key)
-            if req.sign_pgp_key:
-                keys.load_pgp(req.sign_pgp_key, private=True)
-    elif req.sign_key:
-        raise BuildEnvError("--sign-key signs the SIF and its attestations: add --sif PATH",
+    if req.sign_key and not (req.sif or req.push):
+        raise BuildEnvError("--sign-key signs the SIF's attestations (--sif PATH) or the "
+                            "published image's (--push REGISTRY/REPO): add one",
                             target=target.name)
+    if req.sign_key:
+        from builder.trust import keys
+
+        keys.load_private(req.sign_key)
+        if req.sign_pgp_key:
+            keys.load_pgp(req.sign_pgp_key, private=True)
     if req.push:
         from builder import publish
 
@@ -354,8 +355,10 @@ def _sif_and_push(req: BuildRequest, target: Target, image_id: str, report: Repo
 
         record = publish.publish_verified(image_id, req.push, target=target.name,
                                           sif=req.sif, pins=report.pins,
-                                          record_path=report_path.parent / "publish.json")
+                                          record_path=report_path.parent / "publish.json",
+                                          sign_key=req.sign_key, report=report_path)
         report.stages["publish"] = record
-        console.stage("publish", "ok", str(record.get("image_digest", "")))
+        signed = " (attestations pushed as referrers)" if record.get("attestations") else ""
+        console.stage("publish", "ok", str(record.get("image_digest", "")) + signed)
     if req.sif or req.push:
         report.write(report_path)

@@ -13,8 +13,16 @@
   ``application/vnd.sylabs.sif.layer.v1.sif`` layer with a title), spoken directly over the OCI
   distribution API (:mod:`builder.registry`: monolithic blob uploads, manifest ``PUT``). Its
   manifest is read back, and its layer must have the SIF's own sha256 and size.
-* Only then the publish record (target, pins, both digests, SIF size, time) is written,
-  atomically. An auth failure or a digest mismatch is an error and no record is written.
+* With a signing key (``--sign-key``, the build's ``report.json`` for provenance): the
+  verdict, SBOM and provenance statements are signed (DSSE) about the image manifest digest
+  (and, for the SIF, about its ORAS manifest digest and the file's sha256) and pushed as OCI 1.1
+  referrers (:mod:`builder.trust.referrers`: tagged, the ``sha256-<hex>`` fallback index kept
+  where the registry has no referrers API, cosign's ``.att`` tag). Everything that can refuse
+  (the key, a release verdict, the report describing this image, the SBOM inventory) is checked
+  before anything is pushed.
+* Only then the publish record (target, pins, both digests, SIF size, attestations, time) is
+  written, atomically. An auth failure or a digest mismatch is an error and no record is
+  written.
 
 Credentials: see :mod:`builder.registry` (environment, then the Docker config's
 ``credHelpers``/``credsStore``/``auths``); they are never printed, logged or recorded, and
@@ -34,6 +42,7 @@ import re
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -225,15 +234,65 @@ def write_record(path: Path, record: dict[str, Any]) -> None:
     os.replace(f.name, path)
 
 
+@dataclass(frozen=True)
+class Attestations:
+    """What the signed statements say, gathered (and checked) before anything is pushed."""
+
+    private: Any  # the ECDSA private key
+    keyid: str
+    verdict: dict[str, Any]
+    sbom: dict[str, Any]
+    provenance: Any  # builder.trust.statements.ProvenanceInputs
+
+    def envelopes(self, subjects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from builder.trust.sign import envelopes
+
+        return envelopes(subjects, self.verdict, self.sbom, self.provenance, self.private)
+
+
+def prepare_attestations(engine: Engine, image: Any, sign_key: Path, report: Path | None,
+                         target: str | None) -> Attestations:
+    """The key, a release verdict of this image, the report describing it, its SBOM: every
+    refusal happens here, before the first byte is pushed."""
+    from builder.trust.keys import keyid, load_private
+    from builder.trust.sign import statement_inputs
+
+    private = load_private(sign_key)
+    if report is None:
+        raise PublishError("--sign-key needs the build's report.json for the provenance "
+                           "statement (--report PATH)", target=target)
+    if not Path(report).is_file():
+        raise PublishError(f"{report}: no build report (needed for the provenance statement; "
+                           "--report PATH)", target=target)
+    verdict, sbom_doc, provenance = statement_inputs(report, engine=engine, image_id=image.id,
+                                                     what=f"image {image.id[7:19]}")
+    return Attestations(private, keyid(private.public_key()), verdict, sbom_doc, provenance)
+
+
+def attest(reg: Client, attestations: Attestations, digest: str,
+           subjects: list[dict[str, Any]], attempts: int) -> dict[str, Any]:
+    """Sign the statements about ``subjects`` (the first names the manifest ``digest``) and push
+    them as referrers of that manifest, as the registry serves it."""
+    from builder.trust import referrers
+
+    subject = retrying(lambda: referrers.read_subject(reg, digest),
+                       f"read back {reg.repo}@{digest}", attempts)
+    envelopes = attestations.envelopes(subjects)  # once: ECDSA signatures are randomised
+    return retrying(lambda: referrers.attach(reg, subject, envelopes),
+                    f"attestations of {reg.repo}@{digest}", attempts)
+
+
 def publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | None,
             target: str | None, record_path: Path, pins: dict[str, str] | None = None,
             sif_tag: str | None = None, insecure: bool = False,
-            attempts: int = 4) -> dict[str, Any]:
-    """Push image (and SIF), read both digests back, write the record. Returns the record."""
+            attempts: int = 4, sign_key: Path | None = None,
+            report: Path | None = None) -> dict[str, Any]:
+    """Push image (and SIF), read both digests back, with ``sign_key`` push the signed
+    attestations as referrers, write the record. Returns the record."""
     try:
         return _publish(engine, image, registry, tag=tag, sif=sif, target=target,
                         record_path=record_path, pins=pins, sif_tag=sif_tag,
-                        insecure=insecure, attempts=attempts)
+                        insecure=insecure, attempts=attempts, sign_key=sign_key, report=report)
     except PublishError as exc:
         exc.target = exc.target or target
         raise
@@ -241,17 +300,26 @@ def publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | 
 
 def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | None,
              target: str | None, record_path: Path, pins: dict[str, str] | None,
-             sif_tag: str | None, insecure: bool, attempts: int) -> dict[str, Any]:
+             sif_tag: str | None, insecure: bool, attempts: int, sign_key: Path | None,
+             report: Path | None) -> dict[str, Any]:
+    from builder.trust import statements as st
+
     reg, cred_source = connect(registry, insecure=insecure)
     labels = dict((image.attrs.get("Config") or {}).get("Labels") or {})
     if sif is not None:
         check_sif_matches(sif, labels)
+    signing = (prepare_attestations(engine, image, sign_key, report, target)
+               if sign_key is not None else None)
     check_access(reg, attempts)
     pushed = push_image(engine, image, reg, tag, attempts)
     digest, _ = manifest_digest(reg, tag, attempts)
     if digest != pushed:
         raise PublishError(f"{reg.host}/{reg.repo}:{tag}: the registry serves {digest}, the "
                            f"engine pushed {pushed}")
+    attestations: dict[str, Any] | None = None
+    if signing is not None:
+        attestations = {"keyid": signing.keyid, "image": attest(
+            reg, signing, digest, [st.subject(f"{reg.host}/{reg.repo}", digest)], attempts)}
     record: dict[str, Any] = {
         "schema": RECORD_SCHEMA, "target": target, "image_id": image.id,
         "pins": pins_from_labels(labels) or dict(pins or {}),
@@ -268,6 +336,12 @@ def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path |
                          "reference": f"oras://{reg.host}/{reg.repo}@{sif_digest}",
                          "blob_digest": blob, "size": size, "media_type": SIF_LAYER_MEDIA,
                          "file": sif.name}
+        if signing is not None and attestations is not None:
+            attestations["sif"] = attest(
+                reg, signing, sif_digest,
+                [st.subject(f"oras://{reg.host}/{reg.repo}", sif_digest),
+                 st.subject(sif.name, blob)], attempts)
+    record["attestations"] = attestations
     record["published_at"] = datetime.datetime.now(datetime.timezone.utc).strftime(
         "%Y-%m-%dT%H:%M:%SZ")
     write_record(record_path, record)
@@ -276,15 +350,18 @@ def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path |
 
 
 def publish_verified(image_id: str, registry: str, *, target: str, sif: Path | None,
-                     pins: dict[str, str], record_path: Path | None = None) -> dict[str, Any]:
-    """Pipeline entry (``build-env --target T --push REG [--sif PATH]``)."""
+                     pins: dict[str, str], record_path: Path | None = None,
+                     sign_key: Path | None = None, report: Path | None = None
+                     ) -> dict[str, Any]:
+    """Pipeline entry (``build-env --target T --push REG [--sif PATH] [--sign-key K]``);
+    ``report``: the build's ``report.json`` (provenance of the attestations)."""
     engine = Engine.connect()
     image = engine.image(image_id)
     if not verdicts.is_verified(image.id):
         raise PublishError(f"image {image.id[7:19]} has no passing verdict", target=target)
     return publish(engine, image, registry, tag=target, sif=sif, target=target,
                    record_path=record_path or Path("build") / target / "publish.json",
-                   pins=pins)
+                   pins=pins, sign_key=sign_key, report=report)
 
 
 # --------------------------------------------------------------------------- command line
@@ -311,6 +388,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tries per registry operation on transient errors (default: 4)")
     p.add_argument("--force", action="store_true",
                    help="publish an image that has no passing verdict")
+    p.add_argument("--sign-key", type=Path, default=os.environ.get("VERL_ENV_SIGN_KEY") or None,
+                   metavar="PATH", help="sign the verdict, SBOM and provenance statements with "
+                   "this ECDSA key and push them as OCI referrers of the image (and the SIF) "
+                   "(env VERL_ENV_SIGN_KEY)")
+    p.add_argument("--report", type=Path, default=None, metavar="PATH",
+                   help="the build's report.json, for the provenance statement (default: "
+                        "build/<target>/report.json)")
     p.add_argument("--json", action="store_true", help="print the record as JSON")
 
 
@@ -341,15 +425,22 @@ def run(args: argparse.Namespace) -> int:
         raise PublishError(f"image {ref} ({image.id[7:19]}) has no passing verdict; run "
                            "`build-env verify` first, or pass --force", target=target)
     name = target or re.sub(r"[^A-Za-z0-9_.-]+", "_", ref)
+    report = args.report or (Path("build") / target / "report.json" if target else None)
     record = publish(engine, image, args.registry, tag=args.tag or _default_tag(ref, target),
                      sif=args.sif, target=target,
                      record_path=args.record or Path("build") / name / "publish.json",
-                     sif_tag=args.sif_tag, insecure=args.insecure, attempts=args.attempts)
+                     sif_tag=args.sif_tag, insecure=args.insecure, attempts=args.attempts,
+                     sign_key=args.sign_key, report=report if args.sign_key else None)
     if args.json:
         print(json.dumps(record, indent=2, sort_keys=True))
     else:
         print(f"image  {record['image']['reference']}")
         if record["sif"]:
             print(f"sif    {record['sif']['reference']} ({record['sif']['size'] / 2**20:.0f} MiB)")
+        for what, att in sorted((k, v) for k, v in (record.get("attestations") or {}).items()
+                                if isinstance(v, dict)):
+            where = att["fallback_index"] or "referrers API"
+            print(f"signed {what}: {len(att['referrers'])} referrers of {att['subject'][:19]} "
+                  f"({where}; cosign {att['cosign_tag'][:19]}...)")
         print(f"record {record['record']}")
     return 0

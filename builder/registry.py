@@ -461,3 +461,118 @@ class Client:
             raise PublishError(f"{self.host}/{self.repo}:{reference}: manifest upload answered "
                                f"HTTP {r.status_code}{_registry_errors(r)}")
         return "sha256:" + hashlib.sha256(data).hexdigest()
+
+    # ------------------------------------------------------------------ OCI 1.1 referrers
+
+    def fetch_manifest(self, reference: str, accept: str, *, missing_ok: bool = False
+                       ) -> tuple[str, bytes, str] | None:
+        """A manifest's raw bytes as served: (digest of those bytes, bytes, media type). The
+        digest is checked against ``Docker-Content-Digest`` and, for a digest reference, against
+        the reference itself. None on 404 when ``missing_ok``."""
+        r = self.request("GET", f"{self.repo}/manifests/{reference}", headers={"Accept": accept})
+        if r.status_code == 404 and missing_ok:
+            return None
+        if r.status_code != 200:
+            raise PublishError(f"{self.host}/{self.repo}:{reference}: manifest read answered HTTP "
+                               f"{r.status_code}{_registry_errors(r)}")
+        digest = "sha256:" + hashlib.sha256(r.content).hexdigest()
+        header = r.headers.get("Docker-Content-Digest")
+        if header and header != digest:
+            raise PublishError(f"{self.repo}:{reference}: registry digest {header} differs "
+                               f"from the manifest it served ({digest})")
+        if reference.startswith("sha256:") and reference != digest:
+            raise PublishError(f"{self.repo}@{reference}: the registry served other bytes "
+                               f"({digest})")
+        media = r.headers.get("Content-Type", "").split(";")[0].strip()
+        return digest, r.content, media
+
+    def blob(self, digest: str, *, limit: int = 64 << 20) -> bytes:
+        """A (small) blob's bytes, checked against its digest."""
+        r = self.request("GET", f"{self.repo}/blobs/{digest}")
+        if r.status_code != 200:
+            raise PublishError(f"{self.host}/{self.repo}: blob {digest} answered HTTP "
+                               f"{r.status_code}{_registry_errors(r)}")
+        if len(r.content) > limit:
+            raise PublishError(f"{self.host}/{self.repo}: blob {digest} is larger than "
+                               f"{limit} bytes")
+        if "sha256:" + hashlib.sha256(r.content).hexdigest() != digest:
+            raise PublishError(f"{self.host}/{self.repo}: blob {digest} served other bytes")
+        return r.content
+
+    def push_referrer(self, data: bytes, media_type: str) -> tuple[str, bool]:
+        """``PUT`` a manifest that has a ``subject`` by its digest. Returns the digest and
+        whether the registry answered ``OCI-Subject`` (it indexes referrers itself; without the
+        header the client keeps the ``sha256-<hex>`` fallback index)."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        r = self.request("PUT", f"{self.repo}/manifests/{digest}", body=data,
+                         headers={"Content-Type": media_type})
+        if r.status_code != 201:
+            raise PublishError(f"{self.host}/{self.repo}@{digest}: referrer upload answered "
+                               f"HTTP {r.status_code}{_registry_errors(r)}")
+        return digest, bool(r.headers.get("OCI-Subject"))
+
+    def referrers(self, digest: str, artifact_type: str | None = None
+                  ) -> list[dict[str, Any]] | None:
+        """``GET /v2/<name>/referrers/<digest>``: the descriptors of the manifests whose
+        ``subject`` is ``digest`` (filtered by ``artifact_type`` here too: the filter is
+        optional for registries). None when the registry has no referrers API (404 without an
+        OCI index, as distribution 2.8 answers)."""
+        path = f"{self.repo}/referrers/{digest}"
+        if artifact_type:
+            path += "?" + urllib.parse.urlencode({"artifactType": artifact_type})
+        r = self.request("GET", path, headers={"Accept": OCI_INDEX})
+        if r.status_code in (404, 405, 400):
+            return None
+        if r.status_code != 200:
+            raise PublishError(f"{self.host}/{self.repo}: referrers of {digest} answered HTTP "
+                               f"{r.status_code}{_registry_errors(r)}")
+        try:
+            index = r.json()
+            manifests = index["manifests"]
+        except (ValueError, KeyError, TypeError):
+            return None  # not an index: treat as no API
+        found = [d for d in manifests or [] if isinstance(d, dict)]
+        return [d for d in found if not artifact_type or d.get("artifactType") == artifact_type]
+
+    def fallback_index(self, digest: str) -> tuple[str, dict[str, Any]] | None:
+        """The OCI 1.1 tag-schema fallback: the index under tag ``sha256-<hex>`` (its digest and
+        JSON), or None when there is none."""
+        got = self.fetch_manifest(fallback_tag(digest), OCI_INDEX, missing_ok=True)
+        if got is None:
+            return None
+        try:
+            index = json.loads(got[1])
+        except ValueError:
+            raise PublishError(f"{self.host}/{self.repo}:{fallback_tag(digest)}: not JSON"
+                               ) from None
+        if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
+            raise PublishError(f"{self.host}/{self.repo}:{fallback_tag(digest)}: not an OCI "
+                               "index")
+        return got[0], index
+
+    def add_to_fallback_index(self, subject: str, descriptor: dict[str, Any],
+                              replaces: Any = None) -> str:
+        """Read-modify-write of the index under ``sha256-<hex>`` of ``subject``: ``descriptor``
+        added (an entry with its digest, or one for which ``replaces(entry)`` is true, is
+        dropped first). The referrer must already be in this repository (distribution refuses
+        an index whose child it does not hold). One publisher at a time. Returns the tag."""
+        tag = fallback_tag(subject)
+        current = self.fallback_index(subject)
+        entries = list(current[1]["manifests"]) if current else []
+        entries = [e for e in entries if isinstance(e, dict)
+                   and e.get("digest") != descriptor["digest"]
+                   and not (replaces and replaces(e))]
+        index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [*entries, descriptor]}
+        self.put_manifest(tag, json.dumps(index, separators=(",", ":")).encode(), OCI_INDEX)
+        return tag
+
+
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+
+
+def fallback_tag(digest: str) -> str:
+    """``sha256:<hex>`` -> ``sha256-<hex>`` (the referrers tag schema)."""
+    alg, _, value = digest.partition(":")
+    if not value or not re.fullmatch(r"[a-z0-9]+", alg) or not re.fullmatch(r"[a-f0-9]+", value):
+        raise PublishError(f"not a digest: {digest!r}")
+    return f"{alg}-{value}"

@@ -30,14 +30,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sg.add_argument("--sbom", type=Path, default=None,
                     help="CycloneDX JSON (default: inventory the report's image in the engine)")
 
-    vf = sub.add_parser("verify", help="check a SIF and its sidecar offline")
-    vf.add_argument("sif", type=Path, metavar="SIF")
+    vf = sub.add_parser("verify", help="check a SIF and its sidecar offline, or an image/SIF "
+                        "artifact's attestations in a registry")
+    vf.add_argument("sif", metavar="SIF_OR_REF",
+                    help="a SIF file, or HOST/REPO@sha256:<hex> (or :TAG; oras://... for a SIF "
+                         "artifact): its referrers are checked")
     vf.add_argument("--key", type=Path, action="append", required=True,
                     help="trusted ECDSA public key (PEM); repeat for several")
     vf.add_argument("--pgp", type=Path, default=None,
                     help="OpenPGP public key: also check the SIF's native signature")
     vf.add_argument("--sidecar", type=Path, default=None,
                     help="attestations (default: SIF.intoto.jsonl beside the SIF)")
+    vf.add_argument("--insecure", action="store_true",
+                    help="plain HTTP to a non-loopback registry")
     vf.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -81,9 +86,22 @@ def _sign(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from builder.trust import remote
     from builder.trust.verify import summary_lines, verify_sif
 
-    checked = verify_sif(args.sif, args.key, args.pgp, args.sidecar)
+    path = Path(args.sif)
+    if not path.exists() and remote.looks_like_reference(args.sif):
+        for option, value in (("--pgp", args.pgp), ("--sidecar", args.sidecar)):
+            if value is not None:
+                raise TrustError(f"{option} applies to a SIF file, not to a registry reference "
+                                 f"({args.sif})")
+        ref = remote.verify_reference(args.sif, args.key, insecure=args.insecure)
+        if args.json:
+            print(json.dumps(ref.to_dict(), indent=2, sort_keys=True))
+        else:
+            print("\n".join(remote.summary_lines(ref)))
+        return 0
+    checked = verify_sif(path, args.key, args.pgp, args.sidecar)
     if args.json:
         print(json.dumps(checked.to_dict(), indent=2, sort_keys=True))
     else:

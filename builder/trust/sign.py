@@ -76,49 +76,70 @@ def sign_sif(sif: Path, verdict: dict[str, Any], sbom: dict[str, Any],
         raise
     digest = sifraw.file_sha256(sif)
     subjects = [st.subject(sif.name, digest)]
-    lines = []
-    for ptype, predicate in ((st.VERDICT_TYPE, st.verdict_predicate(verdict)),
-                             (st.SBOM_TYPE, sbom),
-                             (st.PROVENANCE_TYPE, st.provenance_predicate(provenance))):
-        envelope = dsse.sign(st.to_bytes(st.statement(subjects, ptype, predicate)), private)
-        lines.append(json.dumps(envelope, sort_keys=True, separators=(",", ":")))
+    lines = [json.dumps(e, sort_keys=True, separators=(",", ":"))
+             for e in envelopes(subjects, verdict, sbom, provenance, private)]
     sidecar = sidecar_of(sif)
     atomic_write_text(sidecar, "\n".join(lines) + "\n")
     return Signed(sif, sidecar, digest, keyid(private.public_key()), fpr)
 
 
-def sign_from_report(sif: Path, report: Path, key: Path, pgp_key: Path | None = None, *,
-                     verdict: dict[str, Any] | None = None, sbom_doc: dict[str, Any] | None = None,
-                     engine: Any = None) -> Signed:
-    """The whole signing step from a build's ``report.json``: provenance from the report, the
-    verdict from the local record of its image (unless given), the SBOM from an inventory of
-    the image through ``engine`` (unless given; connected on demand)."""
+def statement_inputs(report: Path, *, verdict: dict[str, Any] | None = None,
+                     sbom_doc: dict[str, Any] | None = None, engine: Any = None,
+                     image_id: str | None = None, what: str | None = None
+                     ) -> tuple[dict[str, Any], dict[str, Any], st.ProvenanceInputs]:
+    """What the three statements say, from a build's ``report.json``: provenance from the
+    report, the verdict from the local record of its image (unless given; it must be a release
+    verdict), the SBOM from an inventory of the image through ``engine`` (unless given;
+    connected on demand). ``image_id``: the image being attested, which the report must
+    describe. ``what`` names the thing to be signed in a refusal."""
     from builder import verdicts
     from builder.trust import sbom
 
-    load_private(key)  # fail before the (slower) inventory
-    if pgp_key is not None:
-        load_pgp(pgp_key, private=True)
     provenance = st.ProvenanceInputs.from_report(report)
+    if image_id and provenance.image_id and provenance.image_id != image_id:
+        raise TrustError(f"{report}: describes image {provenance.image_id[:19]}, not "
+                         f"{image_id[:19]}")
+    image = image_id or provenance.image_id
     if verdict is None:
-        if not provenance.image_id:
+        if not image:
             raise TrustError(f"{report}: no image_id; give the verdict")
-        verdict = verdicts.lookup(provenance.image_id)
+        verdict = verdicts.lookup(image)
         if verdict is None:
-            raise TrustError(f"no local verdict for image {provenance.image_id[:19]}")
+            raise TrustError(f"no local verdict for image {image[:19]}")
     problem = st.release_problem(verdict)
     if problem:
-        raise TrustError(f"{sif}: refusing to sign: {problem}")
+        raise TrustError(f"{what or 'image ' + str(image)[:19]}: refusing to sign: {problem}")
     if sbom_doc is None:
-        if not provenance.image_id:
+        if not image:
             raise TrustError(f"{report}: no image_id; give the SBOM")
         if engine is None:
             from builder.engine import Engine
 
             engine = Engine.connect()
-        inventory = sbom.collect(engine, provenance.image_id)
-        sbom_doc = sbom.build(inventory, name=provenance.target, version=provenance.image_id,
+        inventory = sbom.collect(engine, image)
+        sbom_doc = sbom.build(inventory, name=provenance.target, version=image,
                               pins=provenance.pins)
+    return verdict, sbom_doc, provenance
+
+
+def envelopes(subjects: list[dict[str, Any]], verdict: dict[str, Any], sbom_doc: dict[str, Any],
+              provenance: st.ProvenanceInputs, private: Any) -> list[dict[str, Any]]:
+    """The three signed DSSE envelopes (verdict, SBOM, provenance) about ``subjects``."""
+    return [dsse.sign(st.to_bytes(st.statement(subjects, ptype, predicate)), private)
+            for ptype, predicate in ((st.VERDICT_TYPE, st.verdict_predicate(verdict)),
+                                     (st.SBOM_TYPE, sbom_doc),
+                                     (st.PROVENANCE_TYPE, st.provenance_predicate(provenance)))]
+
+
+def sign_from_report(sif: Path, report: Path, key: Path, pgp_key: Path | None = None, *,
+                     verdict: dict[str, Any] | None = None, sbom_doc: dict[str, Any] | None = None,
+                     engine: Any = None) -> Signed:
+    """The whole signing step from a build's ``report.json`` (see :func:`statement_inputs`)."""
+    load_private(key)  # fail before the (slower) inventory
+    if pgp_key is not None:
+        load_pgp(pgp_key, private=True)
+    verdict, sbom_doc, provenance = statement_inputs(report, verdict=verdict, sbom_doc=sbom_doc,
+                                                     engine=engine, what=str(sif))
     return sign_sif(sif, verdict, sbom_doc, provenance, key, pgp_key)
 
 

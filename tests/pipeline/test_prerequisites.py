@@ -40,7 +40,7 @@ def test_a_sign_key_needs_a_sif_and_a_readable_key(docker_host: str, ca_bundle: 
                                                     tmp_path: Path) -> None:
     key = tmp_path / "nokey.pem"
     proc = _main_job(tmp_path, ca_bundle, "--sign-key", str(key))
-    assert proc.returncode == 2 and "--sif" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "--sif" in proc.stderr and "--push" in proc.stderr, proc.stderr
     proc = _main_job(tmp_path, ca_bundle, "--sif", str(tmp_path / "x.sif"), "--sign-key",
                      str(key))
     assert proc.returncode != 0 and "nokey.pem" in proc.stderr, proc.stderr

@@ -1,7 +1,8 @@
 """The main job extended end to end: `build-env --target T --sif PATH --sign-key K --push REG`
 builds (cached), verifies, tags, converts the verified image to a SIF that runs its self-test,
 signs its attestations (checked offline by `build-env trust verify`), and publishes both to a
-real registry, reading the digests back."""
+real registry, reading the digests back, with the attestations as referrers of both (checked by
+`build-env trust verify` from the registry references)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,12 @@ def test_build_sif_and_push_in_one_run(cpu_image: dict, ca_bundle: Path, tmp_pat
     assert record["sif"]["reference"].startswith(f"oras://{registry.host}/verl-env@sha256:")
     assert json.loads((tmp_path / "w" / "publish.json").read_text())["image_digest"] == \
         record["image_digest"]
+    attestations = record["attestations"]
+    assert attestations["keyid"] == key.keyid
+    assert attestations["image"]["subject"] == record["image_digest"]
+    assert attestations["sif"]["subject"] == record["sif"]["digest"]
+    for ref in (f"{registry.host}/verl-env@{record['image_digest']}", record["sif"]["reference"]):
+        remote = run_build_env("trust", "verify", ref, "--key", str(key.public))
+        assert remote.returncode == 0, remote.stdout + remote.stderr
+        assert "verdict: pass (target cpu-x86_64" in remote.stdout
+    assert f"SIF file: {record['sif']['blob_digest']}" in remote.stdout

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.docker
 
 def _dpkg(engine: Engine, image: str, package: str) -> str:
     """The version dpkg itself reports, asked separately from the inventory script."""
-    r = engine.run(image, ["dpkg-query", "-W", "-f", "${Version}", package], timeout=120)
+    r = engine.run(image, ["-W", "-f", "${Version}", package], entrypoint=["dpkg-query"],
+                   timeout=120)
     assert r.exit_code == 0, r.logs
     return r.logs.strip()
 
