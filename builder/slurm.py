@@ -12,7 +12,6 @@ import os
 import re
 import shlex
 import sys
-import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -22,6 +21,7 @@ import jinja2
 
 from builder.errors import SlurmError
 from builder.families import FAMILIES, Family
+from builder.files import atomic_write_text
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "job.sbatch.j2"
@@ -250,6 +250,11 @@ class SlurmJob:
     job_dir: str = "${SLURM_SUBMIT_DIR}/verl-env-${SLURM_JOB_ID}"
     exclusive: bool = True
     job_name: str | None = None
+    # build-env trust verify before any node starts: the SIF's attestations (its sidecar, or
+    # the registry's referrers for oras://), signed by this public key (and the SIF's own
+    # OpenPGP signature with trust_pgp)
+    trust_key: str | None = None
+    trust_pgp: str | None = None
 
     def __post_init__(self) -> None:
         if self.job_name is None:
@@ -274,6 +279,11 @@ def validate(job: SlurmJob) -> None:
     if job.runtime == "ch-run" and job.sif.startswith(_REMOTE):
         raise _fail("ch-run runs a local image directory; unpack the image on the shared "
                     f"filesystem and pass its path instead of {job.sif!r}", job)
+    if job.trust_key and job.runtime == "ch-run":
+        raise _fail("--trust-key checks a SIF (or its registry reference); ch-run runs an "
+                    "unpacked directory, which carries no attestations", job)
+    if job.trust_pgp and not job.trust_key:
+        raise _fail("--trust-pgp goes with --trust-key", job)
     if job.nodes < 1 or (job.cpus_per_task is not None and job.cpus_per_task < 1):
         raise _fail("nodes and cpus_per_task must be >= 1", job)
     if job.gpus_per_node is not None:
@@ -423,18 +433,8 @@ def render_sbatch(job: SlurmJob) -> str:
 
 def write_sbatch(job: SlurmJob, path: str | os.PathLike[str]) -> Path:
     """Write the script atomically (temp file in the same directory, then rename), mode 0755."""
-    text = render_sbatch(job)
     dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(dest, render_sbatch(job), mode=0o755)
     return dest
 
 
@@ -496,6 +496,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--selftest-args", default="",
                         help="more self-test options (e.g. '--strict --bw-ref FILE')")
     parser.add_argument("--ray-wait-timeout", type=int, default=d.ray_wait_timeout)
+    parser.add_argument("--trust-key", default=None, metavar="PUB",
+                        help="before any node starts, run `build-env trust verify` on the SIF "
+                             "with this public key (needs build-env on the batch node)")
+    parser.add_argument("--trust-pgp", default=None, metavar="PUB.asc",
+                        help="also check the SIF's own OpenPGP signature (local SIFs)")
     parser.add_argument("--output", "-o", default=None, help="write here (default: stdout)")
 
 
@@ -518,6 +523,8 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
         env=parse_env(args.env), runtime=args.runtime, roce=args.roce,
         selftest_phases=args.selftest_phases, selftest_args=args.selftest_args,
         ray_wait_timeout=args.ray_wait_timeout, exclusive=args.exclusive,
+        trust_key=_absolute(args.trust_key, "--trust-key") if args.trust_key else None,
+        trust_pgp=_absolute(args.trust_pgp, "--trust-pgp") if args.trust_pgp else None,
     )
 
 

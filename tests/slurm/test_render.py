@@ -42,6 +42,9 @@ OPTION_SETS: dict[str, dict[str, object]] = {
         train_files="/shared/d/train.parquet", val_files="/scratch/$USER/val.parquet",
         model="Qwen/Qwen2.5-0.5B-Instruct", checkpoint_dir="${SCRATCH}/ckpt",
         binds=["/etc/site.conf:/opt/site.conf:ro", "/scratch:ro", "$HOME/x y"])),
+    "trusted-remote": dict(trust_key="/site/keys/verl-env.pub"),
+    "trusted-local": dict(sif="/shared/images/verl.sif", trust_key="/site/keys/verl-env.pub",
+                          trust_pgp="/site/keys/verl-env-sif.pub.asc"),
 }
 INPUTS = Inputs.from_options(data="/shared/data/gsm8k", model="/shared/models/qwen",
                              checkpoint_dir="/shared/ckpt")
@@ -80,7 +83,8 @@ def test_generated_script_passes_shellcheck(family: str, options: str, tmp_path:
 @pytest.mark.parametrize("options", sorted(OPTION_SETS))
 def test_chrun_script_passes_shellcheck(options: str, tmp_path: Path) -> None:
     values = dict(OPTION_SETS[options], runtime="ch-run", sif="/shared/images/verl-cpu")
-    values.pop("gpus_per_node", None)
+    for refused in ("gpus_per_node", "trust_key", "trust_pgp"):  # no SIF, no attestations
+        values.pop(refused, None)
     script = write_sbatch(job_for("cpu", **values), tmp_path / "job.sbatch")
     findings = shellcheck(script)
     assert findings == [], "\n".join(f"{f['line']}: SC{f['code']} {f['message']}" for f in findings)
@@ -111,6 +115,18 @@ def test_family_profiles() -> None:
         assert not re.search(r"SLURM_\w+:-\d", text)  # no invented fallback numbers
     assert "SINGULARITYENV_" in render_sbatch(job_for("cuda", runtime="singularity"))
     assert slurm.FAMILY_PROFILES["cuda"].apptainer_flags == ("--nv",)
+
+
+def test_trust_check_runs_before_any_node_starts() -> None:
+    remote = render_sbatch(job_for("cuda", trust_key="/site/k.pub"))
+    services = remote[remote.index("stage_services() {"):]
+    check = services.index('build-env trust verify "$trusted"')
+    assert check < services.index("start_ray") and check < services.index("check-shared")
+    assert "trusted=$SIF_SOURCE" in remote and "trust_args+=(--pgp" not in remote
+    local = render_sbatch(job_for("cuda", sif="/shared/v.sif", trust_key="/site/k.pub",
+                                  trust_pgp="/site/k.asc"))
+    assert "trust_args+=(--pgp \"/site/k.asc\")" in local
+    assert "build-env trust verify" not in render_sbatch(job_for("cuda"))
 
 
 def test_sbatch_lines_only_for_what_was_asked() -> None:
@@ -276,6 +292,7 @@ def test_shell_word_round_trips_through_bash(value: str) -> None:
     (dict(ray_ports=RayPorts(gcs=80)), "outside 1024-65535"),
     (dict(port_stride=1, nodes=2), "used twice"),
     (dict(ray_wait_timeout=0), "timeouts"),
+    (dict(trust_pgp="/k.asc"), "goes with --trust-key"),
 ])
 def test_invalid_jobs_are_refused(overrides: dict[str, object], message: str) -> None:
     with pytest.raises(SlurmError, match=message):
