@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import resource
@@ -98,17 +99,30 @@ def interrupts_raise() -> Iterator[None]:
 
 def context_host() -> str | None:
     """The endpoint of the docker CLI's current context, as the CLI picks it (``DOCKER_CONTEXT``,
-    else ``currentContext`` in the docker config); None for the default context."""
-    from docker.context import ContextAPI
-    from docker.context.config import get_current_context_name
+    else ``currentContext`` in the docker config); None for the default context.
 
-    name = os.environ.get("DOCKER_CONTEXT") or get_current_context_name()
-    if name in ("", "default"):
+    Read from the CLI's context store (``$DOCKER_CONFIG/contexts/meta/<sha256 of the name>/
+    meta.json``) directly: the SDK's ``ContextAPI`` finds the store only beside an existing
+    ``config.json``, which ``docker context create`` does not write."""
+    import hashlib
+
+    config_dir = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
+    name = os.environ.get("DOCKER_CONTEXT")
+    if not name:
+        try:
+            name = json.loads((config_dir / "config.json").read_text()).get("currentContext")
+        except (OSError, ValueError):
+            name = None
+    if not name or name == "default":
         return None
-    ctx = ContextAPI.get_context(name)
-    if ctx is None:
-        raise EngineError(f"docker context {name!r} does not exist (docker context ls)")
-    return str(ctx.Host) if ctx.Host else None
+    meta = (config_dir / "contexts" / "meta" / hashlib.sha256(name.encode()).hexdigest()
+            / "meta.json")
+    try:
+        endpoint = json.loads(meta.read_text())["Endpoints"]["docker"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise EngineError(f"docker context {name!r} does not exist in {config_dir} "
+                          "(docker context ls)") from None
+    return str(endpoint.get("Host") or "") or None
 
 
 def _memlock() -> docker.types.Ulimit:
