@@ -12,10 +12,14 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from builder import __version__
 from builder.errors import BuildEnvError, CompatError
 from builder.targets import Site, default_matrix, init_site, open_site, resolve_target
+
+if TYPE_CHECKING:
+    from builder.pipeline import Outcome
 
 SUBCOMMANDS = ("build", "init", "list", "check", "lock", "render", "verify", "sif", "publish",
                "slurm", "doctor", "trust")
@@ -282,7 +286,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     return max(o.exit_code for o in outcomes)
 
 
-def _summary(names: list[str], outcomes: list) -> None:
+def _summary(names: list[str], outcomes: list[Outcome]) -> None:
     rows = [["target", "result", "image", "tags / error"]]
     for name, o in zip(names, outcomes):
         r = o.report
