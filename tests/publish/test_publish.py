@@ -20,7 +20,6 @@ from builder import publish, verdicts
 from builder import registry as regapi
 from builder.engine import Engine
 from builder.errors import PublishError
-from tests.conftest import run_build_env
 from tests.publish.conftest import PASSWORD, REPO, USER, RegistryServer
 from tests.publish.conftest import publish_cli as cli_publish
 from tests.sif.images import LAYERED_TAG

@@ -20,7 +20,6 @@ import requests
 from builder import publish
 from builder.engine import Engine
 from builder.errors import PublishError
-from tests.conftest import run_build_env
 from tests.publish.conftest import (PASSWORD, REFRESH_TOKEN, SERVICE, USER, RegistryServer,
                                    free_port)
 from tests.sif.images import LAYERED_TAG
