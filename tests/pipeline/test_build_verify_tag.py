@@ -61,7 +61,11 @@ def test_fixture_is_built_verified_and_tagged(cpu_image: dict, client: docker.Do
     gpu = [c for c in checks.values() if c["phase"] in ("gpu", "collective")]
     assert gpu and all(c["status"] == "skip" and c["reason"] for c in gpu)
     stages = cpu_image["stages"]
-    assert stages["build"]["steps"] > 10 and stages["verify"]["overall"] == "pass"
+    # built here, or (when an earlier fixture of the session built the same inputs, e.g. the gate
+    # tests' base) found by its content tag and reused, never rebuilt under the same name
+    build = stages["build"]
+    assert build.get("steps", 0) > 10 or build.get("reused") == cpu_image["tags"][0], build
+    assert stages["verify"]["overall"] == "pass"
     assert _no_containers(client) == []
 
 
