@@ -442,7 +442,9 @@ def run(args: argparse.Namespace) -> int:
         raise VerifyError(exc.args[0], target=args.image) from None
     if args.report:
         atomic_write_text(args.report, json.dumps(v.report, indent=2) + "\n")
-    verdicts.record_verification(image.id, v, target=args.target, tags=list(image.tags))
+    # the verdict is about the target the image was built for, unless held to another one
+    target = args.target or (image.labels or {}).get("org.verl-env.target")
+    verdicts.record_verification(image.id, v, target=target, tags=list(image.tags))
     out = sys.stderr if args.json else sys.stdout
     if args.json:
         print(json.dumps(v.report, indent=2, sort_keys=True))
