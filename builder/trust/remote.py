@@ -26,7 +26,7 @@ from builder.trust import statements as st
 from builder.trust.keys import load_public
 from builder.trust.referrers import (ARTIFACT_TYPE, DSSE_MEDIA, OCI_MANIFEST,
                                      PREDICATE_ANNOTATION, read_subject)
-from builder.trust.verify import _provenance_summary
+from builder.trust.verify import _provenance_summary, attested_lines
 
 SIF_LAYER_MEDIA = "application/vnd.sylabs.sif.layer.v1.sif"
 _REF = re.compile(r"(?P<host>[A-Za-z0-9.-]+(?::[0-9]+)?|\[[0-9a-fA-F:]+\](?::[0-9]+)?)/"
@@ -225,18 +225,7 @@ def _sif_blob(reg: Client, ref: Reference, digest: str) -> str:
 
 def summary_lines(c: RefChecked) -> list[str]:
     lines = [f"{c.reference}: OK  {c.digest}",
-             f"  attestations: {len(c.referrers)} referrers ({c.source})",
-             f"  signed by key {', '.join(sorted({k[:16] for k in c.keyids}))}",
-             f"  verdict: {c.verdict.get('overall')} (target {c.verdict.get('target')}, self-test "
-             f"{c.selftest_version}, recorded {c.verdict.get('recorded_at', '?')})"]
-    pins = "  ".join(f"{k}={v}" for k, v in sorted(c.pins.items()))
-    lines.append(f"  pins: {pins or '(none recorded)'}")
-    lines.append(f"  sbom: {c.components.get('pypi', 0)} Python, {c.components.get('deb', 0)} "
-                 "Debian packages")
-    p = c.provenance
-    lines.append(f"  built by build-env {(p.get('builder') or {}).get('build-env')} on "
-                 f"{p.get('host_arch')} at {p.get('finished')}; bases: "
-                 f"{', '.join(str(b) for b in p.get('base_images') or []) or '-'}")
+             f"  attestations: {len(c.referrers)} referrers ({c.source})", *attested_lines(c)]
     if c.sif_blob:
         lines.append(f"  SIF file: {c.sif_blob}")
     return lines

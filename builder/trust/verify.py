@@ -140,18 +140,22 @@ def _provenance_summary(pred: dict[str, Any]) -> dict[str, Any]:
             "finished": (run.get("metadata") or {}).get("finishedOn")}
 
 
-def summary_lines(c: Checked) -> list[str]:
-    lines = [f"{c.sif}: OK  {c.digest}",
-             f"  signed by key {', '.join(sorted({k[:16] for k in c.keyids}))}",
-             f"  verdict: {c.verdict.get('overall')} (target {c.verdict.get('target')}, self-test "
-             f"{c.selftest_version}, recorded {c.verdict.get('recorded_at', '?')})"]
+def attested_lines(c: Any) -> list[str]:
+    """What a checked set of attestations says (keys, verdict, pins, SBOM, provenance): the lines
+    a SIF check and a registry check (:mod:`builder.trust.remote`) share."""
     pins = "  ".join(f"{k}={v}" for k, v in sorted(c.pins.items()))
-    lines.append(f"  pins: {pins or '(none recorded)'}")
-    lines.append(f"  sbom: {c.components.get('pypi', 0)} Python, {c.components.get('deb', 0)} "
-                 "Debian packages")
     p = c.provenance
-    lines.append(f"  built by build-env {(p.get('builder') or {}).get('build-env')} on "
-                 f"{p.get('host_arch')} at {p.get('finished')}; bases: "
-                 f"{', '.join(str(b) for b in p.get('base_images') or []) or '-'}")
-    lines.append(f"  SIF PGP signature: {c.pgp_fingerprint or 'not checked (no --pgp key given)'}")
-    return lines
+    return [f"  signed by key {', '.join(sorted({k[:16] for k in c.keyids}))}",
+            f"  verdict: {c.verdict.get('overall')} (target {c.verdict.get('target')}, self-test "
+            f"{c.selftest_version}, recorded {c.verdict.get('recorded_at', '?')})",
+            f"  pins: {pins or '(none recorded)'}",
+            f"  sbom: {c.components.get('pypi', 0)} Python, {c.components.get('deb', 0)} "
+            "Debian packages",
+            f"  built by build-env {(p.get('builder') or {}).get('build-env')} on "
+            f"{p.get('host_arch')} at {p.get('finished')}; bases: "
+            f"{', '.join(str(b) for b in p.get('base_images') or []) or '-'}"]
+
+
+def summary_lines(c: Checked) -> list[str]:
+    return [f"{c.sif}: OK  {c.digest}", *attested_lines(c),
+            f"  SIF PGP signature: {c.pgp_fingerprint or 'not checked (no --pgp key given)'}"]
