@@ -193,7 +193,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from builder.compat import check_target, pins_of
+    from builder.compat import check_target, local_sources, pins_of
     from builder.lock import lock_path, stale_reason
     from builder.metadata import IndexClient, load_snapshot, refresh, save_snapshot
 
@@ -203,7 +203,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         snapshot = load_snapshot(site.snapshot_file)
         pins = [pin for t in targets for pin in pins_of(t)]
         links = [link for t in targets for link in t.find_links]
-        refresh(snapshot, pins, IndexClient(), links)
+        local = [n for t in targets for n in local_sources(t)]
+        refresh(snapshot, pins, IndexClient(), links, local)
         save_snapshot(snapshot, site.snapshot_file)
         print(f"refreshed {site.snapshot_file} ({len(set(pins))} pinned releases)")
     snapshot = site.snapshot(targets)

@@ -70,6 +70,8 @@ def check_target(target: Target, snapshot: Snapshot) -> list[Problem]:
 
     for p in target.enabled_packages:
         rel = snapshot.release(p.name, p.version)
+        if rel is None and p.name in local_sources(target):
+            continue  # a local-only source build: nothing on the index to check it against
         if rel is None:
             problems.append(Problem(target.where(_key(target, p)), f"targets.{target.name}."
                                     f"{_key(target, p)}", f"no metadata for {p.name}=={p.version} "
@@ -115,3 +117,9 @@ def check_target(target: Target, snapshot: Snapshot) -> list[Problem]:
 def pins_of(target: Target) -> list[tuple[str, str]]:
     """The ``(name, version)`` pairs whose metadata the check needs."""
     return [(p.name, p.version) for p in (*target.enabled_packages, *target.provided)]
+
+
+def local_sources(target: Target) -> list[str]:
+    """Packages built from a local directory, archive or URL (they may be absent from the index)."""
+    return [p.name for p in target.enabled_packages
+            if p.build == "source" and p.source is not None and p.source.kind != "git"]

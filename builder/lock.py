@@ -27,7 +27,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from builder.files import atomic_write_text
-from builder.compat import marker_env
+from builder.compat import local_sources, marker_env
 from builder.errors import CompatError, LockError
 from builder.metadata import Snapshot
 from builder.spec import Package, Target
@@ -66,6 +66,15 @@ def python_platform(target: Target) -> str:
     return f"{target.arch}-manylinux_{glibc.major}_{glibc.minor}"
 
 
+def local_only(target: Target, snapshot: Snapshot) -> list[Package]:
+    """Source-built packages from a local directory, archive or URL that the index does not know
+    at all (a site's own extension): never resolved from the index, built with ``--no-deps``;
+    what they import must be pinned by the rest of the lock (the self-test imports them)."""
+    local = set(local_sources(target))
+    return [p for p in target.enabled_packages
+            if p.name in local and snapshot.release(p.name, p.version) is None]
+
+
 def wheelless(target: Target, snapshot: Snapshot) -> list[Package]:
     """Source-built packages the index has no wheel for at all: kept out of the resolution."""
     out = []
@@ -77,15 +86,14 @@ def wheelless(target: Target, snapshot: Snapshot) -> list[Package]:
 
 
 def requirements_in(target: Target, snapshot: Snapshot) -> list[str]:
-    """The resolver input: every enabled pin, plus the declared deps of wheel-less packages."""
-    skip = {p.name for p in wheelless(target, snapshot)}
+    """The resolver input: every enabled pin, plus the declared deps of wheel-less packages
+    (local-only packages are left out; see :func:`local_only`)."""
+    skip = {p.name for p in (*wheelless(target, snapshot), *local_only(target, snapshot))}
     lines = [p.requirement for p in target.enabled_packages if p.name not in skip]
     lines.append(UV_IN_IMAGE)
     for p in wheelless(target, snapshot):
         rel = snapshot.release(p.name, p.version)
-        if rel is None:
-            raise LockError(f"no metadata for {p.name}=={p.version}: run `build-env check "
-                            "--online` first", target=target.name)
+        assert rel is not None  # wheelless() keeps only packages with a release
         for req in rel.requirements():
             if req.marker is None or req.marker.evaluate(marker_env(target)):
                 lines.append(str(Requirement(f"{req.name}{req.specifier}")))

@@ -307,12 +307,18 @@ def local_release(name: str, version: str, find_links: Iterable[str]) -> Release
 
 
 def refresh(snapshot: Snapshot, pins: Iterable[tuple[str, str]], client: IndexClient,
-            find_links: Iterable[str] = ()) -> Snapshot:
+            find_links: Iterable[str] = (), local: Iterable[str] = ()) -> Snapshot:
     """Fetch every pinned release (local find-links wheels first), then the version lists of
-    dependencies that two pinned packages both constrain."""
-    find_links = tuple(find_links)
+    dependencies that two pinned packages both constrain. Packages named in ``local`` are built
+    from a local source and may be absent from the index (then they are left out)."""
+    find_links, local = tuple(find_links), {canonicalize_name(n) for n in local}
     for name, version in sorted(set(pins)):
-        rel = local_release(name, version, find_links) or client.release(name, version)
+        try:
+            rel = local_release(name, version, find_links) or client.release(name, version)
+        except MetadataError:
+            if canonicalize_name(name) in local:
+                continue
+            raise
         snapshot.releases[f"{canonicalize_name(name)}=={version}"] = rel
     counts: dict[str, int] = {}
     for name, version in set(pins):
