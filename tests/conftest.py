@@ -48,6 +48,23 @@ def docker_host(dockerd: Dockerd) -> Iterator[str]:
             os.environ["DOCKER_HOST"] = old
 
 
+@pytest.fixture
+def docker_context_env(docker_host: str, tmp_path: Path) -> dict[str, str]:
+    """The environment of a login node that names the session's engine only through a docker
+    context (``verl-env-remote`` in a private docker config; DOCKER_HOST empty). The engine is a
+    second local daemon on its own socket, never the machine's default one."""
+    import shutil
+
+    assert docker_host != "unix:///var/run/docker.sock", docker_host
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("no docker CLI to create the context with")
+    config = tmp_path / "docker-config"
+    subprocess.run([docker, "--config", str(config), "context", "create", "verl-env-remote",
+                    "--docker", f"host={docker_host}"], check=True, capture_output=True)
+    return {"DOCKER_HOST": "", "DOCKER_CONFIG": str(config), "DOCKER_CONTEXT": "verl-env-remote"}
+
+
 @pytest.fixture(scope="session")
 def debian_base(docker_host: str) -> str:
     """``verl-env-test/debian:bookworm`` built with debootstrap from this machine's apt sources."""
