@@ -131,10 +131,14 @@ def _uv() -> str:
 
 
 def _uv_compile(target: Target, requirements: list[str], *, constraints: list[str],
-                excludes: list[str], offline: bool) -> tuple[str, float]:
+                excludes: list[str], offline: bool, prefer: str | None = None
+                ) -> tuple[str, float]:
     with tempfile.TemporaryDirectory(prefix="verl-env-lock-") as tmp:
         tmpdir = Path(tmp)
         (tmpdir / "requirements.in").write_text("\n".join(requirements) + "\n")
+        if prefer is not None:
+            # uv keeps the versions of an existing output file unless a requirement moves them
+            (tmpdir / "lock.txt").write_text(prefer)
         # Relative names: the lock's "# via -r requirements.in" must not carry a temp path.
         cmd = [_uv(), "pip", "compile", "requirements.in", "-o", "lock.txt", "--no-header",
                "--quiet", *uv_args(target)]
@@ -165,15 +169,18 @@ def build_lock_path(lock: Path) -> Path:
     return lock.with_name(lock.stem + ".build.txt")
 
 
-def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool = False
-                 ) -> Lock:
+def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool = False,
+                 prefer: Path | None = None) -> Lock:
     """Resolve ``target`` with uv and write the lock atomically to ``out``; when the target builds
-    packages from source, also the build-tools lock beside it (constrained by the main lock)."""
+    packages from source, also the build-tools lock beside it (constrained by the main lock).
+    ``prefer``: a lock whose versions are kept wherever the pins allow (an override build moves
+    only what its override needs, so the layers below it stay cached)."""
     ihash = input_hash(target, snapshot)
     body, seconds = _uv_compile(
         target, requirements_in(target, snapshot),
         constraints=[f"{p.name}=={p.version}" for p in target.provided],
-        excludes=[p.name for p in target.provided], offline=offline)
+        excludes=[p.name for p in target.provided], offline=offline,
+        prefer=prefer.read_text() if prefer is not None and prefer.is_file() else None)
     text = header(target, ihash) + body
     build_text = None
     if any(p.build == "source" for p in target.enabled_packages):
@@ -236,8 +243,9 @@ def lock_for(matrix_path: Path, target: Target, snapshot: Snapshot, workdir: Pat
         raise CompatError("; ".join(str(p) for p in problems), target=target.name)
     path = lock_path(matrix_path, target)
     if target.override:
+        committed = path
         path = workdir / f"{target.name}.override-lock.txt"
-        compile_lock(target, snapshot, path)
+        compile_lock(target, snapshot, path, prefer=committed)
     else:
         stale = stale_reason(target, snapshot, path)
         if stale:

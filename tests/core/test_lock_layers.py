@@ -114,3 +114,26 @@ def test_uv_resolves_the_fixture_target_reproducibly(tmp_path: Path) -> None:
         assert locked[p.name].hashes
     assert locked["hydra-core"].version.startswith("1.3")  # not 0.11.3 through antlr4
     assert stale_reason(t, snap, tmp_path / "a.txt") is None
+
+
+@pytest.mark.network
+def test_an_override_moves_only_what_it_overrides(tmp_path: Path) -> None:
+    """A verl-only bump keeps every other version of the committed lock (uv keeps the versions of
+    the lock it is given), so only the verl layer is rebuilt."""
+    from builder.lock import lock_for
+
+    fixtures = REPO / "tests" / "fixtures"
+    m = load_matrix(fixtures / "cpu.yaml")
+    snap = load_snapshot(fixtures / "metadata" / "pypi-snapshot.json")
+    t = m.target("cpu-x86_64")
+    if not all(Path(d).is_dir() for d in t.find_links):
+        pytest.skip("no local CPU torch wheel directory on this machine")
+    if not shutil.which("uv"):
+        pytest.skip("uv not installed")
+    bumped = apply_overrides(t, ["packages.verl=0.9.0"])
+    text, path = lock_for(m.path, bumped, snap, tmp_path)
+    assert path.parent == tmp_path
+    before = {n: p.version for n, p in parse_lock(lock_path(m.path, t).read_text()).items()}
+    after = {n: p.version for n, p in parse_lock(text).items()}
+    changed = {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
+    assert changed == {"verl"}, {n: (before.get(n), after.get(n)) for n in changed}
