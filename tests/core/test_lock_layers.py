@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from builder.layers import split_layers
-from builder.lock import compile_lock, input_hash, lock_path, parse_lock, python_platform, \
-    stale_reason
-from builder.metadata import load_snapshot
-from builder.spec import apply_overrides, load_matrix
+from builder.lock import compile_lock, input_hash, lock_for, lock_path, parse_lock, \
+    python_platform, stale_reason
+from builder.metadata import Snapshot, load_snapshot
+from builder.spec import Matrix, Target, apply_overrides, load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = """\
@@ -94,16 +94,21 @@ def test_a_changed_pin_makes_the_lock_stale() -> None:
     assert reason and "different inputs" in reason
 
 
-@pytest.mark.network
-def test_uv_resolves_the_fixture_target_reproducibly(tmp_path: Path) -> None:
+def _fixture_target() -> tuple[Matrix, Snapshot, Target]:
+    """The CPU fixture's matrix, snapshot and target, for a real uv resolution (or a skip)."""
     fixtures = REPO / "tests" / "fixtures"
     m = load_matrix(fixtures / "cpu.yaml")
-    snap = load_snapshot(fixtures / "metadata" / "pypi-snapshot.json")
     t = m.target("cpu-x86_64")
     if not all(Path(d).is_dir() for d in t.find_links):
         pytest.skip("no local CPU torch wheel directory on this machine")
     if not shutil.which("uv"):
         pytest.skip("uv not installed")
+    return m, load_snapshot(fixtures / "metadata" / "pypi-snapshot.json"), t
+
+
+@pytest.mark.network
+def test_uv_resolves_the_fixture_target_reproducibly(tmp_path: Path) -> None:
+    _, snap, t = _fixture_target()
     first = compile_lock(t, snap, tmp_path / "a.txt")
     second = compile_lock(t, snap, tmp_path / "b.txt")
     assert first.text == second.text  # no temp paths, no timestamps
@@ -120,16 +125,7 @@ def test_uv_resolves_the_fixture_target_reproducibly(tmp_path: Path) -> None:
 def test_an_override_moves_only_what_it_overrides(tmp_path: Path) -> None:
     """A verl-only bump keeps every other version of the committed lock (uv keeps the versions of
     the lock it is given), so only the verl layer is rebuilt."""
-    from builder.lock import lock_for
-
-    fixtures = REPO / "tests" / "fixtures"
-    m = load_matrix(fixtures / "cpu.yaml")
-    snap = load_snapshot(fixtures / "metadata" / "pypi-snapshot.json")
-    t = m.target("cpu-x86_64")
-    if not all(Path(d).is_dir() for d in t.find_links):
-        pytest.skip("no local CPU torch wheel directory on this machine")
-    if not shutil.which("uv"):
-        pytest.skip("uv not installed")
+    m, snap, t = _fixture_target()
     bumped = apply_overrides(t, ["packages.verl=0.9.0"])
     text, path = lock_for(m.path, bumped, snap, tmp_path)
     assert path.parent == tmp_path
