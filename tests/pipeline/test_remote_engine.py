@@ -5,8 +5,6 @@ machine into the engine's containers (see tests/gate for the container-side proo
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,38 +14,26 @@ from tests.conftest import FIXTURE, run_build_env
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
 
-@pytest.fixture
-def context_env(docker_host: str, tmp_path: Path) -> dict[str, str]:
-    """A docker config whose context ``verl-env-remote`` points at the session's engine."""
-    docker = shutil.which("docker")
-    if docker is None:
-        pytest.skip("no docker CLI")
-    config = tmp_path / "docker-config"
-    subprocess.run([docker, "--config", str(config), "context", "create", "verl-env-remote",
-                    "--docker", f"host={docker_host}"], check=True, capture_output=True)
-    return {"DOCKER_HOST": "", "DOCKER_CONFIG": str(config), "DOCKER_CONTEXT": "verl-env-remote"}
-
-
 def test_build_verify_and_tag_through_a_docker_context(cpu_image: dict, ca_bundle: Path,
                                                         tmp_path: Path,
-                                                        context_env: dict[str, str]) -> None:
-    proc = run_build_env("verify", "verl-env:cpu-x86_64", "--json", env=context_env)
+                                                        docker_context_env: dict[str, str]) -> None:
+    proc = run_build_env("verify", "verl-env:cpu-x86_64", "--json", env=docker_context_env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["gate"]["scope"] == "release"
     proc = run_build_env("--target", "cpu-x86_64", "--matrix", str(FIXTURE), "--ca-bundle",
                          str(ca_bundle), "--workdir", str(tmp_path / "a"), "--json",
-                         env=context_env)
+                         env=docker_context_env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["image_id"] == cpu_image["image_id"]
     # a real BuildKit build goes to the context's engine too (it fails there, at its apt step)
     proc = run_build_env("--target", "cpu-x86_64-badapt", "--matrix", str(FIXTURE),
                          "--ca-bundle", str(ca_bundle), "--workdir", str(tmp_path / "b"),
-                         env=context_env)
+                         env=docker_context_env)
     assert proc.returncode == 1 and "verl-env-no-such-package" in proc.stderr, proc.stderr
 
 
-def test_an_unknown_context_is_a_clear_error(context_env: dict[str, str]) -> None:
-    proc = run_build_env("verify", "verl-env:cpu-x86_64", env={**context_env,
+def test_an_unknown_context_is_a_clear_error(docker_context_env: dict[str, str]) -> None:
+    proc = run_build_env("verify", "verl-env:cpu-x86_64", env={**docker_context_env,
                                                                 "DOCKER_CONTEXT": "nope"})
     assert proc.returncode == 1
     assert "docker context 'nope' does not exist" in proc.stderr, proc.stderr
