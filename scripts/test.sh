@@ -14,10 +14,35 @@ trap 'rm -rf "$root"' EXIT
 uv build --wheel -q -o "$root/dist" . || exit 1
 wheel=$(ls "$root"/dist/verl_env-*.whl) || exit 1
 uv venv -q --seed --python "$(command -v python3)" "$root/venv" || exit 1
-uv pip install -q --python "$root/venv/bin/python" "$wheel[test]" || exit 1
+uv pip install -q --python "$root/venv/bin/python" "${wheel}[test]" || exit 1
 export VERL_ENV_CLI="$root/venv/bin/build-env" PATH="$root/venv/bin:$PATH"
-"$root/venv/bin/python" -m pytest -rs "$@"
-status=$?
+pytest=("$root/venv/bin/python" -m pytest -rs -p no:cacheprovider)
+
 # pytest exit 5 means no test was collected: that is a failure here, never a pass.
-[ "$status" -eq 5 ] && { echo "test.sh: no tests collected" >&2; exit 1; }
-exit "$status"
+verdict() {
+  [ "$2" -eq 5 ] && { echo "test.sh: $1: no tests collected" >&2; return 1; }
+  return "$2"
+}
+
+if [ $# -gt 0 ]; then
+  "${pytest[@]}" "$@"
+  verdict "pytest $*" $?
+  exit
+fi
+
+# The whole suite, in two independent groups run side by side, each with its own engine: the
+# builds under QEMU emulation (arm64; long, mostly waiting on one emulated core) and the rest.
+# The emulated group's output follows the other's.
+"${pytest[@]}" --basetemp="$root/tmp-emulated" -m emulated >"$root/emulated.log" 2>&1 &
+emulated_pid=$!
+trap 'kill -INT "$emulated_pid" 2>/dev/null; wait "$emulated_pid"; rm -rf "$root"' EXIT
+"${pytest[@]}" --basetemp="$root/tmp-main" -m "not emulated"
+verdict "the main group" $?
+main_status=$?
+wait "$emulated_pid"
+emulated_status=$?
+echo "==================== the emulated group (-m emulated) ===================="
+cat "$root/emulated.log"
+verdict "the emulated group" "$emulated_status"
+emulated_status=$?
+[ "$main_status" -eq 0 ] && [ "$emulated_status" -eq 0 ]
