@@ -73,7 +73,9 @@ print(json.dumps({
     "interpreter": sys.executable, "python": "{}.{}.{}".format(*sys.version_info[:3]),
     "prefix": sys.prefix, "venv": sys.prefix != sys.base_prefix,
     "purelib": sysconfig.get_path("purelib"),
-    "externally_managed": os.path.isfile(os.path.join(stdlib, "EXTERNALLY-MANAGED")),
+    # PEP 668: the marker of the base interpreter's stdlib binds only outside a venv
+    "externally_managed": sys.prefix == sys.base_prefix and os.path.isfile(
+        os.path.join(stdlib, "EXTERNALLY-MANAGED")),
     "env": {k: v for k, v in os.environ.items()
             if k in __KEYS__ or k.startswith(__PREFIXES__)},
     "dists": dists}, sort_keys=True))

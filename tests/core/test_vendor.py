@@ -222,3 +222,36 @@ def test_the_rocm_family_data() -> None:
     cuda = replace(job, family="cuda")
     assert "disable_custom_all_reduce" not in training_command(cuda)
     assert not FAMILIES["cuda"].image_env and not FAMILIES["cpu"].trainer_overrides
+
+
+class _FakeEngine:
+    """The engine interface's two calls the probe uses (the real one: tests/vendor)."""
+
+    def __init__(self, logs: str, code: int = 0) -> None:
+        self.logs, self.code, self.calls = logs, code, []
+
+    def identity(self, ref: str) -> str:
+        return "sha256:" + "d" * 64
+
+    def run(self, image: str, command, **kw):
+        from types import SimpleNamespace
+
+        self.calls.append((image, list(command), kw))
+        return SimpleNamespace(exit_code=self.code, logs=self.logs)
+
+
+def test_the_first_build_of_a_declared_base_records_it_and_asks_for_a_relock(
+        tmp_path: Path) -> None:
+    declared = _target("declared", torch="2.12.0")
+    engine = _FakeEngine(_probe_output())
+    with pytest.raises(LockError) as err:
+        vendor.first_inspection(engine, declared, tmp_path / "locks" / "vendor.txt")
+    text = str(err.value)
+    assert "was declared, not inspected" in text and "build-env lock --target vendor" in text
+    assert "torch: the matrix claims 2.12.0, vendor/base:1 holds 2.13.0+cpu" in text
+    rec = json.loads((tmp_path / "locks" / "vendor.base.json").read_text())
+    assert rec["inspected"] and rec["image_id"] == "sha256:" + "d" * 64
+    image, command, kw = engine.calls[0]
+    assert kw["entrypoint"] == ["/bin/sh"] and command[-1] == vendor.PROBE_PY
+    with pytest.raises(LockError, match="probe of vendor/base:1 failed"):
+        vendor.probe(_FakeEngine("no python in the base", code=3), declared)
