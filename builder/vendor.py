@@ -287,7 +287,13 @@ def first_inspection(engine: Any, target: Target, lock_file: Path) -> None:
     hash covers the record): the build host re-locks with the record and commits both."""
     record = probe(engine, target)
     path = base_record_path(lock_file)
-    write_record(path, record)
+    try:
+        write_record(path, record)
+    except OSError as exc:
+        raise LockError(f"{target.base.ref} inspected, but its record cannot be written to "
+                        f"{path} ({exc.strerror}): run `build-env init DIR` for a site of your "
+                        f"own and `build-env lock --probe --target {target.name}` there",
+                        target=target.name) from None
     wrong = mismatches(target, record)
     raise LockError(
         f"{target.base.ref} was declared, not inspected: inspected it now and recorded "
