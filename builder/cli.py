@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from builder import __version__
 from builder.errors import BuildEnvError, CompatError
@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     lk = sub.add_parser("lock", help="resolve the full dependency lock (with hashes) for a target")
     _common(lk)
     lk.add_argument("--target", help="lock one target (default: all)")
+    lk.add_argument("--probe", action="store_true",
+                    help="vendor bases: inspect the base through the engine first and record "
+                         "its interpreter and freeze in locks/T.base.json")
     lk.add_argument("--offline", action="store_true", help="resolve from uv's cache only")
 
     rd = sub.add_parser("render", help="write the build context without building")
@@ -164,10 +167,27 @@ def _site(args: argparse.Namespace) -> Site:
     return open_site(args.matrix, args.snapshot)
 
 
+def _vendor_note(site: Site, t: Any) -> str:
+    """How far a vendor base is verified: declared (from published sources) or inspected."""
+    from builder.lock import lock_path
+    from builder.vendor import base_record_path
+
+    if not t.base.vendor:
+        return ""
+    if base_record_path(lock_path(site.path, t)).is_file():
+        return " (vendor base, inspected)"
+    if t.base.vendor == "declared":
+        return " (declared, not yet verified)"
+    return " (vendor base, not yet probed)"
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    matrix = _site(args).matrix
+    site = _site(args)
+    matrix = site.matrix
     if args.json:
-        print(json.dumps({n: {**t.to_dict(), "entry_hash": t.entry_hash}
+        print(json.dumps({n: {**t.to_dict(), "entry_hash": t.entry_hash,
+                              **({"base_status": _vendor_note(site, t).strip(" ()")}
+                                 if t.base.vendor else {})}
                           for n, t in matrix.targets.items()}, indent=2))
         return 0
     cols = ["target", "accel", "arch", "python", "torch", "engine", "ray", "transformers",
@@ -184,7 +204,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         rows.append([t.name, t.accelerator + (f" {t.cuda or t.rocm}" if t.cuda or t.rocm else ""),
                      t.arch, t.python, v("torch"),
                      f"{eng.name} {v(eng.name)}" if eng else "-", v("ray"), v("transformers"),
-                     v("tensordict"), v("verl"), t.base.image])
+                     v("tensordict"), v("verl"), t.base.image + _vendor_note(site, t)])
     widths = [max(len(str(r[i])) for r in [cols, *rows]) for i in range(len(cols))]
     for r in [cols, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -224,6 +244,29 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _base_record(t: Any, lock_file: Path, probe: bool) -> dict[str, Any] | None:
+    """The vendor base's record: probed now (``--probe``, through the engine) and written beside
+    the lock, or the one already there (builder.vendor)."""
+    from builder import vendor
+
+    if not t.base.vendor:
+        if probe:
+            print(f"{t.name}: not a vendor base (base.vendor unset): nothing to probe")
+        return None
+    if not probe:
+        return vendor.load_record(t, lock_file)
+    from builder.engine import Engine
+
+    record = vendor.probe(Engine.connect(), t)
+    vendor.write_record(vendor.base_record_path(lock_file), record)
+    print(f"{t.name}: base {record['image_id']} probed: {record['interpreter']} "
+          f"({record['kind']}), {len(record['dists'])} distributions -> "
+          f"{vendor.base_record_path(lock_file)}")
+    for line in vendor.mismatches(t, record):
+        print(f"warning: {t.name}: {line} (the gate will refuse the image)", file=sys.stderr)
+    return record
+
+
 def cmd_lock(args: argparse.Namespace) -> int:
     from builder.compat import check_target
     from builder.lock import compile_lock, lock_path, parse_lock
@@ -235,14 +278,17 @@ def cmd_lock(args: argparse.Namespace) -> int:
         problems = check_target(t, snapshot)
         if problems:
             raise CompatError("; ".join(str(p) for p in problems), target=t.name)
-        lock = compile_lock(t, snapshot, lock_path(site.path, t), offline=args.offline)
+        record = _base_record(t, lock_path(site.path, t), args.probe)
+        lock = compile_lock(t, snapshot, lock_path(site.path, t), offline=args.offline,
+                            record=record)
         print(f"{t.name}: {lock.path} ({len(parse_lock(lock.text))} packages, "
               f"{lock.seconds:.1f} s)")
     return 0
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from builder.lock import lock_for
+    from builder.lock import lock_for, lock_path
+    from builder.vendor import load_record
     from builder.render import render_context
 
     site = _site(args)
@@ -251,7 +297,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     out = args.output or Path("build") / target.name
     lock_text, lock_file = lock_for(site.path, target, snapshot, out.parent)
     ctx = render_context(target, lock_text, snapshot, out, lock_file=lock_file,
-                         ca_bundle=args.ca_bundle, templates=args.templates)
+                         ca_bundle=args.ca_bundle, templates=args.templates,
+                         base_record=load_record(target, lock_path(site.path, target)))
     print(f"{target.name}: build context in {ctx.path} (lock {ctx.lock_hash[:19]})")
     return 0
 

@@ -48,6 +48,10 @@ class Family:
     uses_ib: bool = False  # InfiniBand tuning in the job (NCCL_IB_HCA from InfiniBand ports)
     unset: tuple[str, ...] = ()  # variables unset before the container starts
     charliecloud: bool = False  # ch-run can run it (ch-run injects no host GPU stack)
+    # Baked into the image (ENV): what every process of the family needs whatever launches it.
+    image_env: Mapping[str, str] = field(default_factory=dict)
+    # verl trainer overrides the family needs, appended to the Slurm job's default command.
+    trainer_overrides: tuple[str, ...] = ()
 
     @property
     def gpu_probe(self) -> str | None:
@@ -77,7 +81,15 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({
                        "NCCL_IB_DISABLE": "0", "RCCL_MSCCL_ENABLE": "0",
                        "HSA_NO_SCRATCH_RECLAIM": "1",
                        "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1"}),
-                   uses_ib=True, unset=("ROCR_VISIBLE_DEVICES",)),
+                   uses_ib=True, unset=("ROCR_VISIBLE_DEVICES",),
+                   # Ray must not rewrite the visibility variables the launcher set (verl's and
+                   # AMD's ROCm images; docs/families.md cites them).
+                   image_env=MappingProxyType({
+                       "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1",
+                       "RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES": "1"}),
+                   # verl on ROCm: vLLM's custom all-reduce off (AMD's verl rollout.yaml).
+                   trainer_overrides=(
+                       "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_custom_all_reduce=True",)),
     "cpu": Family("cpu", None, ("preflight", "env", "imports", "versions", "cpu", "ray"), (),
                   (), None, charliecloud=True),
 })

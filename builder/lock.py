@@ -31,6 +31,7 @@ from builder.compat import local_sources, marker_env
 from builder.errors import CompatError, LockError
 from builder.metadata import Snapshot
 from builder.spec import Package, Target
+from builder import vendor
 
 # antlr4-python3-runtime 4.9.3 (hydra-core 1.3's dependency) is sdist-only and pure python:
 # without this exception, binary-only resolution silently downgrades hydra-core to 0.11.3.
@@ -110,11 +111,18 @@ def uv_args(target: Target) -> list[str]:
     return args
 
 
-def input_hash(target: Target, snapshot: Snapshot) -> str:
-    blob = json.dumps({"schema": LOCK_SCHEMA, "requirements": requirements_in(target, snapshot),
-                       "excludes": sorted(p.name for p in target.provided),
-                       "constraints": sorted(f"{p.name}=={p.version}" for p in target.provided),
-                       "args": uv_args(target)}, sort_keys=True).encode()
+def input_hash(target: Target, snapshot: Snapshot, record: dict | None = None) -> str:
+    """Over everything that decides the resolution; for a vendor base also its record (the
+    base's full freeze constrains the lock: builder.vendor)."""
+    inputs = {"schema": LOCK_SCHEMA, "requirements": requirements_in(target, snapshot),
+              "excludes": sorted(p.name for p in target.provided),
+              "constraints": sorted(f"{p.name}=={p.version}" for p in target.provided),
+              "args": uv_args(target)}
+    if record is not None:
+        constraints, excludes = vendor.resolution(target, record)
+        inputs.update(excludes=excludes, constraints=constraints,
+                      base=vendor.record_hash(record))
+    blob = json.dumps(inputs, sort_keys=True).encode()
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
@@ -170,23 +178,24 @@ def build_lock_path(lock: Path) -> Path:
 
 
 def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool = False,
-                 prefer: Path | None = None) -> Lock:
+                 prefer: Path | None = None, record: dict | None = None) -> Lock:
     """Resolve ``target`` with uv and write the lock atomically to ``out``; when the target builds
     packages from source, also the build-tools lock beside it (constrained by the main lock).
     ``prefer``: a lock whose versions are kept wherever the pins allow (an override build moves
-    only what its override needs, so the layers below it stay cached)."""
-    ihash = input_hash(target, snapshot)
+    only what its override needs, so the layers below it stay cached). ``record``: the vendor
+    base's record (builder.vendor): its freeze constrains the resolution."""
+    ihash = input_hash(target, snapshot, record)
+    constraints, excludes = vendor.resolution(target, record)
     body, seconds = _uv_compile(
         target, requirements_in(target, snapshot),
-        constraints=[f"{p.name}=={p.version}" for p in target.provided],
-        excludes=[p.name for p in target.provided], offline=offline,
+        constraints=constraints, excludes=excludes, offline=offline,
         prefer=prefer.read_text() if prefer is not None and prefer.is_file() else None)
     text = header(target, ihash) + body
     build_text = None
     if any(p.build == "source" for p in target.enabled_packages):
         pinned = [f"{p.name}=={p.version}" for p in parse_lock(body).values()]
         build_body, more = _uv_compile(target, list(BUILD_TOOLS), constraints=pinned,
-                                       excludes=[p.name for p in target.provided],
+                                       excludes=excludes,
                                        offline=offline)
         build_text = header(target, ihash).replace("lock for", "build-tools lock for") + build_body
         seconds += more
@@ -219,10 +228,14 @@ def stale_reason(target: Target, snapshot: Snapshot, path: Path) -> str | None:
     if not path.exists():
         return f"no lock at {path}: run `build-env lock --target {target.name}`"
     lock = read_lock(path)
+    try:
+        record = vendor.load_record(target, path)
+    except LockError as exc:
+        return str(exc)
     if (any(p.build == "source" for p in target.enabled_packages)
             and not build_lock_path(path).exists()):
         return f"no build-tools lock at {build_lock_path(path)}: run `build-env lock`"
-    if lock.input_hash != input_hash(target, snapshot):
+    if lock.input_hash != input_hash(target, snapshot, record):
         return (f"{path} was locked from different inputs than targets.{target.name} now has: "
                 f"run `build-env lock --target {target.name}`")
     pinned = parse_lock(lock.text)
@@ -245,7 +258,8 @@ def lock_for(matrix_path: Path, target: Target, snapshot: Snapshot, workdir: Pat
     if target.override:
         committed = path
         path = workdir / f"{target.name}.override-lock.txt"
-        compile_lock(target, snapshot, path, prefer=committed)
+        compile_lock(target, snapshot, path, prefer=committed,
+                     record=vendor.load_record(target, committed))
     else:
         stale = stale_reason(target, snapshot, path)
         if stale:

@@ -193,7 +193,8 @@ def preflight(req: BuildRequest, target: Target) -> Engine:
 
 def run(req: BuildRequest) -> Outcome:
     """render -> (reuse | build) -> verify -> tag, then ``--sif``/``--push``."""
-    from builder.lock import lock_for
+    from builder import vendor
+    from builder.lock import lock_for, lock_path
     from builder.render import render_context
     from builder.targets import open_site, resolve_target
 
@@ -205,9 +206,13 @@ def run(req: BuildRequest) -> Outcome:
     engine = preflight(req, target)
 
     t0 = time.monotonic()
+    base_record = vendor.load_record(target, lock_path(site.path, target))
+    if base_record is not None and not base_record.get("inspected"):
+        vendor.first_inspection(engine, target, lock_path(site.path, target))
     lock_text, lock_file = lock_for(site.path, target, snapshot, workdir)
     ctx = render_context(target, lock_text, snapshot, workdir / "context", lock_file=lock_file,
-                         ca_bundle=req.ca_bundle, templates=req.templates)
+                         ca_bundle=req.ca_bundle, templates=req.templates,
+                         base_record=base_record)
     bases = [engine.identity(ref) for ref in dict.fromkeys(
         [target.base.ref, target.base.source_image or target.base.ref])]
     content = content_hash(ctx.path, bases, __version__)

@@ -22,7 +22,9 @@ from typing import Any
 import jinja2
 
 from builder import __version__
+from builder import vendor as vendor_base
 from builder.errors import RenderError
+from builder.families import family
 from builder.files import sha256_file
 from builder.layers import Layer, split_layers
 from builder.lock import LockedPackage, build_lock_path, parse_lock
@@ -64,8 +66,10 @@ def sha256_text(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def manifest(target: Target, matrix_hash: str, lock_hash: str) -> dict[str, Any]:
-    """What the image must hold; the self-test asserts it (schema in docs/architecture.md)."""
+def manifest(target: Target, matrix_hash: str, lock_hash: str,
+             base_record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the image must hold; the self-test asserts it (schema in docs/architecture.md).
+    A vendor base adds the ``base`` section (builder.vendor.manifest_section)."""
     pins = {p.name: p.version for p in target.enabled_packages}
     provided = {p.name: p.version for p in target.provided}
     imports = {p.name: p.module for p in (*target.enabled_packages, *target.provided)
@@ -78,6 +82,7 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str) -> dict[str, Any]
         "imports": dict(sorted(imports.items())),
         "source_builds": sorted(p.name for p in target.enabled_packages if p.build == "source"),
         "matrix_hash": matrix_hash, "lock_hash": lock_hash, "override": target.override,
+        **({"base": vendor_base.manifest_section(target, base_record)} if base_record else {}),
     }
 
 
@@ -198,8 +203,19 @@ def _file_sha256(path: Path) -> str:
 def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, lock_hash: str,
                       ca_bundle: bool, ca_hash: str | None, wheels: bool,
                       source_hashed: bool, templates: Path | None = None,
-                      venv_replaced: tuple[str, ...] = ()) -> str:
+                      venv_replaced: tuple[str, ...] = (),
+                      base_record: dict[str, Any] | None = None) -> str:
     source_builds = [p for p in target.enabled_packages if p.build == "source"]
+    vendor = None
+    if base_record is not None:
+        if source_builds:
+            raise RenderError("source builds on a vendor base are not supported (the source "
+                              "stage builds against a venv of its own)", target=target.name)
+        vendor = {"python": vendor_base.interpreter(base_record), "tools": vendor_base.TOOLS_DIR,
+                  "kind": base_record.get("kind"), "inspected": bool(base_record.get("inspected")),
+                  "externally_managed": bool(base_record.get("externally_managed")),
+                  "provided": sorted(f"{p.name} {p.version}" for p in target.provided)}
+    fam = family(target.accelerator)
     try:
         return _env(templates).get_template("Dockerfile.j2").render(
             target=target, layers=layers, matrix_hash=matrix_hash, lock_hash=lock_hash,
@@ -210,7 +226,8 @@ def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, 
             find_links=["/tmp/verl-env/wheels"] if wheels else [],
             source_builds=source_builds, source_hashed=source_hashed,
             cuda_archs=CUDA_ARCHS.get(target.arch, CUDA_ARCHS["x86_64"]),
-            venv_replaced=venv_replaced,
+            venv_replaced=venv_replaced, vendor=vendor,
+            image_env=dict(fam.image_env) if fam else {},
             labels=labels(target, matrix_hash, lock_hash, ca_hash))
     except jinja2.TemplateError as exc:
         raise RenderError(f"template error: {exc}", target=target.name) from None
@@ -218,9 +235,16 @@ def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, 
 
 def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path, *,
                    lock_file: Path | None = None, ca_bundle: Path | None = None,
-                   templates: Path | None = None) -> BuildContext:
+                   templates: Path | None = None,
+                   base_record: dict[str, Any] | None = None) -> BuildContext:
     """Write the whole build context into ``out`` (replaced atomically; no partial directory is
-    left behind on error)."""
+    left behind on error). ``base_record``: the vendor base's record (builder.vendor); what the
+    base already holds is left out of the layers, and the record travels in the context."""
+    if base_record is None and target.base.vendor:
+        if lock_file is None:
+            raise RenderError("a vendor base needs its base record (builder.vendor)",
+                              target=target.name)
+        base_record = vendor_base.load_record(target, lock_file)
     locked = parse_lock(lock_text)
     lock_hash = sha256_text(lock_text)
     matrix_hash = target.entry_hash
@@ -230,7 +254,8 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
     if not tools:
         raise RenderError("the lock has no uv pin: regenerate it with `build-env lock`",
                           target=target.name)
-    layers = split_layers(locked, engine=engine, exclude=source_names)
+    layers = split_layers(locked, engine=engine,
+                          exclude=source_names | vendor_base.already_there(locked, base_record))
     source_txt, source_hashed = _source_requirements(target, snapshot, locked)
     build_lock = build_lock_path(lock_file) if lock_file else None
     if source_names and (build_lock is None or not build_lock.exists()):
@@ -245,8 +270,9 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
                                    wheels=bool(wheels), source_hashed=source_hashed,
                                    templates=templates,
                                    venv_replaced=tuple(sorted(
-                                       {"pip", "setuptools", "wheel"} & set(locked))))
-    man = manifest(target, matrix_hash, lock_hash)
+                                       {"pip", "setuptools", "wheel"} & set(locked))),
+                                   base_record=base_record)
+    man = manifest(target, matrix_hash, lock_hash, base_record)
 
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -255,6 +281,9 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
         (tmp / "Dockerfile").write_text(dockerfile)
         (tmp / "lock.txt").write_text(lock_text)
         (tmp / "manifest.json").write_text(json.dumps(man, indent=2, sort_keys=True) + "\n")
+        if base_record is not None:  # part of the content tag
+            (tmp / "base.json").write_text(json.dumps(base_record, indent=2, sort_keys=True)
+                                           + "\n")
         (tmp / "layers").mkdir()
         (tmp / "layers" / "00-tools.txt").write_text(
             "# verl-env tools: the installer\n" + "".join(p.render() for p in tools))

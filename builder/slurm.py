@@ -154,8 +154,9 @@ class Inputs:
                 seen[b.dst] = b
         return list(seen.values())
 
-    def trainer_command(self) -> str:
-        """verl's PPO trainer with data, model, checkpoints and the cluster shape filled in."""
+    def trainer_command(self, overrides: tuple[str, ...] = ()) -> str:
+        """verl's PPO trainer with data, model, checkpoints and the cluster shape filled in, then
+        the family's trainer overrides (builder.families: vLLM custom all-reduce off on ROCm)."""
         missing = self.missing_for_trainer()
         if missing:
             raise SlurmError("the default training command (verl.trainer.main_ppo) needs "
@@ -165,7 +166,7 @@ class Inputs:
                  f"actor_rollout_ref.model.path={self.model}",
                  f"trainer.default_local_dir={self.checkpoint_dir}",
                  "trainer.nnodes=${SLURM_NNODES}",
-                 "trainer.n_gpus_per_node=${VERL_ENV_GPUS_PER_NODE}"]
+                 "trainer.n_gpus_per_node=${VERL_ENV_GPUS_PER_NODE}", *overrides]
         return " ".join(_quote_keep_vars(w) for w in words)
 
 
@@ -330,7 +331,8 @@ def validate(job: SlurmJob) -> None:
 
 def training_command(job: SlurmJob) -> str:
     """``--train-cmd``, else verl's trainer on the job's data and model (refused without them)."""
-    return job.train_cmd if job.train_cmd is not None else job.inputs.trainer_command()
+    return job.train_cmd if job.train_cmd is not None else job.inputs.trainer_command(
+        FAMILY_PROFILES[job.family].trainer_overrides)
 
 
 def _check_ports(job: SlurmJob) -> None:

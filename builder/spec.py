@@ -34,7 +34,11 @@ IMPORT_NAMES = {"flash-attn": "flash_attn", "hydra-core": "hydra", "ray": "ray"}
 _TOP_KEYS = {"schema", "defaults", "targets"}
 _TARGET_KEYS = {"description", "accelerator", "arch", "base", "python", "cuda", "rocm",
                 "packages", "provided", "find_links", "apt"}
-_BASE_KEYS = {"image", "digest", "glibc", "source_image"}
+_BASE_KEYS = {"image", "digest", "glibc", "source_image", "vendor", "interpreter", "sources"}
+# A vendor base provides packages (torch, vLLM): the target installs into the base's own
+# interpreter. ``probe``: inspected with `build-env lock --probe` (locks/T.base.json);
+# ``declared``: taken from the vendor's published Dockerfiles/notes, not yet inspected.
+VENDOR_KINDS = ("probe", "declared")
 _PACKAGE_KEYS = {"version", "extras", "build", "enabled", "import", "source"}
 
 
@@ -83,6 +87,9 @@ class Base:
     digest: str | None = None
     glibc: str | None = None
     source_image: str | None = None  # a -devel variant for source builds (nvcc, headers)
+    vendor: str | None = None  # probe | declared: the base provides packages (builder.vendor)
+    interpreter: str | None = None  # declared vendor bases: the base's python (else probed)
+    sources: tuple[str, ...] = ()  # declared vendor bases: where the declared facts come from
 
     @property
     def ref(self) -> str:
@@ -155,7 +162,8 @@ class Target:
 
         return {
             "name": self.name, "accelerator": self.accelerator, "arch": self.arch,
-            "base": {k: v for k, v in vars(self.base).items() if v},
+            "base": {k: list(v) if isinstance(v, tuple) else v
+                     for k, v in vars(self.base).items() if v},
             "python": self.python, "cuda": self.cuda, "rocm": self.rocm,
             "packages": {p.name: pkg(p) for p in sorted(self.packages, key=lambda p: p.name)},
             "provided": {p.name: p.version for p in sorted(self.provided, key=lambda p: p.name)},
@@ -369,9 +377,24 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
     if glibc and Version(glibc) < GLIBC_FLOOR:
         raise ctx.error(f"{key}.base.glibc", f"glibc {glibc} is below {GLIBC_FLOOR}: vLLM's "
                         "dependencies need manylinux_2_34 wheels (llguidance, tilelang, z3-solver)")
+    vendor = ctx.string(b["vendor"], f"{key}.base.vendor") if "vendor" in b else None
+    if vendor is not None and vendor not in VENDOR_KINDS:
+        raise ctx.error(f"{key}.base.vendor", f"vendor must be one of {', '.join(VENDOR_KINDS)}")
+    for k in ("interpreter", "sources"):
+        if k in b and vendor != "declared":
+            raise ctx.error(f"{key}.base.{k}", f"{k} is for a declared vendor base "
+                            "(vendor: declared); a probed base records its own")
+    sources = b.get("sources", [])
+    if not isinstance(sources, list) or not all(isinstance(x, str) for x in sources):
+        raise ctx.error(f"{key}.base.sources", "expected a list of strings")
+    if vendor and not t.get("provided"):
+        raise ctx.error(f"{key}.base.vendor", "a vendor base needs the packages it provides "
+                        "under provided:")
     base = Base(ctx.string(b["image"], f"{key}.base.image"), digest, glibc,
                 ctx.string(b["source_image"], f"{key}.base.source_image")
-                if "source_image" in b else None)
+                if "source_image" in b else None, vendor,
+                ctx.string(b["interpreter"], f"{key}.base.interpreter")
+                if "interpreter" in b else None, tuple(sources))
     python = ctx.string(t["python"], f"{key}.python")
     try:
         pv = Version(python)

@@ -49,7 +49,9 @@ HOST_DEV_ENV = "VERL_ENV_HOST_DEV"
 OUT_DIR, HOST_DIR = "/verl-env-out", "/verl-env-host"
 REPORT = f"{OUT_DIR}/report.json"
 # Runs under /bin/sh in the image: prefer the baked self-test, else the copied-in host copy.
-_LAUNCH = ('PY=$(command -v python || command -v python3) || { echo "no python in image" >&2; '
+# A vendor base names its interpreter in /opt/verl-env/interpreter (builder.vendor).
+_LAUNCH = ('PY=$(cat /opt/verl-env/interpreter 2>/dev/null); [ -x "$PY" ] || '
+           'PY=$(command -v python || command -v python3) || { echo "no python in image" >&2; '
            'exit 3; }; [ -d /opt/verl-env/verl_env_selftest ] || '
            f'export PYTHONPATH={HOST_DIR}${{PYTHONPATH:+:$PYTHONPATH}}; '
            'exec "$PY" -m verl_env_selftest "$@"')

@@ -4,6 +4,7 @@ declared requirements (``importlib.metadata.requires('verl')``, evaluated with t
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -45,8 +46,53 @@ def decide_pin(name: str, pin: str, installed: str | None, kind: str = "pin",
         return Check(cid, PHASE, FAIL, threshold=thr, reason=f"{name} is not installed")
     if pin_matches(pin, installed, parse):
         return Check(cid, PHASE, PASS, value=installed, threshold=thr)
+    if kind == "provided":
+        return Check(cid, PHASE, FAIL, value=installed, threshold=thr,
+                     reason=f"{name}: the matrix claims the base provides {pin}, the image holds "
+                            f"{installed}")
     return Check(cid, PHASE, FAIL, value=installed, threshold=thr,
                  reason=f"{name} {installed} installed, manifest says {pin}")
+
+
+def dist_files(name: str) -> tuple[str | None, str | None]:
+    """(dist-info location, sha256 of its RECORD) of the installed distribution, as
+    builder.vendor's probe recorded them in the base."""
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None, None
+    path = getattr(dist, "_path", None)
+    if path is None:
+        return None, None
+    record = os.path.join(str(path), "RECORD")
+    if not os.path.isfile(record):
+        return str(path), None
+    with open(record, "rb") as f:
+        return str(path), "sha256:" + hashlib.sha256(f.read()).hexdigest()
+
+
+def decide_base_files(name: str, expected: dict[str, Any], inspected: bool,
+                      found: tuple[str | None, str | None]) -> Check:
+    """A provided distribution's files must be the base's: the same dist-info location and the
+    same RECORD (every file's hash) as the probe of the base recorded; anything reinstalled or
+    shadowing it fails. A declared base (not inspected) cannot pass: required skip."""
+    cid = f"versions.base_files.{name}"
+    if not inspected or not expected.get("path"):
+        return skip(cid, PHASE, "declared base, not yet inspected: run `build-env lock --probe` "
+                                "on a host that can pull it", required=True)
+    thr = threshold("==", expected.get("record"), f"RECORD of {expected.get('path')} in the base")
+    path, record = found
+    if path is None:
+        return Check(cid, PHASE, FAIL, threshold=thr, reason=f"{name} is not installed")
+    if path != expected["path"]:
+        return Check(cid, PHASE, FAIL, value=path, threshold=thr,
+                     reason=f"{name} is installed at {path}, the base has it at "
+                            f"{expected['path']}")
+    if record != expected.get("record"):
+        return Check(cid, PHASE, FAIL, value=record, threshold=thr,
+                     reason=f"{name}: its RECORD differs from the base's (reinstalled or "
+                            "modified)")
+    return Check(cid, PHASE, PASS, value=record, threshold=thr)
 
 
 def evaluate_requirements(reqs: Iterable[str], installed: Callable[[str], str | None],
@@ -172,6 +218,13 @@ def plan(run: Run) -> list[Step]:
                 return decide_pin(name, pin, have, label, parse)
 
             steps.append(Step((f"versions.{label}.{name}",), pin_step))
+    base = m.get("base") if isinstance(m.get("base"), dict) else None
+    for name, expected in sorted((base or {}).get("provided", {}).items()):
+        def files_step(r: Run, name: str = name, expected: dict = expected) -> Check:
+            return decide_base_files(name, expected, bool(base and base.get("inspected")),
+                                     dist_files(name))
+
+        steps.append(Step((f"versions.base_files.{name}",), files_step))
     if declared(m, "verl"):
         def verl_step(r: Run) -> Check:
             v = installed_version("verl")

@@ -17,11 +17,15 @@ MATRIX = str(REPO / "builder/data/matrix.yaml")
 def test_list_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "--matrix", MATRIX]) == 0
     out = capsys.readouterr().out
-    assert "cuda-arm64" in out and "0.10.0(src)" in out and "2.12.0*" in out
+    assert "cuda-arm64" in out and "0.10.0(src)" in out and "2.9.1.dev20251204+rocm7.0.2*" in out
+    assert "(declared, not yet verified)" in out  # rocm-mi300's base was never inspected
     assert main(["list", "--matrix", MATRIX, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data) == {"cuda-x86_64", "cuda-arm64", "rocm-mi300"}
-    assert data["rocm-mi300"]["provided"] == {"torch": "2.12.0", "vllm": "0.27.0"}
+    assert data["rocm-mi300"]["provided"] == {"torch": "2.9.1.dev20251204+rocm7.0.2",
+                                              "vllm": "0.20.2rc1"}
+    assert data["rocm-mi300"]["base_status"] == "declared, not yet verified"
+    assert "base_status" not in data["cuda-x86_64"]
     assert data["cuda-x86_64"]["entry_hash"].startswith("sha256:")
 
 

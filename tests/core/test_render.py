@@ -133,8 +133,13 @@ def test_nothing_is_copied_in_only_to_be_deleted(tmp_path: Path) -> None:
 def test_manifest_and_context_contents(tmp_path: Path) -> None:
     ctx = _render("builder/data/matrix.yaml", "rocm-mi300", tmp_path / "ctx")
     man = json.loads((ctx.path / "manifest.json").read_text())
-    assert man["provided"] == {"torch": "2.12.0", "vllm": "0.27.0"}
+    assert man["provided"] == {"torch": "2.9.1.dev20251204+rocm7.0.2", "vllm": "0.20.2rc1"}
     assert man["imports"]["vllm"] == "vllm" and man["accelerator"] == "rocm"
+    # a declared vendor base: the gate knows it was not inspected (no RECORD to compare)
+    assert man["base"]["inspected"] is False and man["base"]["interpreter"] == "python3"
+    assert man["base"]["provided"]["vllm"] == {"version": "0.20.2rc1", "path": None,
+                                               "record": None}
+    assert json.loads((ctx.path / "base.json").read_text())["kind"] == "declared"
     lock = (ctx.path / "lock.txt").read_text()
     assert "\ntorch==" not in lock and "\nvllm==" not in lock  # provided: never resolved
     assert (ctx.path / "selftest" / "__main__.py").exists()

@@ -6,7 +6,7 @@
 FROM verl-env-test/debian:bookworm
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
-    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1
 # System packages: the interpreter and the RDMA user-space NCCL needs (libibverbs/librdmacm);
 # without them NCCL silently falls back to sockets. Versions: those of the base image's suite

@@ -1,58 +1,59 @@
 # Rendered by build-env for target rocm-mi300 (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target rocm-mi300`.
-# matrix entry sha256:f269bcb83340613f752e1ce1e9afcf0264eb5692f35e0cf2571ce56c1aeedbcb, lock sha256:8cecc2d6ef895366efb69c9b87c8d7d5d50d19125ff0298a4ee3dfd1cf824e98
+# matrix entry sha256:4db4c40c00d3eae9411b0b91c56de31b20607dfb9e207de42582b46d59be0e2a, lock sha256:a2c1687a3be5803849f990377ada82a168085791c7b4a3ee757bcd99d0999f9e
 
 # ---------------------------------------------------------------------------- runtime image
-FROM rocm/vllm:rocm10.0.0_ubuntu24.04_py3.12_pytorch_2.12.0_vllm_0.27.0
+FROM rocm/verl:verl-0.7.1.amd0_rocm7.0.2_ubuntu22.04_py3.12_vllm0.20.2@sha256:64072e02ef3fc364a0bef09e71c0f4b3ae32ba6fc65e4d121a4736a538aa2bb8
+# Vendor base (declared, not yet inspected): it provides torch 2.9.1.dev20251204+rocm7.0.2, vllm 0.20.2rc1.
+# Everything installs into its own interpreter (python3); nothing it holds is
+# reinstalled or upgraded (those packages are not in the layers below).
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
-    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    PYTHONUNBUFFERED=1
-# System packages: the interpreter and the RDMA user-space NCCL needs (libibverbs/librdmacm);
-# without them NCCL silently falls back to sockets. Versions: those of the base image's suite
-# (the base is pinned by digest), hence no per-package apt pins.
+    PYTHONUNBUFFERED=1 \
+    RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES=1 \
+    RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES=1
+# System packages the target adds (the base's python and libraries are its own).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps \
+    && apt-get install -y --no-install-recommends ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps \
     && rm -rf /var/lib/apt/lists/*
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
-RUN python3.12 -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt \
-    && /opt/venv/bin/python -m pip uninstall -y -q setuptools
+RUN python3 -m pip install --no-cache-dir --no-deps --require-hashes --target /opt/verl-env/tools -r /opt/verl-env/layers/00-tools.txt
 
 # deps: 118 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
+    /opt/verl-env/tools/bin/uv pip install --python python3 --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
 
 # verl: 1 packages
 COPY layers/40-verl.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt
+    /opt/verl-env/tools/bin/uv pip install --python python3 --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt
 
 # The gate: the self-test that verify, apptainer exec and srun run inside this image.
 COPY selftest/ /opt/verl-env/verl_env_selftest/
 COPY manifest.json /opt/verl-env/manifest.json
-RUN echo /opt/verl-env > "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/verl-env.pth" \
-    && /opt/venv/bin/python -m compileall -q /opt/verl-env
+RUN echo /opt/verl-env > "$(python3 -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/verl-env.pth" \
+    && python3 -m compileall -q /opt/verl-env/verl_env_selftest \
+    && command -v python3 > /opt/verl-env/interpreter
 
-LABEL org.opencontainers.image.description="AMD MI300 (gfx942), ROCm 10.0.0; torch and vLLM come from the ROCm base image" \
+LABEL org.opencontainers.image.description="AMD MI300 (gfx942), ROCm 7.0.2; torch and vLLM come from AMD\u0027s verl image" \
       org.opencontainers.image.title="verl-env rocm-mi300" \
       org.verl-env.accelerator="rocm" \
       org.verl-env.arch="x86_64" \
-      org.verl-env.base="rocm/vllm:rocm10.0.0_ubuntu24.04_py3.12_pytorch_2.12.0_vllm_0.27.0" \
+      org.verl-env.base="rocm/verl:verl-0.7.1.amd0_rocm7.0.2_ubuntu22.04_py3.12_vllm0.20.2@sha256:64072e02ef3fc364a0bef09e71c0f4b3ae32ba6fc65e4d121a4736a538aa2bb8" \
       org.verl-env.builder="0.1.0" \
-      org.verl-env.lock-hash="sha256:8cecc2d6ef895366efb69c9b87c8d7d5d50d19125ff0298a4ee3dfd1cf824e98" \
-      org.verl-env.matrix-hash="sha256:f269bcb83340613f752e1ce1e9afcf0264eb5692f35e0cf2571ce56c1aeedbcb" \
+      org.verl-env.lock-hash="sha256:a2c1687a3be5803849f990377ada82a168085791c7b4a3ee757bcd99d0999f9e" \
+      org.verl-env.matrix-hash="sha256:4db4c40c00d3eae9411b0b91c56de31b20607dfb9e207de42582b46d59be0e2a" \
       org.verl-env.override="false" \
       org.verl-env.pin.hydra-core="1.3.2" \
       org.verl-env.pin.ray="2.60.0" \
       org.verl-env.pin.tensordict="0.10.0" \
-      org.verl-env.pin.transformers="5.10.4" \
+      org.verl-env.pin.transformers="5.9.0" \
       org.verl-env.pin.verl="0.9.1" \
-      org.verl-env.provided.torch="2.12.0" \
-      org.verl-env.provided.vllm="0.27.0" \
+      org.verl-env.provided.torch="2.9.1.dev20251204+rocm7.0.2" \
+      org.verl-env.provided.vllm="0.20.2rc1" \
       org.verl-env.python="3.12" \
-      org.verl-env.rocm="10.0.0" \
+      org.verl-env.rocm="7.0.2" \
       org.verl-env.target="rocm-mi300"
