@@ -19,10 +19,11 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import SpecError
+from builder.families import FAMILIES
 
 RAY_FLOOR = Version("2.40")
 GLIBC_FLOOR = Version("2.34")
-ACCELERATORS = ("cuda", "rocm", "cpu")
+ACCELERATORS = tuple(FAMILIES)  # a family is data in one place: builder/families.py
 ARCHES = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
 ENGINES = ("vllm", "sglang")
 REQUIRED_PACKAGES = ("verl", "ray", "transformers", "tensordict", "torch")
