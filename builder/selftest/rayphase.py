@@ -72,6 +72,9 @@ def ray_step(run: Run) -> list[Check]:
     start: Check
     gpu: Check
     try:
+        factor = float(run.options.get("emulated") or 1.0)
+        if factor > 1:
+            scale_ray_startup(factor)
         import ray  # type: ignore[import-not-found]
 
         version = ray.__version__
@@ -80,8 +83,8 @@ def ray_step(run: Run) -> list[Check]:
                  object_store_memory=OBJECT_STORE, _temp_dir=tmp, log_to_driver=False,
                  configure_logging=False)
         try:
-            start = decide_start(ray.get(ray.remote(lambda: 42).remote(), timeout=60), None,
-                                 version)
+            start = decide_start(ray.get(ray.remote(lambda: 42).remote(), timeout=60 * factor),
+                                 None, version)
             if expect.expected and visible:
                 try:
                     task = ray.get(ray.remote(num_gpus=1, num_cpus=0)(gpu_task).remote(),
@@ -101,6 +104,43 @@ def ray_step(run: Run) -> list[Check]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return [start, gpu]
+
+
+# Ray's own startup deadlines, as environment overrides of its C++ config (RAY_<name>): the
+# raylet's wait for the GCS and for its workers to register, and the GCS RPC deadlines.
+RAY_STARTUP_CONFIG = {"raylet_start_wait_time_s": 10, "gcs_rpc_server_connect_timeout_s": 5,
+                      "gcs_rpc_server_reconnect_timeout_s": 60,
+                      "gcs_server_request_timeout_seconds": 60,
+                      "worker_register_timeout_seconds": 60}
+
+
+def scale_ray_startup(factor: float) -> dict[str, str]:
+    """Stretch Ray's startup deadlines for a run under QEMU emulation (about ten times slower).
+
+    "The current node timed out during startup" is raised when ``ray._private.services.
+    wait_for_node`` gives up: its default timeout is a module constant (30 s), bound when the
+    function was defined, so the function is wrapped with a scaled default. The C++ processes
+    read their deadlines from RAY_<name> environment variables (set unless already set).
+    Returns the variables set."""
+    env = {}
+    for name, default in RAY_STARTUP_CONFIG.items():
+        key = f"RAY_{name}"
+        if key not in os.environ:
+            env[key] = os.environ[key] = str(int(default * factor))
+    import ray._private.services as services  # type: ignore[import-not-found]
+
+    wait = services.wait_for_node
+    if not getattr(wait, "_verl_env_scaled", False):
+        default = float(getattr(services, "_timeout", 30))
+
+        def scaled(*args: Any, **kwargs: Any) -> Any:
+            if len(args) < 3 and "timeout" not in kwargs:
+                kwargs["timeout"] = default * factor
+            return wait(*args, **kwargs)
+
+        scaled._verl_env_scaled = True  # type: ignore[attr-defined]
+        services.wait_for_node = scaled
+    return env
 
 
 def _noset() -> bool:
