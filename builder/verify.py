@@ -73,6 +73,7 @@ OWNED = {"json": "the report is collected by verify (use verify's --json)",
 # about 33 s): the self-test's phase timeouts, Ray's startup waits and verify's own kill-switch
 # are multiplied by this.
 EMULATION_FACTOR = 10.0
+EMULATED_ENV = "VERL_ENV_EMULATED"  # the self-test's --emulated FACTOR, as verify passes it
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 
@@ -348,8 +349,9 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
     kind = gpu.vendor if gpus == "auto" and (gpu.expected or 0) > 0 else \
         (None if gpus == "auto" else gpus)
     command = ["--json", REPORT, *plan.args]
-    if arch["emulated"]:
-        command += ["--emulated", f"{EMULATION_FACTOR:g}"]
+    # An environment variable, not --emulated: a self-test baked by an older builder ignores it
+    # (and runs with its own timeouts) instead of refusing an unknown argument.
+    environment = {EMULATED_ENV: f"{EMULATION_FACTOR:g}"} if arch["emulated"] else {}
     if gpu.expected is not None:
         command += ["--expect-gpus", str(gpu.expected)]
     files = {f"{HOST_DIR}/verl_env_selftest/{rel}": data for rel, data in _selftest_files()}
@@ -363,7 +365,7 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
     try:
         result = engine.run(img.id, command, entrypoint=ENTRYPOINT, timeout=timeout,
                             network=network, gpus=kind, files=files, dirs=[OUT_DIR],
-                            collect=[REPORT])
+                            collect=[REPORT], environment=environment)
     except EngineError as exc:
         if kind is None:
             raise

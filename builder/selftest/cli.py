@@ -33,6 +33,7 @@ from .report import (EXIT_ERROR, Check, ReportMeta, apply_strict, build_report, 
                      render_table, verdict, worst)
 from .runner import PhaseResult, kill_active, run_phase
 
+EMULATED_ENV = "VERL_ENV_EMULATED"
 PHASES = ("preflight", "env", "imports", "versions", "cpu", "gpu", "collective", "ray")
 DISTRIBUTED_DEFAULT = ("preflight", "env", "collective")
 TIMEOUTS = {"detect": 90.0, "preflight": 30.0, "env": 30.0, "imports": 240.0,
@@ -75,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-phase timeout in seconds (default: per phase, 30-300 s)")
     p.add_argument("--emulated", type=float, metavar="FACTOR",
                    help="the image runs under QEMU user emulation: every timeout (the phases', "
-                        "the ranks', Ray's startup waits) is multiplied by FACTOR")
+                        "the ranks', Ray's startup waits) is multiplied by FACTOR (default: "
+                        f"${EMULATED_ENV}, which verify sets)")
     p.add_argument("--jobs", type=int, default=4,
                    help="phases run in parallel (default 4; the collective always runs alone)")
     p.add_argument("--launcher", default="auto",
@@ -171,6 +173,11 @@ def run(a: argparse.Namespace, started: str, t0: float) -> int:
     except LauncherError as e:
         raise UsageError(str(e)) from None
     phases = parse_phases(a.phases, info.distributed)
+    if a.emulated is None and os.environ.get(EMULATED_ENV):
+        try:
+            a.emulated = float(os.environ[EMULATED_ENV])
+        except ValueError:
+            raise UsageError(f"{EMULATED_ENV}={os.environ[EMULATED_ENV]!r}: not a factor") from None
     if a.emulated is not None and a.emulated < 1:
         raise UsageError("--emulated FACTOR must be >= 1")
     scale = a.emulated or 1.0

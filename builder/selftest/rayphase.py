@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from typing import Any
 
 from .manifest import GpuExpectation, declared
@@ -117,11 +118,14 @@ RAY_STARTUP_CONFIG = {"raylet_start_wait_time_s": 10, "gcs_rpc_server_connect_ti
 def scale_ray_startup(factor: float) -> dict[str, str]:
     """Stretch Ray's startup deadlines for a run under QEMU emulation (about ten times slower).
 
-    "The current node timed out during startup" is raised when ``ray._private.services.
-    wait_for_node`` gives up: its default timeout is a module constant (30 s), bound when the
-    function was defined, so the function is wrapped with a scaled default. The C++ processes
-    read their deadlines from RAY_<name> environment variables (set unless already set).
-    Returns the variables set."""
+    "The current node timed out during startup" is raised by ``ray._private.node.Node`` when
+    the raylet has not registered with the GCS within a fixed 30 s: Ray >= 2.5x polls
+    ``services.get_node`` against a local ``raylet_start_wait_time_s = 30`` (no setting reaches
+    it), older releases call ``services.wait_for_node`` with a module-constant default. Both are
+    wrapped (Node calls them through the module): ``get_node`` retries its "node not found"
+    RuntimeError for 30 s x factor, ``wait_for_node`` gets a scaled default timeout. The C++
+    processes read their deadlines from RAY_<name> environment variables (set unless already
+    set). Returns the variables set."""
     env = {}
     for name, default in RAY_STARTUP_CONFIG.items():
         key = f"RAY_{name}"
@@ -140,6 +144,22 @@ def scale_ray_startup(factor: float) -> dict[str, str]:
 
         scaled._verl_env_scaled = True  # type: ignore[attr-defined]
         services.wait_for_node = scaled
+    get_node = getattr(services, "get_node", None)
+    if get_node is not None and not getattr(get_node, "_verl_env_scaled", False):
+        patience = 30 * factor
+
+        def patient(*args: Any, **kwargs: Any) -> Any:
+            deadline = time.monotonic() + patience
+            while True:
+                try:
+                    return get_node(*args, **kwargs)
+                except RuntimeError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(1)
+
+        patient._verl_env_scaled = True  # type: ignore[attr-defined]
+        services.get_node = patient
     return env
 
 

@@ -113,9 +113,19 @@ def test_ray_startup_deadlines_scale(monkeypatch: pytest.MonkeyPatch) -> None:
     def wait_for_node(gcs_address: str, socket: str, timeout: float = 30) -> None:
         seen["timeout"] = timeout
 
+    calls = []
+
+    def get_node(gcs_address: str, node_id: str) -> dict:
+        calls.append(node_id)
+        if len(calls) < 3:  # the raylet registers late under emulation
+            raise RuntimeError("node not found")
+        return {"node_id": node_id}
+
     services = types.ModuleType("ray._private.services")
     services._timeout = 30  # type: ignore[attr-defined]
     services.wait_for_node = wait_for_node  # type: ignore[attr-defined]
+    services.get_node = get_node  # type: ignore[attr-defined]
+    monkeypatch.setattr(rayphase.time, "sleep", lambda s: None)
     private = types.ModuleType("ray._private")
     private.services = services  # type: ignore[attr-defined]
     ray = types.ModuleType("ray")
@@ -132,5 +142,6 @@ def test_ray_startup_deadlines_scale(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen["timeout"] == 300
     services.wait_for_node("gcs", "sock", timeout=5)  # type: ignore[attr-defined]
     assert seen["timeout"] == 5
+    assert services.get_node("gcs", "n1") == {"node_id": "n1"} and len(calls) == 3
     assert "RAY_raylet_start_wait_time_s" not in env
     assert env["RAY_gcs_server_request_timeout_seconds"] == "600"
