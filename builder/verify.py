@@ -423,7 +423,7 @@ def summary_lines(v: Verification) -> list[str]:
     if v.report.get("error"):
         lines.append(f"  error: {v.report['error']}")
     arch = v.gate.get("arch") or {}
-    if arch.get("emulated"):
+    if arch.get("emulated") and not arch.get("refused"):
         lines.append(f"  emulated: the {arch.get('image')} image ran under QEMU on the "
                      f"{arch.get('engine_host')} engine host (timeouts x"
                      f"{arch.get('emulation_factor'):g})")
