@@ -17,14 +17,38 @@ PHASE = "ray"
 OBJECT_STORE = 128 << 20
 
 
-def decide_start(result: Any, error: str | None, version: str | None) -> Check:
+def decide_start(result: Any, error: str | None, version: str | None, note: str = "") -> Check:
     """The head must start and a task must return its value."""
     cid = "ray.local_start"
     if error is not None:
-        return Check(cid, PHASE, FAIL, value=version, reason=error)
+        return Check(cid, PHASE, FAIL, value=version, reason=error + note)
     if result != 42:
-        return Check(cid, PHASE, FAIL, value=version, reason=f"task returned {result!r}")
-    return Check(cid, PHASE, PASS, value=version, reason="local head + 1 CPU task")
+        return Check(cid, PHASE, FAIL, value=version, reason=f"task returned {result!r}{note}")
+    return Check(cid, PHASE, PASS, value=version, reason="local head + 1 CPU task" + note)
+
+
+STARTUP_TIMEOUT = "timed out during startup"
+
+
+def init_ray(ray: Any, tmp: str, visible: int, factor: float) -> str:
+    """``ray.init`` a private local head. Under emulation one more attempt is made when the
+    first one times out during startup: Ray 2.60's raylet waits a fixed 15 s for the dashboard
+    agent's metrics port file, which no setting reaches (RAY_agent_register_timeout_ms does
+    not), and on a loaded build host the emulated agent can take longer. Returns a note for
+    the check's reason ("" when the first attempt started)."""
+    attempts = 2 if factor > 1 else 1
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address="local", include_dashboard=False, num_cpus=1, num_gpus=visible,
+                     object_store_memory=OBJECT_STORE, _temp_dir=f"{tmp}/{attempt}",
+                     log_to_driver=False, configure_logging=False)
+            return "" if attempt == 1 else (
+                f" (emulated: started on attempt {attempt}; attempt 1 timed out during startup)")
+        except Exception as e:  # noqa: BLE001
+            if attempt == attempts or STARTUP_TIMEOUT not in str(e):
+                raise
+            ray.shutdown()
+    return ""
 
 
 def decide_gpu_task(expect: GpuExpectation, visible: int, cluster_gpus: float | None,
@@ -80,12 +104,10 @@ def ray_step(run: Run) -> list[Check]:
 
         version = ray.__version__
         run.fact("versions.ray", version)
-        ray.init(address="local", include_dashboard=False, num_cpus=1, num_gpus=visible,
-                 object_store_memory=OBJECT_STORE, _temp_dir=tmp, log_to_driver=False,
-                 configure_logging=False)
+        note = init_ray(ray, tmp, visible, factor)
         try:
             start = decide_start(ray.get(ray.remote(lambda: 42).remote(), timeout=60 * factor),
-                                 None, version)
+                                 None, version, note)
             if expect.expected and visible:
                 try:
                     task = ray.get(ray.remote(num_gpus=1, num_cpus=0)(gpu_task).remote(),

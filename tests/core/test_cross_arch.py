@@ -145,3 +145,32 @@ def test_ray_startup_deadlines_scale(monkeypatch: pytest.MonkeyPatch) -> None:
     assert services.get_node("gcs", "n1") == {"node_id": "n1"} and len(calls) == 3
     assert "RAY_raylet_start_wait_time_s" not in env
     assert env["RAY_gcs_server_request_timeout_seconds"] == "600"
+
+
+class _FakeRay:
+    def __init__(self, failures: int, message: str = "The current node timed out during "
+                 "startup. This could happen because ...") -> None:
+        self.failures, self.message, self.inits, self.shutdowns = failures, message, [], 0
+
+    def init(self, **kwargs: object) -> None:
+        self.inits.append(kwargs["_temp_dir"])
+        if len(self.inits) <= self.failures:
+            raise Exception(self.message)
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+
+def test_emulated_ray_start_gets_one_more_attempt_only_on_a_startup_timeout() -> None:
+    from builder.selftest.rayphase import init_ray
+
+    ray = _FakeRay(1)
+    assert "started on attempt 2" in init_ray(ray, "/t", 0, 10.0)
+    assert ray.inits == ["/t/1", "/t/2"] and ray.shutdowns == 1
+    assert init_ray(_FakeRay(0), "/t", 0, 10.0) == ""
+    with pytest.raises(Exception, match="timed out during startup"):
+        init_ray(_FakeRay(1), "/t", 0, 1.0)  # native: no second attempt
+    with pytest.raises(Exception, match="boom"):
+        init_ray(_FakeRay(1, "boom"), "/t", 0, 10.0)  # not a startup timeout
+    with pytest.raises(Exception, match="timed out during startup"):
+        init_ray(_FakeRay(2), "/t", 0, 10.0)
