@@ -176,13 +176,30 @@ def scale_ray_startup(factor: float) -> dict[str, str]:
                 try:
                     return get_node(*args, **kwargs)
                 except RuntimeError:
-                    if time.monotonic() > deadline:
-                        raise
+                    if time.monotonic() > deadline or not raylet_alive():
+                        raise  # a raylet that died will never register: no use waiting
                     time.sleep(1)
 
         patient._verl_env_scaled = True  # type: ignore[attr-defined]
         services.get_node = patient
     return env
+
+
+def raylet_alive(proc: str = "/proc") -> bool:
+    """Whether a raylet process of this machine (container) is alive; True when unknown. An
+    exited raylet is a zombie with an empty command line until Ray reaps it."""
+    try:
+        pids = [d for d in os.listdir(proc) if d.isdigit()]
+    except OSError:
+        return True
+    for pid in pids:
+        try:
+            with open(f"{proc}/{pid}/cmdline", "rb") as f:
+                if b"/raylet/raylet" in f.read():
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def _noset() -> bool:

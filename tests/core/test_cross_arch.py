@@ -126,6 +126,7 @@ def test_ray_startup_deadlines_scale(monkeypatch: pytest.MonkeyPatch) -> None:
     services.wait_for_node = wait_for_node  # type: ignore[attr-defined]
     services.get_node = get_node  # type: ignore[attr-defined]
     monkeypatch.setattr(rayphase.time, "sleep", lambda s: None)
+    monkeypatch.setattr(rayphase, "raylet_alive", lambda: True)
     private = types.ModuleType("ray._private")
     private.services = services  # type: ignore[attr-defined]
     ray = types.ModuleType("ray")
@@ -174,3 +175,17 @@ def test_emulated_ray_start_gets_one_more_attempt_only_on_a_startup_timeout() ->
         init_ray(_FakeRay(1, "boom"), "/t", 0, 10.0)  # not a startup timeout
     with pytest.raises(Exception, match="timed out during startup"):
         init_ray(_FakeRay(2), "/t", 0, 10.0)
+
+
+def test_raylet_alive_reads_proc(tmp_path: Path) -> None:
+    from builder.selftest.rayphase import raylet_alive
+
+    (tmp_path / "12").mkdir()
+    (tmp_path / "12" / "cmdline").write_bytes(b"/usr/bin/python3\0-m\0x\0")
+    (tmp_path / "13").mkdir()
+    (tmp_path / "13" / "cmdline").write_bytes(b"")  # a zombie
+    assert raylet_alive(str(tmp_path)) is False
+    (tmp_path / "14").mkdir()
+    (tmp_path / "14" / "cmdline").write_bytes(b"/venv/ray/core/src/ray/raylet/raylet\0--x\0")
+    assert raylet_alive(str(tmp_path)) is True
+    assert raylet_alive(str(tmp_path / "missing")) is True
