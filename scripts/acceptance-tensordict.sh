@@ -18,7 +18,7 @@ out=${2:-}
 here=$(cd "$(dirname "$0")" && pwd)
 build_env=${BUILD_ENV:-build-env}
 ca=${VERL_ENV_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
-grep -q 'name="tensordict"' "$src/pyproject.toml" "$src/setup.py" 2>/dev/null \
+grep -qE '^name *= *"tensordict"' "$src/pyproject.toml" 2>/dev/null \
   || { echo "acceptance-tensordict.sh: $src is not a tensordict source tree" >&2; exit 2; }
 
 site=$(mktemp -d /var/tmp/verl-env-tensordict.XXXXXX)
