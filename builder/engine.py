@@ -144,6 +144,44 @@ _PLATFORMS = {"x86_64": "linux/amd64", "amd64": "linux/amd64",
 _PROBE_TIMEOUT = 20
 
 
+# ----------------------------------------------------------------------------- emulation
+
+BINFMT_DIR = "/proc/sys/fs/binfmt_misc"
+# QEMU's binfmt_misc handler name per platform architecture (qemu-user-static's names).
+_QEMU = {"arm64": "aarch64", "amd64": "x86_64"}
+EMULATION_PACKAGES = "qemu-user-static binfmt-support"
+
+
+def emulation_problem(platform: str, binfmt_dir: str = BINFMT_DIR) -> str | None:
+    """Why this machine cannot run ``platform`` binaries under QEMU user emulation, or None.
+
+    What Docker needs: binfmt_misc mounted, the ``qemu-<arch>`` handler registered and enabled,
+    with the F (fix-binary) flag, so that the interpreter is opened at registration and works
+    inside containers, whose root filesystem does not hold it.
+    """
+    arch = platform_of(platform).split("/", 1)[1]
+    qemu = f"qemu-{_QEMU.get(arch, arch)}"
+    install = (f"apt-get install {EMULATION_PACKAGES}, then `mount -t binfmt_misc binfmt_misc "
+               f"{binfmt_dir}` (if not mounted) and `update-binfmts --enable {qemu}`")
+    if not os.path.exists(os.path.join(binfmt_dir, "status")):
+        return f"binfmt_misc is not mounted at {binfmt_dir}: {install}"
+    handler = os.path.join(binfmt_dir, qemu)
+    try:
+        text = Path(handler).read_text()
+    except OSError:
+        return f"no QEMU binfmt_misc handler {handler} for {platform_of(platform)}: {install}"
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "enabled":
+        return f"the QEMU handler {handler} is disabled: {install}"
+    flags = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("flags:")), "")
+    if "F" not in flags:
+        shown = flags or "none"
+        return (f"the QEMU handler {handler} lacks the F (fix-binary) flag (flags: {shown}), so "
+                f"its interpreter is not found inside containers: re-register it with "
+                f"qemu-user-static's binfmt file (update-binfmts --import {qemu})")
+    return None
+
+
 @dataclass(frozen=True)
 class BuildKitCli:
     """How to start a BuildKit build: ``argv`` + options, with ``env`` added."""
@@ -377,6 +415,7 @@ class Engine:
                 cmd += ["--network", network]
             wanted = platform_of(platform) if platform else None
             if wanted and wanted != self._daemon_platform():
+                self.require_emulation(wanted, target=target)
                 cmd += ["--platform", wanted]
             for sid, src in sorted((secrets or {}).items()):
                 if not Path(src).is_file():
@@ -397,7 +436,11 @@ class Engine:
             finally:
                 _stop_group(proc)
             if code != 0:
-                raise EngineError(parser.error(), target=target)
+                why = parser.error()
+                if "exec format error" in "".join(log).lower():
+                    why += (f" (exec format error: a foreign-architecture binary ran without QEMU "
+                            f"emulation on the engine's host; install {EMULATION_PACKAGES} there)")
+                raise EngineError(why, target=target)
             image_id = iidfile.read_text().strip() if iidfile.is_file() else ""
         if not image_id.startswith("sha256:"):
             raise EngineError(f"build ended without an image ID ({cli} wrote no --iidfile)",
@@ -412,6 +455,24 @@ class Engine:
         except docker.errors.APIError as exc:
             raise EngineError(f"could not prune the build cache: {exc.explanation or exc}"
                               ) from None
+
+    def is_local(self) -> bool:
+        """Whether the daemon runs on this machine (a unix socket), so that this machine's
+        kernel is the one that runs its containers."""
+        return str(getattr(self.client.api, "base_url", "")).startswith("http+docker://")
+
+    def require_emulation(self, platform: str, *, target: str | None = None) -> None:
+        """Before a foreign-platform build or run: raise EngineError naming what to install when
+        the kernel cannot run ``platform`` binaries. Only a local daemon's kernel can be checked
+        from here; a remote engine host fails its first foreign RUN step with "exec format
+        error", which :meth:`build` explains the same way."""
+        if not self.is_local():
+            return
+        why = emulation_problem(platform)
+        if why:
+            raise EngineError(f"cannot build or run {platform_of(platform)} images on this "
+                              f"{self._daemon_platform()} host without QEMU emulation: {why}",
+                              target=target)
 
     def _daemon_platform(self) -> str:
         version = self.client.version()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from builder.compat import local_sources
 from builder.errors import SiteError
 from builder.metadata import Snapshot, load_snapshot, snapshot_path
 from builder.spec import Matrix, Target, apply_overrides, load_matrix
@@ -46,14 +47,18 @@ class Site:
             self.matrix.targets.values())
 
     def snapshot(self, targets: Iterable[Target] = ()) -> Snapshot:
-        """The metadata snapshot; one clear error when it is missing or lacks pinned releases."""
+        """The metadata snapshot; one clear error when it is missing or lacks pinned releases.
+
+        Packages built from a local directory, archive or URL need no entry: the index may not
+        know them at all (a site's own extension); they are never resolved from it."""
         fix = f"build-env check --online --matrix {self.path}"
         if not self.snapshot_file.is_file():
             raise SiteError(f"no metadata snapshot at {self.snapshot_file} for {self.path}: run "
                             f"`{fix}` to fetch it (or `build-env init DIR` for a starter site)")
         snap = load_snapshot(self.snapshot_file)
         missing = sorted({f"{p.name}=={p.version}" for t in targets for p in t.enabled_packages
-                          if snap.release(p.name, p.version) is None})
+                          if snap.release(p.name, p.version) is None
+                          and p.name not in local_sources(t)})
         if missing:
             shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more"
                                               if len(missing) > 6 else "")

@@ -64,11 +64,18 @@ RELEASE_PHASES: dict[str, tuple[str, ...]] = {n: f.release_phases for n, f in FA
 GPU_VENDOR = {n: f.vendor.name for n, f in FAMILIES.items() if f.vendor}
 DEVICE_GLOBS = {n: v.device_globs for n, v in VENDORS.items()}
 # Self-test arguments that never relax the verdict (anything else makes a run partial).
-RELEASE_SAFE = {"strict", "timeout", "jobs", "keep_logs", "phases"}
+RELEASE_SAFE = {"strict", "timeout", "jobs", "keep_logs", "phases", "emulated"}
 # Arguments verify sets itself.
 OWNED = {"json": "the report is collected by verify (use verify's --json)",
          "manifest": "use verify's --target to hold the image to a target's pins",
-         "expect_gpus": "use verify's --expect-gpus"}
+         "expect_gpus": "use verify's --expect-gpus",
+         "emulated": "verify decides it from the image's and the engine host's architectures "
+                     "(verify --emulated forces it)"}
+# Under QEMU user emulation everything runs about ten times slower (`import torch` alone takes
+# about 33 s): the self-test's phase timeouts, Ray's startup waits and verify's own kill-switch
+# are multiplied by this.
+EMULATION_FACTOR = 10.0
+EMULATED_ENV = "VERL_ENV_EMULATED"  # the self-test's --emulated FACTOR, as verify passes it
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 
@@ -271,11 +278,32 @@ def expected_gpus(engine: Engine, image_id: str, family: str | None, *,
     return decide_gpus(family, expect_gpus, image_arch, daemon_arch, devices, dev_root)
 
 
+def arch_plan(engine: Engine, img: Any, manifest: Mapping[str, Any] | None,
+              emulated: bool | None = None) -> dict[str, Any]:
+    """The image's architecture against the target's (the given manifest's, else the image's
+    label) and the engine host's: ``refused`` (why the gate refuses it, or None) and
+    ``emulated`` (the self-test runs under QEMU user emulation)."""
+    found = normalize_arch(img.attrs.get("Architecture"))
+    wanted = normalize_arch((manifest or {}).get("arch")
+                            or (img.labels or {}).get("org.verl-env.arch"))
+    host = normalize_arch(engine.daemon_arch())
+    refused = None
+    if found and wanted and found != wanted:
+        ref = next(iter(img.tags or ()), None) or img.id
+        refused = (f"image {ref} ({img.id[:19]}) is built for {found}, the target wants "
+                   f"{wanted}: a wrong-architecture image is refused")
+    auto = bool(found and host and found != host)
+    return {"image": found, "target": wanted, "engine_host": host,
+            "emulated": auto if emulated is None else bool(emulated),
+            "emulation_factor": EMULATION_FACTOR if (auto if emulated is None else emulated)
+            else 1.0, "refused": refused}
+
+
 def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
                  timeout: float = 900, gpus: str | None = "auto",
                  extra_args: Sequence[str] | None = None, phases: str | None = None,
                  network: str = "none", manifest: dict[str, Any] | None = None,
-                 dev_root: str | None = None) -> Verification:
+                 dev_root: str | None = None, emulated: bool | None = None) -> Verification:
     """Run the self-test in a fresh container of ``image``; never raises for a failed verdict.
 
     ``expect_gpus``: GPUs the self-test must see (None: what the engine's host shows for the
@@ -283,7 +311,9 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
     family's vendor when GPUs are expected; ``nvidia``, ``amd``; None: none). ``extra_args`` and
     ``phases`` narrow the run (a partial verdict). ``manifest`` (a target's rendered manifest)
     replaces the image's baked one: it holds any image, e.g. one built elsewhere, to a matrix
-    target's pins. Raises VerifyError for bad self-test arguments, EngineError for an image the
+    target's pins. An image whose architecture is not the target's is refused without running it
+    (a fail verdict); ``emulated`` (None: when the image's architecture is not the engine host's)
+    runs the self-test under QEMU with its timeouts scaled by EMULATION_FACTOR. Raises VerifyError for bad self-test arguments, EngineError for an image the
     engine does not have; every other problem is an error or fail verdict.
     """
     img = engine.image(image)
@@ -293,6 +323,18 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
                             "required_phases": list(plan.required),
                             "selftest_args": list(plan.args), "entrypoint": ENTRYPOINT[:2],
                             "bind_mounts": []}
+    arch = arch_plan(engine, img, manifest, emulated)
+    gate["arch"] = arch
+    if arch["refused"]:
+        gate.update(scope=verdicts.RELEASE, partial_reason=None)
+        check = {"id": "gate.arch", "phase": "gate", "status": "fail", "required": True,
+                 "applies": True, "value": arch["image"], "reason": arch["refused"]}
+        return Verification(image, 1, {"overall": "fail", "error": arch["refused"],
+                                       "checks": [check], "gate": gate}, "", 0.0)
+    if arch["emulated"]:
+        if arch["image"] != arch["engine_host"]:
+            engine.require_emulation(arch["image"])
+        timeout *= EMULATION_FACTOR
     try:
         gpu = expected_gpus(engine, img.id, family, expect_gpus=expect_gpus,
                             image_arch=img.attrs.get("Architecture"), dev_root=dev_root)
@@ -309,6 +351,9 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
     kind = gpu.vendor if gpus == "auto" and (gpu.expected or 0) > 0 else \
         (None if gpus == "auto" else gpus)
     command = ["--json", REPORT, *plan.args]
+    # An environment variable, not --emulated: a self-test baked by an older builder ignores it
+    # (and runs with its own timeouts) instead of refusing an unknown argument.
+    environment = {EMULATED_ENV: f"{EMULATION_FACTOR:g}"} if arch["emulated"] else {}
     if gpu.expected is not None:
         command += ["--expect-gpus", str(gpu.expected)]
     files = {f"{HOST_DIR}/verl_env_selftest/{rel}": data for rel, data in _selftest_files()}
@@ -322,7 +367,7 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
     try:
         result = engine.run(img.id, command, entrypoint=ENTRYPOINT, timeout=timeout,
                             network=network, gpus=kind, files=files, dirs=[OUT_DIR],
-                            collect=[REPORT])
+                            collect=[REPORT], environment=environment)
     except EngineError as exc:
         if kind is None:
             raise
@@ -379,6 +424,11 @@ def summary_lines(v: Verification) -> list[str]:
                          .rstrip())
     if v.report.get("error"):
         lines.append(f"  error: {v.report['error']}")
+    arch = v.gate.get("arch") or {}
+    if arch.get("emulated") and not arch.get("refused"):
+        lines.append(f"  emulated: the {arch.get('image')} image ran under QEMU on the "
+                     f"{arch.get('engine_host')} engine host (timeouts x"
+                     f"{arch.get('emulation_factor'):g})")
     gpus = v.gate.get("gpus") or {}
     if gpus:
         seen = gpus.get("in_image") or {}
@@ -420,6 +470,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--phases", default=None, metavar="LIST",
                    help="run only these self-test phases (a partial verdict unless it covers the "
                         "family's required set)")
+    p.add_argument("--emulated", action="store_true", default=None,
+                   help="run the self-test as under QEMU emulation (timeouts x"
+                        f"{EMULATION_FACTOR:g}); default: when the image's architecture is not "
+                        "the engine host's")
     p.add_argument("--selftest-args", default="", metavar="ARGS",
                    help="extra self-test arguments, one string (e.g. '--strict'); arguments that "
                         "narrow or relax the run make the verdict partial")
@@ -439,7 +493,8 @@ def run(args: argparse.Namespace) -> int:
         manifest = render_manifest(target, target.entry_hash, "unknown (verify --target)")
     try:
         v = verify_image(engine, image.id, expect_gpus=args.expect_gpus, timeout=args.timeout,
-                         gpus=gpus, extra_args=extra, phases=args.phases, manifest=manifest)
+                         gpus=gpus, extra_args=extra, phases=args.phases, manifest=manifest,
+                         emulated=args.emulated)
     except VerifyError as exc:
         raise VerifyError(exc.args[0], target=args.image) from None
     if args.report:

@@ -11,6 +11,7 @@ import argparse
 import datetime
 import json
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -32,6 +33,7 @@ from .report import (EXIT_ERROR, Check, ReportMeta, apply_strict, build_report, 
                      render_table, verdict, worst)
 from .runner import PhaseResult, kill_active, run_phase
 
+EMULATED_ENV = "VERL_ENV_EMULATED"
 PHASES = ("preflight", "env", "imports", "versions", "cpu", "gpu", "collective", "ray")
 DISTRIBUTED_DEFAULT = ("preflight", "env", "collective")
 TIMEOUTS = {"detect": 90.0, "preflight": 30.0, "env": 30.0, "imports": 240.0,
@@ -72,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gloo-ranks", type=int, default=2, help="ranks of the CPU gloo test")
     p.add_argument("--timeout", type=float, metavar="S",
                    help="per-phase timeout in seconds (default: per phase, 30-300 s)")
+    p.add_argument("--emulated", type=float, metavar="FACTOR",
+                   help="the image runs under QEMU user emulation: every timeout (the phases', "
+                        "the ranks', Ray's startup waits) is multiplied by FACTOR (default: "
+                        f"${EMULATED_ENV}, which verify sets)")
     p.add_argument("--jobs", type=int, default=4,
                    help="phases run in parallel (default 4; the collective always runs alone)")
     p.add_argument("--launcher", default="auto",
@@ -167,8 +173,17 @@ def run(a: argparse.Namespace, started: str, t0: float) -> int:
     except LauncherError as e:
         raise UsageError(str(e)) from None
     phases = parse_phases(a.phases, info.distributed)
-    timeouts = {k: (a.timeout if a.timeout else v) for k, v in TIMEOUTS.items()}
+    if a.emulated is None and os.environ.get(EMULATED_ENV):
+        try:
+            a.emulated = float(os.environ[EMULATED_ENV])
+        except ValueError:
+            raise UsageError(f"{EMULATED_ENV}={os.environ[EMULATED_ENV]!r}: not a factor") from None
+    if a.emulated is not None and a.emulated < 1:
+        raise UsageError("--emulated FACTOR must be >= 1")
+    scale = a.emulated or 1.0
+    timeouts = {k: (a.timeout if a.timeout else v) * scale for k, v in TIMEOUTS.items()}
     options = _options(a, timeouts)
+    options["emulated"] = a.emulated
     workdir = tempfile.mkdtemp(prefix="verl-env-selftest-", dir=a.keep_logs)
     # Ray's sockets need a short path, so its temp dir is not under workdir; made and removed
     # here so that a Ray phase killed on timeout leaves nothing behind.
@@ -243,6 +258,9 @@ def _run(a: argparse.Namespace, started: str, t0: float, manifest: dict[str, Any
         checks = apply_strict(checks, a.strict)
         overall = verdict(checks)
     _meta_from_facts(meta, facts, manifest, visible)
+    meta.platform["machine"] = platform.machine()
+    if a.emulated:
+        meta.platform.update(emulated=True, emulation_factor=a.emulated)
     if info.distributed:
         meta.world_size = info.world_size
     meta.duration_s = time.monotonic() - t0

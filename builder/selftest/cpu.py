@@ -1,7 +1,15 @@
 """Functional CPU checks: tensordict ``"k" in td`` membership (broken on old/arm64
-fallback versions) and an N-rank gloo all-reduce (FileStore rendezvous, exact result)."""
+fallback versions), an N-rank gloo all-reduce (FileStore rendezvous, exact result), and for
+each package built from source (the manifest's ``source_builds``), ``cpu.source_build.NAME``:
+its compiled modules import, were compiled for the image's architecture (the ELF machine of
+every ``.so``), and its smoke entry point (``verl_env_smoke()``, when it has one) returns True."""
 
 from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import platform
+import struct
 
 from .manifest import declared
 from .phase import Run, Step, rank_timeout
@@ -54,6 +62,99 @@ def gloo_step(run: Run) -> Check:
     return decide_allreduce("cpu.gloo_allreduce", PHASE, res, transport="gloo/tcp")
 
 
+# ELF e_machine per architecture (the manifest's arch names).
+ELF_MACHINES = {"x86_64": 62, "aarch64": 183}
+SMOKE = "verl_env_smoke"
+
+
+def elf_machine(path: str) -> int | None:
+    """The ELF header's e_machine of a shared object (None when it is not ELF)."""
+    with open(path, "rb") as f:
+        head = f.read(20)
+    if len(head) < 20 or head[:4] != b"\x7fELF":
+        return None
+    return struct.unpack("<H" if head[5] == 1 else ">H", head[18:20])[0]
+
+
+def _module_of(rel: str) -> str:
+    """``pkg/_C.cpython-311-aarch64-linux-gnu.so`` -> ``pkg._C``."""
+    parts = rel.split("/")
+    parts[-1] = parts[-1].split(".", 1)[0]
+    return ".".join(parts)
+
+
+def decide_source_build(name: str, arch: str | None, modules: dict[str, int | None],
+                        errors: list[str], smoke: object, smoke_error: str | None,
+                        version: str | None) -> Check:
+    """Pass only when there is a compiled module, each imported and is for ``arch``, and the
+    smoke entry point (when the package has one) returned True."""
+    cid = f"cpu.source_build.{name}"
+    if errors:
+        return Check(cid, PHASE, FAIL, value=version, reason="; ".join(errors))
+    if not modules:
+        return Check(cid, PHASE, FAIL, value=version,
+                     reason=f"{name} has no compiled module: nothing shows it was built here")
+    want = ELF_MACHINES.get(arch or "")
+    wrong = {m: e for m, e in modules.items() if want is None or e != want}
+    if wrong:
+        return Check(cid, PHASE, FAIL, value=version,
+                     reason=f"compiled for ELF machine {wrong}, the image is {arch} "
+                            f"({want}): built for the wrong architecture")
+    if smoke_error is not None:
+        return Check(cid, PHASE, FAIL, value=version, reason=smoke_error)
+    if smoke is not None and smoke is not True:
+        return Check(cid, PHASE, FAIL, value=version,
+                     reason=f"{SMOKE}() returned {smoke!r}, expected True")
+    called = f", {SMOKE}() returned True" if smoke is True else ""
+    return Check(cid, PHASE, PASS, value=version,
+                 reason=f"{len(modules)} compiled module(s) for {arch} "
+                        f"({', '.join(sorted(modules))}) imported{called}")
+
+
+def source_build_step(name: str) -> "Step":
+    def step(run: Run) -> Check:
+        arch = run.manifest.get("arch")
+        modules: dict[str, int | None] = {}
+        errors: list[str] = []
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            return decide_source_build(name, arch, {}, [f"{name} is not installed"], None,
+                                       None, None)
+        version = dist.version
+        tops: list[str] = []
+        for f in dist.files or ():
+            rel = str(f)
+            top = rel.split("/", 1)[0]
+            if "/" in rel and not top.endswith((".dist-info", ".data")) and top not in tops:
+                tops.append(top)
+            if not rel.endswith(".so") or ".dist-info" in rel:
+                continue
+            mod = _module_of(rel)
+            try:
+                modules[mod] = elf_machine(str(dist.locate_file(f)))
+                importlib.import_module(mod)
+            except BaseException as e:  # noqa: BLE001
+                errors.append(f"import {mod} failed: {type(e).__name__}: {e}")
+        smoke, smoke_error = None, None
+        for top in tops:
+            try:
+                fn = getattr(importlib.import_module(top), SMOKE, None)
+            except BaseException as e:  # noqa: BLE001
+                errors.append(f"import {top} failed: {type(e).__name__}: {e}")
+                continue
+            if callable(fn):
+                try:
+                    smoke = fn()
+                except BaseException as e:  # noqa: BLE001
+                    smoke_error = f"{top}.{SMOKE}() raised {type(e).__name__}: {e}"
+                break
+        run.fact(f"source_build.{name}.machine", platform.machine())
+        return decide_source_build(name, arch, modules, errors, smoke, smoke_error, version)
+
+    return Step((f"cpu.source_build.{name}",), step)
+
+
 def plan(run: Run) -> list[Step]:
     """tensordict membership when the target has tensordict; gloo when it has torch."""
     steps = []
@@ -61,4 +162,6 @@ def plan(run: Run) -> list[Step]:
         steps.append(Step(("cpu.tensordict_membership",), tensordict_step))
     if declared(run.manifest, "torch"):
         steps.append(Step(("cpu.gloo_allreduce",), gloo_step))
+    for name in run.manifest.get("source_builds") or ():
+        steps.append(source_build_step(name))
     return steps

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from typing import Any
 
 from .manifest import GpuExpectation, declared
@@ -16,14 +17,38 @@ PHASE = "ray"
 OBJECT_STORE = 128 << 20
 
 
-def decide_start(result: Any, error: str | None, version: str | None) -> Check:
+def decide_start(result: Any, error: str | None, version: str | None, note: str = "") -> Check:
     """The head must start and a task must return its value."""
     cid = "ray.local_start"
     if error is not None:
-        return Check(cid, PHASE, FAIL, value=version, reason=error)
+        return Check(cid, PHASE, FAIL, value=version, reason=error + note)
     if result != 42:
-        return Check(cid, PHASE, FAIL, value=version, reason=f"task returned {result!r}")
-    return Check(cid, PHASE, PASS, value=version, reason="local head + 1 CPU task")
+        return Check(cid, PHASE, FAIL, value=version, reason=f"task returned {result!r}{note}")
+    return Check(cid, PHASE, PASS, value=version, reason="local head + 1 CPU task" + note)
+
+
+STARTUP_TIMEOUT = "timed out during startup"
+
+
+def init_ray(ray: Any, tmp: str, visible: int, factor: float) -> str:
+    """``ray.init`` a private local head. Under emulation one more attempt is made when the
+    first one times out during startup: Ray 2.60's raylet waits a fixed 15 s for the dashboard
+    agent's metrics port file, which no setting reaches (RAY_agent_register_timeout_ms does
+    not), and on a loaded build host the emulated agent can take longer. Returns a note for
+    the check's reason ("" when the first attempt started)."""
+    attempts = 2 if factor > 1 else 1
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address="local", include_dashboard=False, num_cpus=1, num_gpus=visible,
+                     object_store_memory=OBJECT_STORE, _temp_dir=f"{tmp}/{attempt}",
+                     log_to_driver=False, configure_logging=False)
+            return "" if attempt == 1 else (
+                f" (emulated: started on attempt {attempt}; attempt 1 timed out during startup)")
+        except Exception as e:  # noqa: BLE001
+            if attempt == attempts or STARTUP_TIMEOUT not in str(e):
+                raise
+            ray.shutdown()
+    return ""
 
 
 def decide_gpu_task(expect: GpuExpectation, visible: int, cluster_gpus: float | None,
@@ -72,16 +97,17 @@ def ray_step(run: Run) -> list[Check]:
     start: Check
     gpu: Check
     try:
+        factor = float(run.options.get("emulated") or 1.0)
+        if factor > 1:
+            scale_ray_startup(factor)
         import ray  # type: ignore[import-not-found]
 
         version = ray.__version__
         run.fact("versions.ray", version)
-        ray.init(address="local", include_dashboard=False, num_cpus=1, num_gpus=visible,
-                 object_store_memory=OBJECT_STORE, _temp_dir=tmp, log_to_driver=False,
-                 configure_logging=False)
+        note = init_ray(ray, tmp, visible, factor)
         try:
-            start = decide_start(ray.get(ray.remote(lambda: 42).remote(), timeout=60), None,
-                                 version)
+            start = decide_start(ray.get(ray.remote(lambda: 42).remote(), timeout=60 * factor),
+                                 None, version, note)
             if expect.expected and visible:
                 try:
                     task = ray.get(ray.remote(num_gpus=1, num_cpus=0)(gpu_task).remote(),
@@ -101,6 +127,79 @@ def ray_step(run: Run) -> list[Check]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return [start, gpu]
+
+
+# Ray's own startup deadlines, as environment overrides of its C++ config (RAY_<name>): the
+# raylet's wait for the GCS and for its workers to register, and the GCS RPC deadlines.
+RAY_STARTUP_CONFIG = {"raylet_start_wait_time_s": 10, "gcs_rpc_server_connect_timeout_s": 5,
+                      "gcs_rpc_server_reconnect_timeout_s": 60,
+                      "gcs_server_request_timeout_seconds": 60,
+                      "worker_register_timeout_seconds": 60}
+
+
+def scale_ray_startup(factor: float) -> dict[str, str]:
+    """Stretch Ray's startup deadlines for a run under QEMU emulation (about ten times slower).
+
+    "The current node timed out during startup" is raised by ``ray._private.node.Node`` when
+    the raylet has not registered with the GCS within a fixed 30 s: Ray >= 2.5x polls
+    ``services.get_node`` against a local ``raylet_start_wait_time_s = 30`` (no setting reaches
+    it), older releases call ``services.wait_for_node`` with a module-constant default. Both are
+    wrapped (Node calls them through the module): ``get_node`` retries its "node not found"
+    RuntimeError for 30 s x factor, ``wait_for_node`` gets a scaled default timeout. The C++
+    processes read their deadlines from RAY_<name> environment variables (set unless already
+    set). Returns the variables set."""
+    env = {}
+    for name, default in RAY_STARTUP_CONFIG.items():
+        key = f"RAY_{name}"
+        if key not in os.environ:
+            env[key] = os.environ[key] = str(int(default * factor))
+    import ray._private.services as services  # type: ignore[import-not-found]
+
+    wait = services.wait_for_node
+    if not getattr(wait, "_verl_env_scaled", False):
+        default = float(getattr(services, "_timeout", 30))
+
+        def scaled(*args: Any, **kwargs: Any) -> Any:
+            if len(args) < 3 and "timeout" not in kwargs:
+                kwargs["timeout"] = default * factor
+            return wait(*args, **kwargs)
+
+        scaled._verl_env_scaled = True  # type: ignore[attr-defined]
+        services.wait_for_node = scaled
+    get_node = getattr(services, "get_node", None)
+    if get_node is not None and not getattr(get_node, "_verl_env_scaled", False):
+        patience = 30 * factor
+
+        def patient(*args: Any, **kwargs: Any) -> Any:
+            deadline = time.monotonic() + patience
+            while True:
+                try:
+                    return get_node(*args, **kwargs)
+                except RuntimeError:
+                    if time.monotonic() > deadline or not raylet_alive():
+                        raise  # a raylet that died will never register: no use waiting
+                    time.sleep(1)
+
+        patient._verl_env_scaled = True  # type: ignore[attr-defined]
+        services.get_node = patient
+    return env
+
+
+def raylet_alive(proc: str = "/proc") -> bool:
+    """Whether a raylet process of this machine (container) is alive; True when unknown. An
+    exited raylet is a zombie with an empty command line until Ray reaps it."""
+    try:
+        pids = [d for d in os.listdir(proc) if d.isdigit()]
+    except OSError:
+        return True
+    for pid in pids:
+        try:
+            with open(f"{proc}/{pid}/cmdline", "rb") as f:
+                if b"/raylet/raylet" in f.read():
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def _noset() -> bool:

@@ -3,7 +3,9 @@
 # matrix entry sha256:12b8adfdd746a18ae9ab8a91a05099ca40837410a0760e7f4dc9a13ec94d8e62, lock sha256:6c2de26a4f860d529bc3441db36f65bf780d496f2ac821e024de3f0f3d084d3a
 
 # ---------------------------------------------------------------------------- source builds
-# Built in their own stage (compilers stay here); the final stage mounts only the wheels.
+# Built in their own stage (compilers stay here); the final stage mounts only the wheels. Only
+# the torch layer and the build tools are installed here: extensions compile against torch, and
+# every other layer would be a second install of it (minutes under emulation).
 FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS source-build
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
@@ -24,12 +26,6 @@ RUN python3.12 -m venv /opt/venv \
 COPY layers/10-torch.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/10-torch.txt
-COPY layers/20-engine.txt /opt/verl-env/layers/
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt
-COPY layers/30-deps.txt /opt/verl-env/layers/
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
 COPY layers/build-tools.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/build-tools.txt

@@ -3,7 +3,9 @@
 # matrix entry sha256:3b2aa7c0a2f1edfff838571efcb3e9fe21edba62baaf3f6c32e38d0e9cd4f1f3, lock sha256:0038e49c7d1d102639d8f318368b059d8a6a4f443e3999e080d9d94361f5eddf
 
 # ---------------------------------------------------------------------------- source builds
-# Built in their own stage (compilers stay here); the final stage mounts only the wheels.
+# Built in their own stage (compilers stay here); the final stage mounts only the wheels. Only
+# the torch layer and the build tools are installed here: extensions compile against torch, and
+# every other layer would be a second install of it (minutes under emulation).
 FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS source-build
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
@@ -24,12 +26,6 @@ RUN python3.12 -m venv /opt/venv \
 COPY layers/10-torch.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/10-torch.txt
-COPY layers/20-engine.txt /opt/verl-env/layers/
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt
-COPY layers/30-deps.txt /opt/verl-env/layers/
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
 COPY layers/build-tools.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/build-tools.txt
