@@ -137,8 +137,9 @@ def _source_requirements(target: Target, snapshot: Snapshot, locked: dict[str, L
 
 
 SOURCE_DIR = "/tmp/verl-env/source"
-# GPU architectures compiled into source-built CUDA extensions (flash-attn's FLASH_ATTN_CUDA_ARCHS;
-# it ignores TORCH_CUDA_ARCH_LIST): A100/H100/B200/RTX-Blackwell on x86_64, GH200/GB200 on aarch64.
+# GPU architectures compiled into source-built CUDA extensions, per target arch: A100/H100/B200/
+# RTX-Blackwell on x86_64, GH200/GB200 on aarch64. flash-attn reads its own FLASH_ATTN_CUDA_ARCHS;
+# torch's cpp_extension (any other extension) reads TORCH_CUDA_ARCH_LIST ("9.0;10.0"): both are set.
 CUDA_ARCHS = {"x86_64": "80;90;100;120", "aarch64": "90;100"}
 
 
@@ -226,6 +227,8 @@ def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, 
             find_links=["/tmp/verl-env/wheels"] if wheels else [],
             source_builds=source_builds, source_hashed=source_hashed,
             cuda_archs=CUDA_ARCHS.get(target.arch, CUDA_ARCHS["x86_64"]),
+            torch_cuda_archs=";".join(f"{a[:-1]}.{a[-1]}" for a in CUDA_ARCHS.get(
+                target.arch, CUDA_ARCHS["x86_64"]).split(";")) if target.cuda else None,
             venv_replaced=venv_replaced, vendor=vendor,
             image_env=dict(fam.image_env) if fam else {},
             labels=labels(target, matrix_hash, lock_hash, ca_hash))

@@ -36,7 +36,10 @@ COPY source/ /tmp/verl-env/source/
 # flash-attn: always compiled here (FLASH_ATTENTION_FORCE_BUILD=TRUE: its setup.py would
 # otherwise download an unhashed prebuilt wheel), for this target's GPU architectures, with as
 # many jobs as the build host's memory allows (about 9 GB each).
+# TORCH_CUDA_ARCH_LIST: the GPU architectures torch's cpp_extension compiles any CUDA source for
+# (there is no GPU to detect on a build host).
 RUN pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
+        TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0;12.0" \
         SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FLASH_ATTN=2.8.3 \
         FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="80;90;100;120" \
         MAX_JOBS="${MAX_JOBS:-$(awk '/MemAvailable/ {n = int($2 / 9437184); print (n > 0 ? n : 1)}' /proc/meminfo)}" \
