@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
@@ -30,10 +31,11 @@ EXT = "verl-env-ext"
 TIMINGS: dict[str, float] = {}
 
 
-def enable_emulation() -> str | None:
+def enable_emulation(undo: list[list[str]]) -> str | None:
     """Make QEMU aarch64 emulation available to containers; the reason when the kernel refuses.
 
     A missing OS package is a failure, not a skip: CI installs qemu-user-static binfmt-support.
+    What this changes (the mount, the enabled handler) is pushed on ``undo``, newest last.
     """
     if not os.path.exists(os.path.join(BINFMT_DIR, "status")):
         proc = subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", BINFMT_DIR],
@@ -41,6 +43,7 @@ def enable_emulation() -> str | None:
         if proc.returncode != 0:
             return (f"the kernel refuses binfmt_misc (mount -t binfmt_misc binfmt_misc "
                     f"{BINFMT_DIR}: {proc.stderr.strip() or proc.returncode})")
+        undo.append(["umount", BINFMT_DIR])
     if emulation_problem("linux/arm64"):
         tool = shutil.which("update-binfmts")
         assert tool, "update-binfmts missing: apt-get install qemu-user-static binfmt-support"
@@ -49,13 +52,20 @@ def enable_emulation() -> str | None:
         if problem and not os.path.exists(os.path.join(BINFMT_DIR, "register")):
             return f"the kernel refuses binfmt_misc registration: {problem}"
         assert problem is None, f"{problem} (update-binfmts: {proc.stderr.strip()})"
+        undo.append([tool, "--disable", "qemu-aarch64"])
     return None
 
 
 @pytest.fixture(scope="module")
-def emulation() -> str | None:
-    """None when aarch64 binaries run here under QEMU; else why not (the kernel refuses)."""
-    return enable_emulation()
+def emulation() -> Iterator[str | None]:
+    """None when aarch64 binaries run here under QEMU; else why not (the kernel refuses).
+    What it had to change on this machine is changed back afterwards."""
+    undo: list[list[str]] = []
+    try:
+        yield enable_emulation(undo)
+    finally:
+        for cmd in reversed(undo):
+            subprocess.run(cmd, capture_output=True)
 
 
 @pytest.fixture(scope="module")
