@@ -459,7 +459,9 @@ class Engine:
     def is_local(self) -> bool:
         """Whether the daemon runs on this machine (a unix socket), so that this machine's
         kernel is the one that runs its containers."""
-        return str(getattr(self.client.api, "base_url", "")).startswith("http+docker://")
+        # docker-py names a unix socket's base URL http+docker://localhost; an ssh:// engine's
+        # is http+docker://ssh, a TCP one's the address itself (possibly another machine).
+        return str(getattr(self.client.api, "base_url", "")) == "http+docker://localhost"
 
     def require_emulation(self, platform: str, *, target: str | None = None) -> None:
         """Before a foreign-platform build or run: raise EngineError naming what to install when

@@ -313,8 +313,9 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
     replaces the image's baked one: it holds any image, e.g. one built elsewhere, to a matrix
     target's pins. An image whose architecture is not the target's is refused without running it
     (a fail verdict); ``emulated`` (None: when the image's architecture is not the engine host's)
-    runs the self-test under QEMU with its timeouts scaled by EMULATION_FACTOR. Raises VerifyError for bad self-test arguments, EngineError for an image the
-    engine does not have; every other problem is an error or fail verdict.
+    runs the self-test under QEMU with its timeouts scaled by EMULATION_FACTOR. Raises
+    VerifyError for bad self-test arguments, EngineError for an image the engine does not have;
+    every other problem is an error or fail verdict.
     """
     img = engine.image(image)
     family = family_of(manifest, img.labels)

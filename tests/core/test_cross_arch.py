@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from builder.engine import emulation_problem
+from builder.engine import Engine, emulation_problem
 from builder.selftest.cpu import decide_source_build, elf_machine
 from builder.verify import EMULATION_FACTOR, arch_plan, plan_selftest
 
@@ -35,6 +35,15 @@ def test_emulation_check_names_the_packages_and_the_flag(tmp_path: Path) -> None
     assert no_f and "F (fix-binary)" in no_f
     assert emulation_problem("arm64", _binfmt(tmp_path, "enabled\ninterpreter /q\nflags: PF\n")
                              ) is None
+
+
+@pytest.mark.parametrize("base_url, local", [
+    ("http+docker://localhost", True),  # a unix socket: this machine's kernel runs the containers
+    ("http+docker://ssh", False),  # ssh://build-node: another kernel, not checkable from here
+    ("http://10.0.0.5:2375", False), ("https://build-node:2376", False)])
+def test_only_a_local_engine_has_its_emulation_checked_here(base_url: str, local: bool) -> None:
+    client = SimpleNamespace(api=SimpleNamespace(base_url=base_url))
+    assert Engine(client).is_local() is local  # type: ignore[arg-type]
 
 
 class _Engine:
