@@ -6,7 +6,9 @@ visible reason when it cannot run here; they never pass without having run.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,7 +55,6 @@ def docker_context_env(docker_host: str, tmp_path: Path) -> dict[str, str]:
     """The environment of a login node that names the session's engine only through a docker
     context (``verl-env-remote`` in a private docker config; DOCKER_HOST empty). The engine is a
     second local daemon on its own socket, never the machine's default one."""
-    import shutil
 
     assert docker_host != "unix:///var/run/docker.sock", docker_host
     docker = shutil.which("docker")
@@ -116,6 +117,7 @@ def installed_build_env() -> Path:
 _INSTALLED: Path | None = None
 # Where CLI-level tests run from: outside the checkout, like a user's own directory.
 OUTSIDE = Path(tempfile.mkdtemp(prefix="verl-env-cwd-", dir="/var/tmp"))
+atexit.register(shutil.rmtree, OUTSIDE, ignore_errors=True)
 
 
 def install_wheel(root: Path) -> Path:
