@@ -32,11 +32,14 @@ fi
 
 # The whole suite, in two independent groups run side by side, each with its own engine: the
 # builds under QEMU emulation (arm64; long, mostly waiting on one emulated core) and the rest.
-# The emulated group's output follows the other's.
-"${pytest[@]}" --basetemp="$root/tmp-emulated" -m emulated >"$root/emulated.log" 2>&1 &
+# The emulated group's output follows the other's. Their temporary directories stay under /tmp:
+# the Slurm tests bind job directories into images run by ch-run, which binds the host's /tmp
+# (a bind destination elsewhere must exist in the read-only image).
+tmp=$(mktemp -d /tmp/verl-env-pytest.XXXXXX) || exit 1
+"${pytest[@]}" --basetemp="$tmp/emulated" -m emulated >"$root/emulated.log" 2>&1 &
 emulated_pid=$!
-trap 'kill -INT "$emulated_pid" 2>/dev/null; wait "$emulated_pid"; rm -rf "$root"' EXIT
-"${pytest[@]}" --basetemp="$root/tmp-main" -m "not emulated"
+trap 'kill -INT "$emulated_pid" 2>/dev/null; wait "$emulated_pid"; rm -rf "$root" "$tmp"' EXIT
+"${pytest[@]}" --basetemp="$tmp/main" -m "not emulated"
 verdict "the main group" $?
 main_status=$?
 wait "$emulated_pid"
