@@ -107,8 +107,12 @@ def installed_build_env() -> Path:
     global _INSTALLED
     if _INSTALLED is None:
         given = os.environ.get("VERL_ENV_CLI")
-        _INSTALLED = Path(given) if given else install_wheel(Path(tempfile.mkdtemp(
-            prefix="verl-env-wheel-", dir="/var/tmp")))
+        if given:
+            _INSTALLED = Path(given)
+        else:
+            root = Path(tempfile.mkdtemp(prefix="verl-env-wheel-", dir="/var/tmp"))
+            atexit.register(shutil.rmtree, root, ignore_errors=True)
+            _INSTALLED = install_wheel(root)
         if not os.access(_INSTALLED, os.X_OK):
             raise RuntimeError(f"VERL_ENV_CLI={_INSTALLED} is not an executable")
     return _INSTALLED
