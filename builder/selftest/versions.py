@@ -74,8 +74,9 @@ def dist_files(name: str) -> tuple[str | None, str | None]:
 def decide_base_files(name: str, expected: dict[str, Any], inspected: bool,
                       found: tuple[str | None, str | None]) -> Check:
     """A provided distribution's files must be the base's: the same dist-info location and the
-    same RECORD (every file's hash) as the probe of the base recorded; anything reinstalled or
-    shadowing it fails. A declared base (not inspected) cannot pass: required skip."""
+    same RECORD (the list of its files with their hashes) as the probe of the base recorded;
+    anything moved, reinstalled or shadowing it fails. The files themselves are not re-hashed
+    against the RECORD (a file edited in place keeps the RECORD). A declared base (not inspected) cannot pass: required skip."""
     cid = f"versions.base_files.{name}"
     if not inspected or not expected.get("path"):
         return skip(cid, PHASE, "declared base, not yet inspected: run `build-env lock --probe` "
@@ -91,7 +92,7 @@ def decide_base_files(name: str, expected: dict[str, Any], inspected: bool,
     if record != expected.get("record"):
         return Check(cid, PHASE, FAIL, value=record, threshold=thr,
                      reason=f"{name}: its RECORD differs from the base's (reinstalled or "
-                            "modified)")
+                            "replaced)")
     return Check(cid, PHASE, PASS, value=record, threshold=thr)
 
 
