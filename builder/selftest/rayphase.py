@@ -28,22 +28,26 @@ def decide_start(result: Any, error: str | None, version: str | None, note: str 
 
 
 STARTUP_TIMEOUT = "timed out during startup"
+# Starts tried under emulation: 2 were not enough on a loaded 2-vCPU CI host (2026-11-25: both
+# attempts' raylets died waiting for the emulated dashboard agent).
+EMULATED_ATTEMPTS = 4
 
 
 def init_ray(ray: Any, tmp: str, visible: int, factor: float) -> str:
-    """``ray.init`` a private local head. Under emulation one more attempt is made when the
-    first one times out during startup: Ray 2.60's raylet waits a fixed 15 s for the dashboard
+    """``ray.init`` a private local head. Under emulation, up to EMULATED_ATTEMPTS starts while
+    each times out during startup: Ray 2.60's raylet waits a fixed 15 s for the dashboard
     agent's metrics port file, which no setting reaches (RAY_agent_register_timeout_ms does
     not), and on a loaded build host the emulated agent can take longer. Returns a note for
     the check's reason ("" when the first attempt started)."""
-    attempts = 2 if factor > 1 else 1
+    attempts = EMULATED_ATTEMPTS if factor > 1 else 1
     for attempt in range(1, attempts + 1):
         try:
             ray.init(address="local", include_dashboard=False, num_cpus=1, num_gpus=visible,
                      object_store_memory=OBJECT_STORE, _temp_dir=f"{tmp}/{attempt}",
                      log_to_driver=False, configure_logging=False)
             return "" if attempt == 1 else (
-                f" (emulated: started on attempt {attempt}; attempt 1 timed out during startup)")
+                f" (emulated: started on attempt {attempt}; the earlier ones timed out during "
+                f"startup)")
         except Exception as e:  # noqa: BLE001
             if attempt == attempts or STARTUP_TIMEOUT not in str(e):
                 raise

@@ -171,7 +171,7 @@ class _FakeRay:
         self.shutdowns += 1
 
 
-def test_emulated_ray_start_gets_one_more_attempt_only_on_a_startup_timeout() -> None:
+def test_emulated_ray_start_gets_more_attempts_only_on_a_startup_timeout() -> None:
     from builder.selftest.rayphase import init_ray
 
     ray = _FakeRay(1)
@@ -182,8 +182,9 @@ def test_emulated_ray_start_gets_one_more_attempt_only_on_a_startup_timeout() ->
         init_ray(_FakeRay(1), "/t", 0, 1.0)  # native: no second attempt
     with pytest.raises(Exception, match="boom"):
         init_ray(_FakeRay(1, "boom"), "/t", 0, 10.0)  # not a startup timeout
+    assert "started on attempt 4" in init_ray(_FakeRay(3), "/t", 0, 10.0)
     with pytest.raises(Exception, match="timed out during startup"):
-        init_ray(_FakeRay(2), "/t", 0, 10.0)
+        init_ray(_FakeRay(4), "/t", 0, 10.0)
 
 
 def test_raylet_alive_reads_proc(tmp_path: Path) -> None:
