@@ -207,11 +207,16 @@ def test_self_test_error_exit_3(selftest: RunSelftest, installed: dict[str, str]
 
 def test_no_stray_processes_left(hostpy: str) -> None:
     """Nothing this module started (phase workers, ranks, our private Ray) survives it.
-    Other sessions may run their own Ray from the same venv: only ours is matched."""
+    Other sessions may run their own Ray from the same venv: only ours is matched, and only in
+    this PID namespace (an image's self-test in a container names its Ray dir alike)."""
     venv = os.path.dirname(os.path.dirname(hostpy))
+    ours = os.readlink("/proc/self/ns/pid")
     stray = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
+            # containers (an image's own self-test, e.g. the emulated group's) are not ours
+            if os.readlink(f"/proc/{pid}/ns/pid") != ours:
+                continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
