@@ -292,11 +292,10 @@ def arch_plan(engine: Engine, img: Any, manifest: Mapping[str, Any] | None,
         ref = next(iter(img.tags or ()), None) or img.id
         refused = (f"image {ref} ({img.id[:19]}) is built for {found}, the target wants "
                    f"{wanted}: a wrong-architecture image is refused")
-    auto = bool(found and host and found != host)
-    return {"image": found, "target": wanted, "engine_host": host,
-            "emulated": auto if emulated is None else bool(emulated),
-            "emulation_factor": EMULATION_FACTOR if (auto if emulated is None else emulated)
-            else 1.0, "refused": refused}
+    if emulated is None:
+        emulated = bool(found and host and found != host)
+    return {"image": found, "target": wanted, "engine_host": host, "emulated": bool(emulated),
+            "emulation_factor": EMULATION_FACTOR if emulated else 1.0, "refused": refused}
 
 
 def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
