@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="vendor bases: inspect the base through the engine first and record "
                          "its interpreter and freeze in locks/T.base.json")
     lk.add_argument("--offline", action="store_true", help="resolve from uv's cache only")
+    lk.add_argument("--repin", action="store_true",
+                    help="git sources: record the commit a ref names now even when it moved "
+                         "since the lock recorded it (review the new commit first)")
 
     rd = sub.add_parser("render", help="write the build context without building")
     _common(rd)
@@ -185,13 +188,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     site = _site(args)
     matrix = site.matrix
     if args.json:
-        print(json.dumps({n: {**t.to_dict(), "entry_hash": t.entry_hash,
+        print(json.dumps({n: {**t.to_dict(), "gpus": list(t.gpus), "entry_hash": t.entry_hash,
                               **({"base_status": _vendor_note(site, t).strip(" ()")}
                                  if t.base.vendor else {})}
                           for n, t in matrix.targets.items()}, indent=2))
         return 0
-    cols = ["target", "accel", "arch", "python", "torch", "engine", "ray", "transformers",
-            "tensordict", "verl", "base"]
+    cols = ["target", "accel", "arch", "gpus", "python", "torch", "engine", "ray",
+            "transformers", "tensordict", "verl", "base"]
     rows = []
     for t in matrix.targets.values():
         def v(name: str) -> str:
@@ -202,7 +205,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "(src)" if p.build == "source" else "") + ("" if p.enabled else "(off)")
         eng = t.engine
         rows.append([t.name, t.accelerator + (f" {t.cuda or t.rocm}" if t.cuda or t.rocm else ""),
-                     t.arch, t.python, v("torch"),
+                     t.arch, ",".join(t.gpus) or "-", t.python, v("torch"),
                      f"{eng.name} {v(eng.name)}" if eng else "-", v("ray"), v("transformers"),
                      v("tensordict"), v("verl"), t.base.image + _vendor_note(site, t)])
     widths = [max(len(str(r[i])) for r in [cols, *rows]) for i in range(len(cols))]
@@ -213,6 +216,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from builder import sources
     from builder.compat import check_target, local_sources, pins_of
     from builder.lock import lock_path, stale_reason
     from builder.metadata import IndexClient, load_snapshot, refresh, save_snapshot
@@ -234,9 +238,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     failed = 0
     for t in targets:
         problems = [str(p) for p in check_target(t, snapshot)]
-        stale = stale_reason(t, snapshot, lock_path(site.path, t))
+        lock = lock_path(site.path, t)
+        # a source that cannot be pinned is reported here, not by a failed build
+        problems += [f"{t.where(k)}: targets.{t.name}{'.' + k if k else ''}: {m}"
+                     for k, m in sources.problems(t, snapshot, lock)]
+        stale = stale_reason(t, snapshot, lock)
         if stale:
             problems.append(f"{t.where('')}: targets.{t.name}: {stale}")
+        else:
+            moved, unconfirmed = sources.moved_refs(t, lock)
+            problems += [f"{t.where(k)}: targets.{t.name}.{k}: {m}" for k, m in moved]
+            for w in unconfirmed:
+                print(f"warning: {t.name}: {w}", file=sys.stderr)
         for p in problems:
             print(f"error: {p}", file=sys.stderr)
         print(f"{t.name}: {'FAIL' if problems else 'ok'}")
@@ -280,7 +293,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
             raise CompatError("; ".join(str(p) for p in problems), target=t.name)
         record = _base_record(t, lock_path(site.path, t), args.probe)
         lock = compile_lock(t, snapshot, lock_path(site.path, t), offline=args.offline,
-                            record=record)
+                            record=record, repin=args.repin)
         print(f"{t.name}: {lock.path} ({len(parse_lock(lock.text))} packages, "
               f"{lock.seconds:.1f} s)")
     return 0

@@ -52,6 +52,9 @@ class Family:
     image_env: Mapping[str, str] = field(default_factory=dict)
     # verl trainer overrides the family needs, appended to the Slurm job's default command.
     trainer_overrides: tuple[str, ...] = ()
+    # What a GPU architecture of the family is called in the matrix's ``gpus:`` list (a regular
+    # expression; None: the family runs on no GPU, and a target of it lists none).
+    gpu_pattern: str | None = None
 
     @property
     def gpu_probe(self) -> str | None:
@@ -72,7 +75,9 @@ class Family:
 
 FAMILIES: Mapping[str, Family] = MappingProxyType({
     "cuda": Family("cuda", NVIDIA, ALL_PHASES, ("--nv",), ("CUDA_VISIBLE_DEVICES",), "NCCL",
-                   collective_defaults=MappingProxyType({"NCCL_IB_DISABLE": "0"}), uses_ib=True),
+                   collective_defaults=MappingProxyType({"NCCL_IB_DISABLE": "0"}), uses_ib=True,
+                   # sm_90, sm_100, sm_103; sm_90a / sm_100f: arch- and family-specific code
+                   gpu_pattern=r"sm_[1-9][0-9]{1,2}[af]?"),
     # verl's and AMD's MI300 recipes: MSCCL off, no scratch reclaim; Ray refuses
     # ROCR_VISIBLE_DEVICES and must leave HIP_VISIBLE_DEVICES alone.
     "rocm": Family("rocm", AMD, ALL_PHASES, ("--rocm",),
@@ -89,7 +94,9 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({
                        "RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES": "1"}),
                    # verl on ROCm: vLLM's custom all-reduce off (AMD's verl rollout.yaml).
                    trainer_overrides=(
-                       "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_custom_all_reduce=True",)),
+                       "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_custom_all_reduce=True",),
+                   # gfx942 (MI300X/MI325X), gfx950 (MI350X/MI355X), gfx90a (MI250X), gfx1100
+                   gpu_pattern=r"gfx[0-9]{2,4}[0-9a-f]?"),
     "cpu": Family("cpu", None, ("preflight", "env", "imports", "versions", "cpu", "ray"), (),
                   (), None, charliecloud=True),
 })

@@ -31,7 +31,7 @@ from builder.compat import local_sources, marker_env
 from builder.errors import CompatError, LockError
 from builder.metadata import Snapshot
 from builder.spec import Package, Target
-from builder import vendor
+from builder import sources, vendor
 
 # antlr4-python3-runtime 4.9.3 (hydra-core 1.3's dependency) is sdist-only and pure python:
 # without this exception, binary-only resolution silently downgrades hydra-core to 0.11.3.
@@ -118,6 +118,8 @@ def input_hash(target: Target, snapshot: Snapshot, record: dict | None = None) -
               "excludes": sorted(p.name for p in target.provided),
               "constraints": sorted(f"{p.name}=={p.version}" for p in target.provided),
               "args": uv_args(target)}
+    if target.build_tools:  # only then: the locks of targets without them keep their hash
+        inputs["build_tools"] = sorted(target.build_tools)
     if record is not None:
         constraints, excludes = vendor.resolution(target, record)
         inputs.update(excludes=excludes, constraints=constraints,
@@ -178,13 +180,17 @@ def build_lock_path(lock: Path) -> Path:
 
 
 def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool = False,
-                 prefer: Path | None = None, record: dict | None = None) -> Lock:
+                 prefer: Path | None = None, record: dict | None = None,
+                 repin: bool = False) -> Lock:
     """Resolve ``target`` with uv and write the lock atomically to ``out``; when the target builds
     packages from source, also the build-tools lock beside it (constrained by the main lock).
     ``prefer``: a lock whose versions are kept wherever the pins allow (an override build moves
     only what its override needs, so the layers below it stay cached). ``record``: the vendor
-    base's record (builder.vendor): its freeze constrains the resolution."""
+    base's record (builder.vendor): its freeze constrains the resolution. Git sources are
+    pinned to their commits beside the lock (builder.sources; a moved ref is refused unless
+    ``repin``), before anything is written."""
     ihash = input_hash(target, snapshot, record)
+    git_pins = sources.pin_git(target, out, previous=prefer, repin=repin)
     constraints, excludes = vendor.resolution(target, record)
     body, seconds = _uv_compile(
         target, requirements_in(target, snapshot),
@@ -194,7 +200,8 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
     build_text = None
     if any(p.build == "source" for p in target.enabled_packages):
         pinned = [f"{p.name}=={p.version}" for p in parse_lock(body).values()]
-        build_body, more = _uv_compile(target, list(BUILD_TOOLS), constraints=pinned,
+        build_body, more = _uv_compile(target, [*BUILD_TOOLS, *target.build_tools],
+                                       constraints=pinned,
                                        excludes=excludes,
                                        offline=offline)
         build_text = header(target, ihash).replace("lock for", "build-tools lock for") + build_body
@@ -202,6 +209,7 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
     _write(out, text)
     if build_text is not None:
         _write(build_lock_path(out), build_text)
+    sources.write_record(out, git_pins)
     return Lock(out, ihash, text, seconds)
 
 
@@ -235,6 +243,9 @@ def stale_reason(target: Target, snapshot: Snapshot, path: Path) -> str | None:
     if (any(p.build == "source" for p in target.enabled_packages)
             and not build_lock_path(path).exists()):
         return f"no build-tools lock at {build_lock_path(path)}: run `build-env lock`"
+    unpinned = sources.record_problem(target, path)
+    if unpinned:
+        return unpinned
     if lock.input_hash != input_hash(target, snapshot, record):
         return (f"{path} was locked from different inputs than targets.{target.name} now has: "
                 f"run `build-env lock --target {target.name}`")

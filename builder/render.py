@@ -29,6 +29,9 @@ from builder.files import sha256_file
 from builder.layers import Layer, split_layers
 from builder.lock import LockedPackage, build_lock_path, parse_lock
 from builder.metadata import Snapshot
+from builder.sources import (ARCHIVE_SUFFIXES, IGNORED, Pin, archive_suffix, describe,
+                             fetch_git, refuse_problems, split_git, tree_sha256)
+from builder.sources import load_record as load_source_record
 from builder.spec import Package, Target
 
 LABEL_NS = "org.verl-env"
@@ -67,9 +70,13 @@ def sha256_text(text: str) -> str:
 
 
 def manifest(target: Target, matrix_hash: str, lock_hash: str,
-             base_record: dict[str, Any] | None = None) -> dict[str, Any]:
+             base_record: dict[str, Any] | None = None,
+             sources: dict[str, Pin] | None = None) -> dict[str, Any]:
     """What the image must hold; the self-test asserts it (schema in docs/architecture.md).
-    A vendor base adds the ``base`` section (builder.vendor.manifest_section)."""
+    ``gpus``: the GPU architectures the image must run on (the coverage phase holds every ELF
+    shared object to them). A vendor base adds the ``base`` section
+    (builder.vendor.manifest_section); ``source_pins`` says what each source build was built
+    from (git commit, tree or archive sha256, sdist hash)."""
     pins = {p.name: p.version for p in target.enabled_packages}
     provided = {p.name: p.version for p in target.provided}
     imports = {p.name: p.module for p in (*target.enabled_packages, *target.provided)
@@ -81,14 +88,17 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
         "pins": dict(sorted(pins.items())), "provided": dict(sorted(provided.items())),
         "imports": dict(sorted(imports.items())),
         "source_builds": sorted(p.name for p in target.enabled_packages if p.build == "source"),
+        "gpus": list(target.gpus),
+        **({"source_pins": describe(sources)} if sources else {}),
         "matrix_hash": matrix_hash, "lock_hash": lock_hash, "override": target.override,
         **({"base": vendor_base.manifest_section(target, base_record)} if base_record else {}),
     }
 
 
-def labels(target: Target, matrix_hash: str, lock_hash: str, ca_hash: str | None
-           ) -> dict[str, str]:
-    """OCI labels: every pin, provided package, the matrix and lock hashes."""
+def labels(target: Target, matrix_hash: str, lock_hash: str, ca_hash: str | None,
+           sources: dict[str, Pin] | None = None) -> dict[str, str]:
+    """OCI labels: every pin, provided package, the GPUs, what each source build was built
+    from, the matrix and lock hashes."""
     out = {
         "org.opencontainers.image.title": f"verl-env {target.name}",
         "org.opencontainers.image.description": target.description or target.name,
@@ -106,73 +116,110 @@ def labels(target: Target, matrix_hash: str, lock_hash: str, ca_hash: str | None
         out[f"{LABEL_NS}.pin.{p.name}"] = p.version + (" (source)" if p.build == "source" else "")
     for p in target.provided:
         out[f"{LABEL_NS}.provided.{p.name}"] = p.version
+    if target.gpus:
+        out[f"{LABEL_NS}.gpus"] = ",".join(target.gpus)
+    for name, pin in (sources or {}).items():
+        out[f"{LABEL_NS}.source.{name}"] = pin.label()
     if ca_hash:
         out[f"{LABEL_NS}.site-ca"] = ca_hash
     return dict(sorted(out.items()))
 
 
-def _source_requirements(target: Target, snapshot: Snapshot, locked: dict[str, LockedPackage]
-                         ) -> tuple[str, bool]:
-    """requirements.txt for ``pip wheel`` in the source stage; hashed unless a git or local
-    source (a local source is copied into the context, and so hashed by the content tag)."""
-    lines, hashed = [], True
-    for p in target.enabled_packages:
-        if p.build != "source":
-            continue
-        if p.source and p.source.kind == "git":
-            lines.append(f"{p.name} @ {p.source.location}\n")
-            hashed = False
-            continue
-        if p.source:
-            lines.append(f"{p.name} @ file://{SOURCE_DIR}/{_source_name(p)}\n")
-            hashed = False
-            continue
-        rel = snapshot.release(p.name, p.version)
-        if rel is None or not rel.sdist_sha256:
-            raise RenderError(f"{p.name} {p.version}: build: source needs an sdist on the index "
-                              "(none in the metadata snapshot) or a `source: git+https://...@TAG`",
-                              target=target.name)
-        lines.append(f"{p.name}=={p.version} --hash=sha256:{rel.sdist_sha256}\n")
-    return "".join(lines), hashed
-
-
 SOURCE_DIR = "/tmp/verl-env/source"
-# GPU architectures compiled into source-built CUDA extensions, per target arch: A100/H100/B200/
-# RTX-Blackwell on x86_64, GH200/GB200 on aarch64. flash-attn reads its own FLASH_ATTN_CUDA_ARCHS;
-# torch's cpp_extension (any other extension) reads TORCH_CUDA_ARCH_LIST ("9.0;10.0"): both are set.
-CUDA_ARCHS = {"x86_64": "80;90;100;120", "aarch64": "90;100"}
+
+
+def torch_cuda_arch_list(gpus: tuple[str, ...]) -> str:
+    """``sm_80, sm_103, sm_90a`` -> ``8.0;10.3;9.0a`` (torch's cpp_extension reads it)."""
+    out = []
+    for g in gpus:
+        digits = g[3:].rstrip("af")
+        out.append(f"{digits[:-1]}.{digits[-1]}{g[3 + len(digits):]}")
+    return ";".join(out)
+
+
+def flash_attn_cuda_archs(gpus: tuple[str, ...]) -> str:
+    """``sm_80, sm_100`` -> ``80;100`` (flash-attn's setup.py reads FLASH_ATTN_CUDA_ARCHS)."""
+    return ";".join(dict.fromkeys(g[3:].rstrip("af") for g in gpus))
+
+
+def gpu_env(target: Target) -> list[tuple[str, str]]:
+    """What a source build compiles GPU code for, all from the one ``gpus:`` list."""
+    if target.accelerator == "cuda":
+        return [("TORCH_CUDA_ARCH_LIST", f'"{torch_cuda_arch_list(target.gpus)}"')]
+    if target.accelerator == "rocm":
+        return [("PYTORCH_ROCM_ARCH", f'"{";".join(target.gpus)}"')]
+    return []
 
 
 def _source_name(p: Package) -> str:
     """The name of a package's local source in the context: a directory, or the archive's name."""
     assert p.source is not None
-    if p.source.kind == "path" and Path(p.source.location).is_dir():
+    if p.source.kind == "git" or (p.source.kind == "path" and Path(p.source.location).is_dir()):
         return p.name
-    location = p.source.location.rstrip("/")
-    suffix = next((s for s in (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip", ".tar")
-                   if location.endswith(s)), "")
+    suffix = archive_suffix(p.source.location)
     if not suffix:
-        raise RenderError(f"{p.name}: source {location} is neither a directory nor an archive "
-                          "(.tar.gz, .tgz, .tar.bz2, .tar.xz, .zip, .tar)")
+        raise RenderError(f"{p.name}: source {p.source.location} is neither a directory nor an "
+                          f"archive ({', '.join(ARCHIVE_SUFFIXES)})")
     return p.name + suffix
 
 
-def copy_sources(target: Target, dest: Path) -> None:
-    """Local directories, archives (sha256-checked when given) and URL archives (always
-    sha256-checked) of the target's source builds, into ``dest`` (the context's ``source/``)."""
+def source_pins(target: Target, snapshot: Snapshot, lock_file: Path | None) -> dict[str, Pin]:
+    """What each source build is pinned to, known before anything is fetched: an sdist's hash
+    (metadata snapshot), a git source's recorded commit (beside the lock), a directory's tree
+    hash, an archive's sha256 (the file's, or the matrix's for a URL)."""
+    record = load_source_record(lock_file) if lock_file is not None else {}
+    pins: dict[str, Pin] = {}
+    for p in target.enabled_packages:
+        if p.build != "source":
+            continue
+        if p.source is None:
+            rel = snapshot.release(p.name, p.version)
+            assert rel is not None and rel.sdist_sha256  # sources.problems refused it otherwise
+            pins[p.name] = Pin("sdist", f"sha256:{rel.sdist_sha256}")
+        elif p.source.kind == "git":
+            pins[p.name] = Pin("git", record[p.name]["commit"], record[p.name]["ref"])
+        elif p.source.kind == "path" and Path(p.source.location).is_dir():
+            pins[p.name] = Pin("tree", tree_sha256(Path(p.source.location)))
+        elif p.source.kind == "path":
+            pins[p.name] = Pin("archive", "sha256:" + _file_sha256(Path(p.source.location)))
+        else:
+            pins[p.name] = Pin("archive", f"sha256:{p.source.sha256}")
+    return pins
+
+
+def copy_sources(target: Target, dest: Path, pins: dict[str, Pin], *, fetch: bool = True
+                 ) -> None:
+    """Every source build's code (for an sdist: its hashed requirement) into ``dest`` (the
+    context's ``source/``), each checked against its pin: a git ref fetched on this host must
+    still be the recorded commit (a moved ref is refused), a directory must hash as it did, an
+    archive (local, or fetched from its URL) must have its sha256. ``fetch=False``: git and URL
+    sources are left out (a context to read, not to build)."""
     import urllib.request
 
     for p in target.enabled_packages:
-        if p.build != "source" or p.source is None or p.source.kind == "git":
+        if p.build != "source":
+            continue
+        pin = pins[p.name]
+        if p.source is None:
+            (dest / f"{p.name}.txt").write_text(
+                f"{p.name}=={p.version} --hash={pin.value}\n")
             continue
         out = dest / _source_name(p)
+        if p.source.kind == "git":
+            if fetch:
+                fetch_git(target, p, pin.value, out)
+            continue
         src = Path(p.source.location)
         if p.source.kind == "path" and src.is_dir():
-            shutil.copytree(src, out, symlinks=True, ignore=shutil.ignore_patterns(
-                ".git", "__pycache__", "*.pyc", "build", "dist", "*.egg-info", "*.so"))
+            shutil.copytree(src, out, symlinks=True, ignore=shutil.ignore_patterns(*IGNORED))
+            if tree_sha256(out) != pin.value:
+                raise RenderError(f"{p.name}: {src} changed while it was copied",
+                                  target=target.name)
             continue
         if p.source.kind == "path":
             shutil.copyfile(src, out)
+        elif not fetch:
+            continue
         else:
             try:
                 with urllib.request.urlopen(p.source.location, timeout=120) as r, \
@@ -181,9 +228,60 @@ def copy_sources(target: Target, dest: Path) -> None:
             except OSError as exc:
                 raise RenderError(f"{p.name}: cannot fetch {p.source.location}: {exc}",
                                   target=target.name) from None
-        if p.source.sha256 and _file_sha256(out) != p.source.sha256:
+        if "sha256:" + _file_sha256(out) != pin.value:
             raise RenderError(f"{p.name}: {p.source.location} has sha256 {_file_sha256(out)}, "
-                              f"the matrix says {p.source.sha256}", target=target.name)
+                              f"expected {pin.value.split(':', 1)[1]}", target=target.name)
+
+
+FLASH_ATTN_NOTES = (
+    "flash-attn: FLASH_ATTENTION_FORCE_BUILD (its setup.py would otherwise download an unhashed",
+    "prebuilt wheel), for the target's gpus, with as many jobs as the build host's memory allows",
+    "(about 9 GB each).")
+MAX_JOBS = ('"${MAX_JOBS:-$(awk \'/MemAvailable/ {n = int($2 / 9437184); '
+            'print (n > 0 ? n : 1)}\' /proc/meminfo)}"')
+
+
+def source_stages(target: Target, pins: dict[str, Pin], cache_inputs: str
+                  ) -> list[dict[str, Any]]:
+    """One build stage per source package: what it copies, builds, and with which variables.
+    ``cache_inputs``: what every wheel is compiled against (base, torch layer, build tools,
+    GPUs); its hash keys the packages' pip caches, so no wheel built against another torch is
+    ever reused."""
+    stages = []
+    common = [("pybind11_DIR", '"$(/opt/venv/bin/python -m pybind11 --cmakedir)"'),
+              *gpu_env(target)]
+    for p in target.enabled_packages:
+        if p.build != "source":
+            continue
+        pin = pins[p.name]
+        env = [*common, (f"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_{p.name.upper().replace('-', '_')}",
+                         p.version)]
+        notes: tuple[str, ...] = ()
+        if p.name == "flash-attn":
+            notes = FLASH_ATTN_NOTES
+            env += [("FLASH_ATTENTION_FORCE_BUILD", "TRUE"),
+                    ("FLASH_ATTN_CUDA_ARCHS", f'"{flash_attn_cuda_archs(target.gpus)}"'),
+                    ("MAX_JOBS", MAX_JOBS)]
+        if pin.kind == "sdist":
+            origin = f"its sdist on the index ({pin.value}), hash-checked"
+            copy, dest, what = f"source/{p.name}.txt", "", f"-r {SOURCE_DIR}/{p.name}.txt"
+        else:
+            assert p.source is not None
+            name = _source_name(p)
+            directory = pin.kind in ("git", "tree")
+            origin = {"git": f"{split_git(p.source.location)[0]} {pin.ref}, commit {pin.value}",
+                      "tree": f"a directory (tree {pin.value})",
+                      "archive": f"an archive ({pin.value})"}[pin.kind]
+            copy = f"source/{name}/" if directory else f"source/{name}"
+            dest = f"{name}/" if directory else ""
+            what = f"{SOURCE_DIR}/{name}"
+        key = hashlib.sha256(f"{cache_inputs}\n{p.name}".encode()).hexdigest()[:12]
+        stages.append({"name": p.name, "version": p.version, "origin": origin, "notes": notes,
+                       "src": copy, "copy_dest": dest, "what": what, "env": env,
+                       "hashed": pin.kind == "sdist", "cache_key": key,
+                       "bind": f"type=bind,from=source-{p.name},source=/wheels,"
+                               f"target=/tmp/verl-env/built/{p.name}"})
+    return stages
 
 
 def _local_wheels(target: Target, locked: dict[str, LockedPackage]) -> list[Path]:
@@ -203,10 +301,12 @@ def _file_sha256(path: Path) -> str:
 
 def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, lock_hash: str,
                       ca_bundle: bool, ca_hash: str | None, wheels: bool,
-                      source_hashed: bool, templates: Path | None = None,
+                      source_builds: list[dict[str, Any]] | None = None,
+                      sources: dict[str, Pin] | None = None, templates: Path | None = None,
                       venv_replaced: tuple[str, ...] = (),
                       base_record: dict[str, Any] | None = None) -> str:
-    source_builds = [p for p in target.enabled_packages if p.build == "source"]
+    """The Dockerfile. ``source_builds``: one stage per source package (:func:`source_stages`)."""
+    source_builds = source_builds or []
     vendor = None
     if base_record is not None:
         if source_builds:
@@ -225,13 +325,10 @@ def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, 
             apt_build=sorted({*target.apt, *APT_BUILD, f"python{target.python}-dev"}),
             ca_bundle=ca_bundle, wheels=wheels,
             find_links=["/tmp/verl-env/wheels"] if wheels else [],
-            source_builds=source_builds, source_hashed=source_hashed,
-            cuda_archs=CUDA_ARCHS.get(target.arch, CUDA_ARCHS["x86_64"]),
-            torch_cuda_archs=";".join(f"{a[:-1]}.{a[-1]}" for a in CUDA_ARCHS.get(
-                target.arch, CUDA_ARCHS["x86_64"]).split(";")) if target.cuda else None,
+            source_builds=source_builds, gpus=list(target.gpus),
             venv_replaced=venv_replaced, vendor=vendor,
             image_env=dict(fam.image_env) if fam else {},
-            labels=labels(target, matrix_hash, lock_hash, ca_hash))
+            labels=labels(target, matrix_hash, lock_hash, ca_hash, sources))
     except jinja2.TemplateError as exc:
         raise RenderError(f"template error: {exc}", target=target.name) from None
 
@@ -239,10 +336,13 @@ def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, 
 def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path, *,
                    lock_file: Path | None = None, ca_bundle: Path | None = None,
                    templates: Path | None = None,
-                   base_record: dict[str, Any] | None = None) -> BuildContext:
+                   base_record: dict[str, Any] | None = None,
+                   fetch_sources: bool = True) -> BuildContext:
     """Write the whole build context into ``out`` (replaced atomically; no partial directory is
     left behind on error). ``base_record``: the vendor base's record (builder.vendor); what the
-    base already holds is left out of the layers, and the record travels in the context."""
+    base already holds is left out of the layers, and the record travels in the context.
+    ``fetch_sources=False``: git and URL sources are not fetched (the Dockerfile, which names
+    their pins, is the same; the context is for reading, not building)."""
     if base_record is None and target.base.vendor:
         if lock_file is None:
             raise RenderError("a vendor base needs its base record (builder.vendor)",
@@ -259,28 +359,39 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
                           target=target.name)
     layers = split_layers(locked, engine=engine,
                           exclude=source_names | vendor_base.already_there(locked, base_record))
-    source_txt, source_hashed = _source_requirements(target, snapshot, locked)
     build_lock = build_lock_path(lock_file) if lock_file else None
     if source_names and (build_lock is None or not build_lock.exists()):
         raise RenderError(f"no build-tools lock beside {lock_file}: run `build-env lock`",
                           target=target.name)
+    if source_names:
+        refuse_problems(target, snapshot, lock_file)
     wheels = _local_wheels(target, locked)
     if ca_bundle and not ca_bundle.is_file():
         raise RenderError(f"--ca-bundle {ca_bundle}: no such file", target=target.name)
     ca_hash = "sha256:" + _file_sha256(ca_bundle) if ca_bundle else None
-    dockerfile = render_dockerfile(target, layers, matrix_hash=matrix_hash, lock_hash=lock_hash,
-                                   ca_bundle=ca_bundle is not None, ca_hash=ca_hash,
-                                   wheels=bool(wheels), source_hashed=source_hashed,
-                                   templates=templates,
-                                   venv_replaced=tuple(sorted(
-                                       {"pip", "setuptools", "wheel"} & set(locked))),
-                                   base_record=base_record)
-    man = manifest(target, matrix_hash, lock_hash, base_record)
 
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        pins: dict[str, Pin] = {}
+        stages: list[dict[str, Any]] = []
+        if source_names:
+            assert build_lock is not None
+            (tmp / "source").mkdir()
+            pins = source_pins(target, snapshot, lock_file)
+            copy_sources(target, tmp / "source", pins, fetch=fetch_sources)
+            torch_layer = "".join(layer.render() for layer in layers if layer.name == "torch")
+            stages = source_stages(target, pins, "\n".join(
+                [target.base.source_image or target.base.ref, torch_layer,
+                 build_lock.read_text(), ",".join(target.gpus)]))
+        dockerfile = render_dockerfile(
+            target, layers, matrix_hash=matrix_hash, lock_hash=lock_hash,
+            ca_bundle=ca_bundle is not None, ca_hash=ca_hash, wheels=bool(wheels),
+            source_builds=stages, sources=pins, templates=templates,
+            venv_replaced=tuple(sorted({"pip", "setuptools", "wheel"} & set(locked))),
+            base_record=base_record)
+        man = manifest(target, matrix_hash, lock_hash, base_record, pins)
         (tmp / "Dockerfile").write_text(dockerfile)
         (tmp / "lock.txt").write_text(lock_text)
         (tmp / "manifest.json").write_text(json.dumps(man, indent=2, sort_keys=True) + "\n")
@@ -293,9 +404,6 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
         for layer in layers:
             (tmp / "layers" / layer.filename).write_text(layer.render())
         if source_names:
-            (tmp / "source").mkdir()
-            (tmp / "source" / "requirements.txt").write_text(source_txt)
-            copy_sources(target, tmp / "source")
             assert build_lock is not None
             (tmp / "layers" / "build-tools.txt").write_text(build_lock.read_text())
         if wheels:
@@ -313,6 +421,6 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return BuildContext(out, dockerfile, labels(target, matrix_hash, lock_hash, ca_hash), man,
+    return BuildContext(out, dockerfile, labels(target, matrix_hash, lock_hash, ca_hash, pins), man,
                         lock_hash, {"site-ca": ca_bundle.resolve()} if ca_bundle else {})
 

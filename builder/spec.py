@@ -34,18 +34,21 @@ IMPORT_NAMES = {"flash-attn": "flash_attn", "hydra-core": "hydra", "ray": "ray"}
 
 _TOP_KEYS = {"schema", "defaults", "targets"}
 _TARGET_KEYS = {"description", "accelerator", "arch", "base", "python", "cuda", "rocm",
-                "packages", "provided", "find_links", "apt"}
+                "packages", "provided", "find_links", "apt", "gpus", "build_tools"}
 _BASE_KEYS = {"image", "digest", "glibc", "source_image", "vendor", "interpreter", "sources"}
 # A vendor base provides packages (torch, vLLM): the target installs into the base's own
 # interpreter. ``probe``: inspected with `build-env lock --probe` (locks/T.base.json);
 # ``declared``: taken from the vendor's published Dockerfiles/notes, not yet inspected.
 VENDOR_KINDS = ("probe", "declared")
 _PACKAGE_KEYS = {"version", "extras", "build", "enabled", "import", "source"}
+# How a git source may be fetched (by the build host, at render time: builder.sources).
+GIT_SCHEMES = ("git+https://", "git+ssh://", "git+git://", "git+file://")
 
 
 @dataclass(frozen=True)
 class Source:
-    """Where a source build gets its code: a git URL (``git+https://HOST/REPO@TAG``), a local
+    """Where a source build gets its code: a git URL (``git+https://HOST/REPO@TAG``, pinned to
+    a commit by ``lock``: builder.sources), a local
     directory or archive (``path``, relative to the matrix file; firewalled build hosts), or an
     archive ``url`` with its ``sha256``. Local and URL sources are copied into the build context."""
 
@@ -117,6 +120,12 @@ class Target:
     file: str = "matrix.yaml"
     lines: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
     override: bool = False
+    # The GPUs the image must run on (sm_90, gfx942 ...): drive source builds' arch lists and
+    # the gate's device-code coverage. Empty for cpu targets.
+    gpus: tuple[str, ...] = ()
+    # Extra requirements of the source-build stage (an nvcc from the index where the base has
+    # none), locked with the build tools; never in the final image.
+    build_tools: tuple[str, ...] = ()
 
     @property
     def platform(self) -> str:
@@ -169,6 +178,8 @@ class Target:
             "packages": {p.name: pkg(p) for p in sorted(self.packages, key=lambda p: p.name)},
             "provided": {p.name: p.version for p in sorted(self.provided, key=lambda p: p.name)},
             "find_links": list(self.find_links), "apt": list(self.apt),
+            **({"gpus": list(self.gpus)} if self.gpus else {}),
+            **({"build_tools": list(self.build_tools)} if self.build_tools else {}),
         }
 
     @property
@@ -314,8 +325,11 @@ def _source(ctx: _Ctx, value: Any, key: str) -> Source:
     """``git+https://HOST/REPO@TAG``, a path string, ``{path: P[, sha256: H]}`` or
     ``{url: U, sha256: H}``; relative paths are relative to the matrix file."""
     if isinstance(value, str) and value.startswith("git+"):
-        if not (value.startswith("git+https://") and "@" in value.split("://", 1)[1]):
-            raise ctx.error(key, "expected git+https://HOST/REPO@TAG")
+        rest = value.split("://", 1)[1] if "://" in value else ""
+        ref = rest.rpartition("@")[2] if "@" in rest else ""
+        if not value.startswith(GIT_SCHEMES) or not ref or "/" in ref:
+            raise ctx.error(key, "expected git+https://HOST/REPO@TAG (or git+ssh://, git+git://, "
+                            "git+file://), pinned to a commit by `build-env lock`")
         return Source("git", value)
     if isinstance(value, str):
         value = {"path": value}
@@ -407,7 +421,7 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
     provided = _packages(ctx, t.get("provided"), f"{key}.provided")
     cuda = ctx.version(t["cuda"], f"{key}.cuda") if t.get("cuda") is not None else None
     rocm = ctx.version(t["rocm"], f"{key}.rocm") if t.get("rocm") is not None else None
-    for listkey in ("find_links", "apt"):
+    for listkey in ("find_links", "apt", "gpus", "build_tools"):
         v = t.get(listkey, [])
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise ctx.error(f"{key}.{listkey}", "expected a list of strings")
@@ -415,9 +429,48 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
                     str(t.get("description", "")), tuple(t.get("find_links", [])),
                     tuple(t.get("apt", [])), ctx.file,
                     {k[len(key) + 1:] if k != key else "": v for k, v in ctx.lines.items()
-                     if k == key or k.startswith(key + ".")})
+                     if k == key or k.startswith(key + ".")},
+                    gpus=_gpus(ctx, accel, t.get("gpus"), f"{key}.gpus", name),
+                    build_tools=_build_tools(ctx, t.get("build_tools", []), f"{key}.build_tools"))
     _rules(ctx, target, key)
     return target
+
+
+def _gpus(ctx: _Ctx, accel: str, value: Any, key: str, name: str) -> tuple[str, ...]:
+    """The GPU list: required for a family with GPUs, each name its family's kind (sm_90,
+    gfx942), no duplicates; refused for cpu."""
+    fam = FAMILIES[accel]
+    if fam.gpu_pattern is None:
+        if value:
+            raise ctx.error(key, f"a {accel} target runs on no GPU: remove gpus", name)
+        return ()
+    if not value:
+        raise ctx.error(key.rsplit(".", 1)[0] if value is None else key,
+                        f"missing key 'gpus': a {accel} target lists the GPUs it must run on "
+                        f"(gpus: a list of names matching {fam.gpu_pattern})", name)
+    out: list[str] = []
+    for i, g in enumerate(value):
+        if not isinstance(g, str) or not re.fullmatch(fam.gpu_pattern, g):
+            raise ctx.error(f"{key}[{i}]", f"{g!r} is not a {accel} GPU architecture (the "
+                            f"{accel} family's names match {fam.gpu_pattern})", name)
+        if g in out:
+            raise ctx.error(f"{key}[{i}]", f"{g} is listed twice", name)
+        out.append(g)
+    return tuple(out)
+
+
+def _build_tools(ctx: _Ctx, value: list[str], key: str) -> tuple[str, ...]:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for i, req in enumerate(value):
+        try:
+            r = Requirement(req)
+        except InvalidRequirement as exc:
+            raise ctx.error(f"{key}[{i}]", f"not a requirement: {exc}") from None
+        if not any(s.operator == "==" for s in r.specifier):
+            raise ctx.error(f"{key}[{i}]", f"pin {r.name} with == (the build-tools lock hashes "
+                            "what it names)")
+    return tuple(value)
 
 
 def _rules(ctx: _Ctx, t: Target, key: str) -> None:
@@ -440,7 +493,9 @@ def _rules(ctx: _Ctx, t: Target, key: str) -> None:
     if len(engines) > 1:
         raise ctx.error(f"{key}.packages", "vllm and sglang cannot share one environment: "
                         "make them separate targets", t.name)
-    if t.accelerator in ("cuda", "rocm") and not engines:
+    # pinned is what is required (as for verl, ray ...); a pinned engine may be switched off
+    # (enabled: false) for an experiment or a fixture, and the listing says so
+    if t.accelerator in ("cuda", "rocm") and not any(t.package(e) for e in ENGINES):
         raise ctx.error(f"{key}.packages", "missing pin: a GPU target needs a rollout engine "
                         "(vllm or sglang)", t.name)
     if t.accelerator == "cuda" and not t.cuda:
@@ -528,11 +583,13 @@ def apply_overrides(target: Target, assignments: list[str], *, base_image: str |
                 entry[parts[2]] = value
             else:
                 raise SpecError(f"cannot override {key!r}", file="--set", key=key)
+        elif parts[0] == "gpus" and len(parts) == 1:
+            raw["gpus"] = [g.strip() for g in value.split(",") if g.strip()]
         elif parts[0] == "provided" and len(parts) == 2:
             raw["provided"][canonicalize_name(parts[1])] = value
         else:
-            raise SpecError(f"cannot override {key!r} (python, cuda, rocm, packages.NAME[.enabled|"
-                            ".build], provided.NAME)", file="--set", key=key)
+            raise SpecError(f"cannot override {key!r} (python, cuda, rocm, gpus, packages.NAME"
+                            "[.enabled|.build], provided.NAME)", file="--set", key=key)
     if base_image:
         raw["base"] = {"image": base_image}
     name = raw.pop("name")

@@ -29,7 +29,10 @@ def _render(matrix: str, name: str, out: Path, ca: Path | None = None, overrides
     snap = load_snapshot(m.path.parent / "metadata" / "pypi-snapshot.json")
     t = apply_overrides(m.target(name), list(overrides))
     lock = lock_path(m.path, m.target(name))
-    return render_context(t, lock.read_text(), snap, out, lock_file=lock, ca_bundle=ca)
+    # git sources are not fetched here (GitHub is out of reach): the Dockerfile names their
+    # recorded commits either way; tests/pipeline/test_cuda_shaped.py fetches and builds one
+    return render_context(t, lock.read_text(), snap, out, lock_file=lock, ca_bundle=ca,
+                          fetch_sources=False)
 
 
 def _tree_digest(root: Path) -> str:
@@ -76,7 +79,7 @@ def test_layer_order_and_cache_contract(tmp_path: Path) -> None:
     df = _render("builder/data/matrix.yaml", "cuda-x86_64", tmp_path / "ctx").dockerfile
     runtime = df[df.index("AS runtime"):]
     order = [runtime.index(s) for s in ("apt-get install", "10-torch.txt", "20-engine.txt",
-                                        "30-deps.txt", "from=source-build", "40-verl.txt",
+                                        "30-deps.txt", "from=source-flash-attn", "40-verl.txt",
                                         "COPY selftest/", "LABEL ")]
     assert order == sorted(order)
     assert "--require-hashes" in runtime and "--mount=type=cache" in runtime
@@ -124,8 +127,8 @@ def test_nothing_is_copied_in_only_to_be_deleted(tmp_path: Path) -> None:
             assert run.startswith("--mount=type=cache,id=verl-env-uv,target=/root/.cache/uv")
             assert "--link-mode=copy" in run and "--no-cache " not in run
     cuda = _render("builder/data/matrix.yaml", "cuda-x86_64", tmp_path / "c").dockerfile
-    assert ("--mount=type=bind,from=source-build,source=/wheels,target=/tmp/verl-env/built"
-            in cuda)
+    assert ("--mount=type=bind,from=source-flash-attn,source=/wheels,"
+            "target=/tmp/verl-env/built/flash-attn" in cuda)
     cpu = _render("tests/fixtures/cpu.yaml", "cpu-x86_64", tmp_path / "cpu").dockerfile
     assert cpu.count("--mount=type=bind,source=wheels,target=/tmp/verl-env/wheels") == 3
 

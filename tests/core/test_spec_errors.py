@@ -29,6 +29,7 @@ targets:
       transformers: "5.9.0"
       tensordict: "0.10.0"
       verl: "0.9.1"
+    gpus: [sm_80, sm_90]
 """
 
 
@@ -82,6 +83,28 @@ CASES = [
      ["targets.t.packages", "cannot share one environment"]),
     ("glibc too old", lambda s: s.replace('glibc: "2.39"', 'glibc: "2.28"'), 2,
      ["matrix.yaml:7:", "targets.t.base.glibc", "below 2.34"]),
+    ("gpus missing", lambda s: s.replace("    gpus: [sm_80, sm_90]\n", ""), 2,
+     ["matrix.yaml:3:", "targets.t:", "missing key 'gpus'", "sm_"]),
+    ("gpus of another family", lambda s: s.replace("[sm_80, sm_90]", "[sm_80, gfx942]"), 2,
+     ["matrix.yaml:16:", "targets.t.gpus[1]", "'gfx942' is not a cuda GPU architecture"]),
+    ("gpus twice", lambda s: s.replace("[sm_80, sm_90]", "[sm_90, sm_90]"), 2,
+     ["targets.t.gpus[1]", "sm_90 is listed twice"]),
+    ("gpus on cpu", lambda s: s.replace("accelerator: cuda", "accelerator: cpu").replace(
+        '    cuda: "13.0"\n', ""), 2, ["targets.t.gpus", "a cpu target runs on no GPU"]),
+    ("git source without a tag", lambda s: s.replace(
+        'tensordict: "0.10.0"', 'tensordict: {version: "0.10.0", build: source, '
+        'source: "git+https://example.invalid/tensordict"}'), 2,
+     ["matrix.yaml:14:", "targets.t.packages.tensordict.source", "git+https://HOST/REPO@TAG"]),
+    ("source that cannot be hashed", lambda s: s.replace(
+        'tensordict: "0.10.0"', 'tensordict: {version: "0.10.0", build: source, '
+        'source: {path: matrix.yaml}}'), 1,
+     ["matrix.yaml:14:", "targets.t.packages.tensordict.source", "neither a directory nor an "
+      "archive", "cannot be hashed"]),
+    ("git source never locked", lambda s: s.replace(
+        'tensordict: "0.10.0"', 'tensordict: {version: "0.10.0", build: source, '
+        'source: "git+https://example.invalid/tensordict@v0.10.0"}'), 1,
+     ["matrix.yaml:14:", "targets.t.packages.tensordict", "is not pinned to a commit",
+      "build-env lock --target t"]),
 ]
 
 

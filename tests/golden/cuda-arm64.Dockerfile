@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-arm64 (linux/arm64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-arm64`.
-# matrix entry sha256:12b8adfdd746a18ae9ab8a91a05099ca40837410a0760e7f4dc9a13ec94d8e62, lock sha256:6c2de26a4f860d529bc3441db36f65bf780d496f2ac821e024de3f0f3d084d3a
+# matrix entry sha256:5031ce5a406901c022dddc31458162de790e728e56c18653a0504de46f827a37, lock sha256:6c2de26a4f860d529bc3441db36f65bf780d496f2ac821e024de3f0f3d084d3a
 
 # ---------------------------------------------------------------------------- source builds
 # Built in their own stage (compilers stay here); the final stage mounts only the wheels. Only
@@ -29,23 +29,36 @@ RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
 COPY layers/build-tools.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/build-tools.txt
-COPY source/ /tmp/verl-env/source/
-# No build isolation: the extensions must compile against the torch of this very lock. Local
-# sources carry no .git, so setuptools-scm is told each version; CMake finds pybind11 through
-# its own cmake dir.
-# flash-attn: always compiled here (FLASH_ATTENTION_FORCE_BUILD=TRUE: its setup.py would
-# otherwise download an unhashed prebuilt wheel), for this target's GPU architectures, with as
-# many jobs as the build host's memory allows (about 9 GB each).
-# TORCH_CUDA_ARCH_LIST: the GPU architectures torch's cpp_extension compiles any CUDA source for
-# (there is no GPU to detect on a build host).
-RUN pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
-        TORCH_CUDA_ARCH_LIST="9.0;10.0" \
-        SETUPTOOLS_SCM_PRETEND_VERSION_FOR_TENSORDICT=0.10.0 \
-        SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FLASH_ATTN=2.8.3 \
-        FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="90;100" \
-        MAX_JOBS="${MAX_JOBS:-$(awk '/MemAvailable/ {n = int($2 / 9437184); print (n > 0 ? n : 1)}' /proc/meminfo)}" \
-    /opt/venv/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --no-binary :all: \
-        -r /tmp/verl-env/source/requirements.txt -w /wheels
+# One stage per source package below, so a change to one rebuilds only its own wheel (BuildKit
+# builds the stages side by side); each has its own pip cache, keyed by what its wheel is built
+# against. No build isolation (it must compile against the torch of this very lock); sources
+# carry no .git, so setuptools-scm is told each version; CMake finds pybind11 through its own
+# cmake dir. GPU code is compiled for the target's gpus (sm_90, sm_100, sm_103): there is
+# no GPU to detect on a build host.
+
+# tensordict 0.10.0: https://github.com/pytorch/tensordict v0.10.0, commit c34264a58b12471dc3e2913ea586b32431872d4c
+FROM source-build AS source-tensordict
+COPY source/tensordict/ /tmp/verl-env/source/tensordict/
+RUN --mount=type=cache,id=verl-env-src-tensordict-71ad9447c8f8,target=/root/.cache/pip \
+    pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
+    TORCH_CUDA_ARCH_LIST="9.0;10.0;10.3" \
+    SETUPTOOLS_SCM_PRETEND_VERSION_FOR_TENSORDICT=0.10.0 \
+    /opt/venv/bin/pip wheel --no-deps --no-build-isolation --no-binary :all: -w /wheels /tmp/verl-env/source/tensordict
+
+# flash-attn 2.8.3: its sdist on the index (sha256:1e71dd64a9e0280e0447b8a0c2541bad4bf6ac65bdeaa2f90e51a9e57de0370d), hash-checked
+# flash-attn: FLASH_ATTENTION_FORCE_BUILD (its setup.py would otherwise download an unhashed
+# prebuilt wheel), for the target's gpus, with as many jobs as the build host's memory allows
+# (about 9 GB each).
+FROM source-build AS source-flash-attn
+COPY source/flash-attn.txt /tmp/verl-env/source/
+RUN --mount=type=cache,id=verl-env-src-flash-attn-45999b3d5cb9,target=/root/.cache/pip \
+    pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
+    TORCH_CUDA_ARCH_LIST="9.0;10.0;10.3" \
+    SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FLASH_ATTN=2.8.3 \
+    FLASH_ATTENTION_FORCE_BUILD=TRUE \
+    FLASH_ATTN_CUDA_ARCHS="90;100;103" \
+    MAX_JOBS="${MAX_JOBS:-$(awk '/MemAvailable/ {n = int($2 / 9437184); print (n > 0 ? n : 1)}' /proc/meminfo)}" \
+    /opt/venv/bin/pip wheel --no-deps --no-build-isolation --no-binary :all: --require-hashes -w /wheels -r /tmp/verl-env/source/flash-attn.txt
 
 # ---------------------------------------------------------------------------- runtime image
 FROM nvidia/cuda:13.0.2-base-ubuntu24.04 AS runtime
@@ -81,10 +94,10 @@ COPY layers/30-deps.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
 
-# source-built: tensordict, flash-attn (wheels mounted from the
-# source-build stage, never copied into a layer)
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,from=source-build,source=/wheels,target=/tmp/verl-env/built \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode /tmp/verl-env/built/*.whl
+# source-built: tensordict, flash-attn (wheels mounted from
+# their build stages, never copied into a layer)
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,from=source-tensordict,source=/wheels,target=/tmp/verl-env/built/tensordict --mount=type=bind,from=source-flash-attn,source=/wheels,target=/tmp/verl-env/built/flash-attn \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode /tmp/verl-env/built/*/*.whl
 
 # verl: 1 packages
 COPY layers/40-verl.txt /opt/verl-env/layers/
@@ -104,8 +117,9 @@ LABEL org.opencontainers.image.description="NVIDIA Grace (GH200/GB200), aarch64,
       org.verl-env.base="nvidia/cuda:13.0.2-base-ubuntu24.04" \
       org.verl-env.builder="0.1.0" \
       org.verl-env.cuda="13.0" \
+      org.verl-env.gpus="sm_90,sm_100,sm_103" \
       org.verl-env.lock-hash="sha256:6c2de26a4f860d529bc3441db36f65bf780d496f2ac821e024de3f0f3d084d3a" \
-      org.verl-env.matrix-hash="sha256:12b8adfdd746a18ae9ab8a91a05099ca40837410a0760e7f4dc9a13ec94d8e62" \
+      org.verl-env.matrix-hash="sha256:5031ce5a406901c022dddc31458162de790e728e56c18653a0504de46f827a37" \
       org.verl-env.override="false" \
       org.verl-env.pin.flash-attn="2.8.3 (source)" \
       org.verl-env.pin.hydra-core="1.3.2" \
@@ -116,4 +130,6 @@ LABEL org.opencontainers.image.description="NVIDIA Grace (GH200/GB200), aarch64,
       org.verl-env.pin.verl="0.9.1" \
       org.verl-env.pin.vllm="0.24.0" \
       org.verl-env.python="3.12" \
+      org.verl-env.source.flash-attn="sdist sha256:1e71dd64a9e0280e0447b8a0c2541bad4bf6ac65bdeaa2f90e51a9e57de0370d" \
+      org.verl-env.source.tensordict="git v0.10.0 c34264a58b12471dc3e2913ea586b32431872d4c" \
       org.verl-env.target="cuda-arm64"

@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-x86_64 (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-x86_64`.
-# matrix entry sha256:3b2aa7c0a2f1edfff838571efcb3e9fe21edba62baaf3f6c32e38d0e9cd4f1f3, lock sha256:0038e49c7d1d102639d8f318368b059d8a6a4f443e3999e080d9d94361f5eddf
+# matrix entry sha256:226425cc37b6635f959fbb23569597ca3b187d1757038173766135d3db01bec7, lock sha256:0038e49c7d1d102639d8f318368b059d8a6a4f443e3999e080d9d94361f5eddf
 
 # ---------------------------------------------------------------------------- source builds
 # Built in their own stage (compilers stay here); the final stage mounts only the wheels. Only
@@ -29,22 +29,27 @@ RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
 COPY layers/build-tools.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/build-tools.txt
-COPY source/ /tmp/verl-env/source/
-# No build isolation: the extensions must compile against the torch of this very lock. Local
-# sources carry no .git, so setuptools-scm is told each version; CMake finds pybind11 through
-# its own cmake dir.
-# flash-attn: always compiled here (FLASH_ATTENTION_FORCE_BUILD=TRUE: its setup.py would
-# otherwise download an unhashed prebuilt wheel), for this target's GPU architectures, with as
-# many jobs as the build host's memory allows (about 9 GB each).
-# TORCH_CUDA_ARCH_LIST: the GPU architectures torch's cpp_extension compiles any CUDA source for
-# (there is no GPU to detect on a build host).
-RUN pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
-        TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0;12.0" \
-        SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FLASH_ATTN=2.8.3 \
-        FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="80;90;100;120" \
-        MAX_JOBS="${MAX_JOBS:-$(awk '/MemAvailable/ {n = int($2 / 9437184); print (n > 0 ? n : 1)}' /proc/meminfo)}" \
-    /opt/venv/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --no-binary :all: --require-hashes \
-        -r /tmp/verl-env/source/requirements.txt -w /wheels
+# One stage per source package below, so a change to one rebuilds only its own wheel (BuildKit
+# builds the stages side by side); each has its own pip cache, keyed by what its wheel is built
+# against. No build isolation (it must compile against the torch of this very lock); sources
+# carry no .git, so setuptools-scm is told each version; CMake finds pybind11 through its own
+# cmake dir. GPU code is compiled for the target's gpus (sm_80, sm_90, sm_100, sm_103, sm_120): there is
+# no GPU to detect on a build host.
+
+# flash-attn 2.8.3: its sdist on the index (sha256:1e71dd64a9e0280e0447b8a0c2541bad4bf6ac65bdeaa2f90e51a9e57de0370d), hash-checked
+# flash-attn: FLASH_ATTENTION_FORCE_BUILD (its setup.py would otherwise download an unhashed
+# prebuilt wheel), for the target's gpus, with as many jobs as the build host's memory allows
+# (about 9 GB each).
+FROM source-build AS source-flash-attn
+COPY source/flash-attn.txt /tmp/verl-env/source/
+RUN --mount=type=cache,id=verl-env-src-flash-attn-edb06aafa9ff,target=/root/.cache/pip \
+    pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
+    TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0;10.3;12.0" \
+    SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FLASH_ATTN=2.8.3 \
+    FLASH_ATTENTION_FORCE_BUILD=TRUE \
+    FLASH_ATTN_CUDA_ARCHS="80;90;100;103;120" \
+    MAX_JOBS="${MAX_JOBS:-$(awk '/MemAvailable/ {n = int($2 / 9437184); print (n > 0 ? n : 1)}' /proc/meminfo)}" \
+    /opt/venv/bin/pip wheel --no-deps --no-build-isolation --no-binary :all: --require-hashes -w /wheels -r /tmp/verl-env/source/flash-attn.txt
 
 # ---------------------------------------------------------------------------- runtime image
 FROM nvidia/cuda:13.0.2-base-ubuntu24.04 AS runtime
@@ -80,10 +85,10 @@ COPY layers/30-deps.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
 
-# source-built: flash-attn (wheels mounted from the
-# source-build stage, never copied into a layer)
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,from=source-build,source=/wheels,target=/tmp/verl-env/built \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode /tmp/verl-env/built/*.whl
+# source-built: flash-attn (wheels mounted from
+# their build stages, never copied into a layer)
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,from=source-flash-attn,source=/wheels,target=/tmp/verl-env/built/flash-attn \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode /tmp/verl-env/built/*/*.whl
 
 # verl: 1 packages
 COPY layers/40-verl.txt /opt/verl-env/layers/
@@ -103,8 +108,9 @@ LABEL org.opencontainers.image.description="NVIDIA x86_64 (H100/H200/B200), CUDA
       org.verl-env.base="nvidia/cuda:13.0.2-base-ubuntu24.04" \
       org.verl-env.builder="0.1.0" \
       org.verl-env.cuda="13.0" \
+      org.verl-env.gpus="sm_80,sm_90,sm_100,sm_103,sm_120" \
       org.verl-env.lock-hash="sha256:0038e49c7d1d102639d8f318368b059d8a6a4f443e3999e080d9d94361f5eddf" \
-      org.verl-env.matrix-hash="sha256:3b2aa7c0a2f1edfff838571efcb3e9fe21edba62baaf3f6c32e38d0e9cd4f1f3" \
+      org.verl-env.matrix-hash="sha256:226425cc37b6635f959fbb23569597ca3b187d1757038173766135d3db01bec7" \
       org.verl-env.override="false" \
       org.verl-env.pin.flash-attn="2.8.3 (source)" \
       org.verl-env.pin.hydra-core="1.3.2" \
@@ -115,4 +121,5 @@ LABEL org.opencontainers.image.description="NVIDIA x86_64 (H100/H200/B200), CUDA
       org.verl-env.pin.verl="0.9.1" \
       org.verl-env.pin.vllm="0.24.0" \
       org.verl-env.python="3.12" \
+      org.verl-env.source.flash-attn="sdist sha256:1e71dd64a9e0280e0447b8a0c2541bad4bf6ac65bdeaa2f90e51a9e57de0370d" \
       org.verl-env.target="cuda-x86_64"
