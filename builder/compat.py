@@ -120,6 +120,7 @@ def pins_of(target: Target) -> list[tuple[str, str]]:
 
 
 def local_sources(target: Target) -> list[str]:
-    """Packages built from a local directory, archive or URL (they may be absent from the index)."""
+    """Packages built from a source of their own: a git repository, a local directory, an
+    archive or a URL (they may be absent from the index)."""
     return [p.name for p in target.enabled_packages
-            if p.build == "source" and p.source is not None and p.source.kind != "git"]
+            if p.build == "source" and p.source is not None]

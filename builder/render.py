@@ -269,9 +269,9 @@ def source_stages(target: Target, pins: dict[str, Pin], cache_inputs: str
             assert p.source is not None
             name = _source_name(p)
             directory = pin.kind in ("git", "tree")
-            origin = {"git": f"{split_git(p.source.location)[0]} {pin.ref}, commit {pin.value}",
-                      "tree": f"a directory (tree {pin.value})",
-                      "archive": f"an archive ({pin.value})"}[pin.kind]
+            origin = (f"{split_git(p.source.location)[0]} {pin.ref}, commit {pin.value}"
+                      if pin.kind == "git" else f"a directory (tree {pin.value})"
+                      if directory else f"an archive ({pin.value})")
             copy = f"source/{name}/" if directory else f"source/{name}"
             dest = f"{name}/" if directory else ""
             what = f"{SOURCE_DIR}/{name}"

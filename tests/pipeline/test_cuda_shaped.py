@@ -1,0 +1,128 @@
+"""The CUDA-shaped fixture on a real Docker Engine (tests/fixtures/cuda): a `cuda` target whose
+source stage, rendered by the shipped templates, compiles a CUDA extension with the real nvcc of
+the `nvidia-cuda-nvcc` wheel for the declared gpus, beside a package built from a git tag (a
+local repository, pinned to its commit by `lock`) and a hashed sdist from the index; the image
+is built, gated and tagged on this GPU-less host. Then: the same image held to one GPU more is
+refused (device-code coverage), and a moved git tag stops the next build before it starts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.conftest import run_build_env
+from tests.core.test_source_shape import make_site, move_tag
+
+pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]
+TARGET = "cuda-shaped"
+EXT = "verl-env-cuda-ext"
+TIMINGS: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture site in a directory of its own, its git source a local repository, locked
+    (`build-env lock` resolves against the index and pins the git tag to its commit)."""
+    root = tmp_path_factory.mktemp("cuda-site")
+    matrix = make_site(root)
+    t0 = time.monotonic()
+    proc = run_build_env("lock", "--target", TARGET, "--matrix", str(matrix), timeout=600)
+    TIMINGS["lock"] = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr
+    return matrix
+
+
+@pytest.fixture(scope="module")
+def built(site: Path, debian_base: str, ca_bundle: Path,
+          tmp_path_factory: pytest.TempPathFactory) -> dict:
+    workdir = tmp_path_factory.mktemp("cuda-build")
+    t0 = time.monotonic()
+    proc = run_build_env("--target", TARGET, "--matrix", str(site), "--ca-bundle",
+                         str(ca_bundle), "--workdir", str(workdir), "--json", timeout=3600)
+    TIMINGS["pipeline"] = time.monotonic() - t0
+    if proc.returncode != 0:
+        pytest.fail(f"cuda-shaped build failed (exit {proc.returncode}):\n"
+                    f"{proc.stderr[-6000:]}\n{proc.stdout[-4000:]}")
+    report = json.loads(proc.stdout)
+    report["_workdir"] = str(workdir)
+    return report
+
+
+def _checks(report: dict) -> dict[str, dict]:
+    return {c["id"]: c for c in report["checks"]}
+
+
+def test_cuda_shaped_fixture_builds_with_nvcc_and_passes_the_gate(built: dict,
+                                                                  docker_host: str) -> None:
+    assert built["result"] == "pass", built.get("error")
+    assert built["tags"][-1] == f"verl-env:{TARGET}"
+    image = docker.from_env().images.get(f"verl-env:{TARGET}")
+    labels = image.labels
+    assert labels["org.verl-env.gpus"] == "sm_80,sm_90"
+    assert labels["org.verl-env.source.verl-env-gitpkg"].startswith("git v0.1.0 ")
+    assert labels["org.verl-env.source.verl-env-cuda-ext"].startswith("tree sha256:")
+    assert labels["org.verl-env.source.antlr4-python3-runtime"].startswith("sdist sha256:")
+    checks = _checks(built["verification"])
+    for name in (EXT, "verl-env-gitpkg", "antlr4-python3-runtime"):
+        assert checks[f"cpu.source_build.{name}"]["status"] == "pass", checks
+    assert "returned True" in checks[f"cpu.source_build.{EXT}"]["reason"]
+    assert checks["versions.torch_build"]["status"] == "pass", checks["versions.torch_build"]
+    # the extension holds device code for exactly the declared GPUs (read with the image's own
+    # python: the .so's .nv_fatbin section is there, its arch list is the one compiled)
+    out = docker.from_env().containers.run(
+        image.id, ["/opt/venv/bin/python", "-c",
+                   "import verl_env_cuda_ext as m; print(m._kernels.arch_list())"],
+        remove=True, entrypoint=[]).decode().strip()
+    assert out == "8.0;9.0"
+    # nvcc, the build tools and the compilers stayed in the source stages
+    history = " ".join(h.get("CreatedBy", "") for h in image.history())
+    assert "build-essential" not in history and "nvidia-cuda-nvcc" not in history
+    stages = built["stages"]
+    print(f"\ncuda-shaped timings: lock {TIMINGS.get('lock', 0):.0f} s, pipeline "
+          f"{TIMINGS.get('pipeline', 0):.0f} s, build {stages['build'].get('seconds')} s, "
+          f"verify {stages['verify'].get('seconds')} s")
+
+
+def test_one_gpu_too_many_is_refused_naming_the_so(built: dict, site: Path) -> None:
+    """DEPENDS ON the device-code coverage phase (issue 19 item 4, another branch): the image
+    compiled for sm_80/sm_90, held to a target that also declares sm_103, must fail a
+    ``coverage.*`` check naming the extension's shared object."""
+    proc = run_build_env("verify", f"verl-env:{TARGET}", "--target",
+                         "cuda-shaped-one-gpu-too-many", "--matrix", str(site), "--json",
+                         timeout=900)
+    report = json.loads(proc.stdout)
+    coverage = [c for c in report["checks"] if c["id"].startswith("coverage.")]
+    if not coverage:
+        pytest.skip("no coverage.* checks in this self-test (the coverage phase is not merged)")
+    assert proc.returncode == 1, proc.stderr
+    failed = [c for c in coverage if c["status"] == "fail"]
+    assert any("_kernels" in (c.get("reason") or "") and "sm_103" in (c.get("reason") or "")
+               for c in failed), failed
+
+
+def test_moved_git_tag_stops_check_lock_and_build(built: dict, site: Path, ca_bundle: Path,
+                                                   tmp_path: Path) -> None:
+    recorded = json.loads((site.parent / "locks" / f"{TARGET}.sources.json").read_text())
+    commit = recorded["packages"]["verl-env-gitpkg"]["commit"]
+    moved = move_tag(site.parent / "gitpkg.git")
+    assert moved != commit
+    t0 = time.monotonic()
+    proc = run_build_env("--target", TARGET, "--matrix", str(site), "--ca-bundle",
+                         str(ca_bundle), "--workdir", str(tmp_path), "--json", timeout=600)
+    assert proc.returncode != 0
+    text = proc.stderr + proc.stdout
+    for needle in ("verl-env-gitpkg", "'v0.1.0'", commit, moved):
+        assert needle in text, text[-3000:]
+    assert time.monotonic() - t0 < 120  # refused before anything was built
+    check = run_build_env("check", "--target", TARGET, "--matrix", str(site))
+    assert check.returncode == 1 and moved in check.stderr and commit in check.stderr
+    lock = run_build_env("lock", "--target", TARGET, "--matrix", str(site))
+    assert lock.returncode != 0 and moved in lock.stderr and "--repin" in lock.stderr
+    subprocess.run(["git", "-C", str(site.parent / "gitpkg.git"), "tag", "-f", "v0.1.0", commit],
+                   check=True, capture_output=True)
