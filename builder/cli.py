@@ -184,11 +184,25 @@ def _vendor_note(site: Site, t: Any) -> str:
     return " (vendor base, not yet probed)"
 
 
+def _prebuilt_choices(site: Site, t: Any) -> dict[str, dict[str, Any]]:
+    """What `lock` chose per package with prebuilt wheels (a wheel, or a source build, and
+    why); packages it has not decided yet say so."""
+    from builder import prebuilt
+    from builder.lock import lock_path
+
+    record = prebuilt.load_record(lock_path(site.path, t))
+    return {p.name: {k: v for k, v in record.get(p.name, {
+        "choice": "undecided", "why": "not locked yet: run `build-env lock`"}).items()
+        if k != "entries"} for p in prebuilt.with_prebuilt(t)}
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     site = _site(args)
     matrix = site.matrix
     if args.json:
         print(json.dumps({n: {**t.to_dict(), "gpus": list(t.gpus), "entry_hash": t.entry_hash,
+                              **({"prebuilt_choice": _prebuilt_choices(site, t)}
+                                 if _prebuilt_choices(site, t) else {}),
                               **({"base_status": _vendor_note(site, t).strip(" ()")}
                                  if t.base.vendor else {})}
                           for n, t in matrix.targets.items()}, indent=2))
@@ -212,6 +226,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     for r in [cols, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
     print("\n* provided by the base image   (src) built from source   (off) disabled")
+    for t in matrix.targets.values():
+        for name, c in _prebuilt_choices(site, t).items():
+            what = (f"prebuilt wheel {c['filename']}" if c["choice"] == "wheel"
+                    else "source build" if c["choice"] == "source" else "undecided")
+            print(f"{t.name}: {name}: {what} ({c['why']})")
     return 0
 
 

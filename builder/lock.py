@@ -31,7 +31,7 @@ from builder.compat import local_sources, marker_env
 from builder.errors import CompatError, LockError
 from builder.metadata import Snapshot
 from builder.spec import Package, Target
-from builder import sources, vendor
+from builder import prebuilt, sources, vendor
 
 # antlr4-python3-runtime 4.9.3 (hydra-core 1.3's dependency) is sdist-only and pure python:
 # without this exception, binary-only resolution silently downgrades hydra-core to 0.11.3.
@@ -191,6 +191,7 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
     ``repin``), before anything is written."""
     ihash = input_hash(target, snapshot, record)
     git_pins = sources.pin_git(target, out, previous=prefer, repin=repin)
+    wheels = prebuilt.lock_prebuilt(target)  # prebuilt first: a source build only on a miss
     constraints, excludes = vendor.resolution(target, record)
     body, seconds = _uv_compile(
         target, requirements_in(target, snapshot),
@@ -210,6 +211,7 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
     if build_text is not None:
         _write(build_lock_path(out), build_text)
     sources.write_record(out, git_pins)
+    prebuilt.write_record(out, wheels)
     return Lock(out, ihash, text, seconds)
 
 
@@ -243,7 +245,7 @@ def stale_reason(target: Target, snapshot: Snapshot, path: Path) -> str | None:
     if (any(p.build == "source" for p in target.enabled_packages)
             and not build_lock_path(path).exists()):
         return f"no build-tools lock at {build_lock_path(path)}: run `build-env lock`"
-    unpinned = sources.record_problem(target, path)
+    unpinned = sources.record_problem(target, path) or prebuilt.record_problem(target, path)
     if unpinned:
         return unpinned
     if lock.input_hash != input_hash(target, snapshot, record):

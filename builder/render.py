@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from typing import Any
 import jinja2
 
 from builder import __version__
+from builder import prebuilt as prebuilt_wheels
 from builder import vendor as vendor_base
 from builder.errors import RenderError
 from builder.families import family
@@ -71,7 +72,8 @@ def sha256_text(text: str) -> str:
 
 def manifest(target: Target, matrix_hash: str, lock_hash: str,
              base_record: dict[str, Any] | None = None,
-             sources: dict[str, Pin] | None = None) -> dict[str, Any]:
+             sources: dict[str, Pin] | None = None,
+             decided: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """What the image must hold; the self-test asserts it (schema in docs/architecture.md).
     ``gpus``: the GPU architectures the image must run on (the coverage phase holds every ELF
     shared object to them). A vendor base adds the ``base`` section
@@ -90,13 +92,17 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
         "source_builds": sorted(p.name for p in target.enabled_packages if p.build == "source"),
         "gpus": list(target.gpus),
         **({"source_pins": describe(sources)} if sources else {}),
+        # prebuilt first: per package with prebuilt wheels, what `lock` chose and why
+        **({"prebuilt": {n: {k: v for k, v in e.items() if k != "entries"}
+                         for n, e in sorted(decided.items())}} if decided else {}),
         "matrix_hash": matrix_hash, "lock_hash": lock_hash, "override": target.override,
         **({"base": vendor_base.manifest_section(target, base_record)} if base_record else {}),
     }
 
 
 def labels(target: Target, matrix_hash: str, lock_hash: str, ca_hash: str | None,
-           sources: dict[str, Pin] | None = None) -> dict[str, str]:
+           sources: dict[str, Pin] | None = None,
+           decided: dict[str, dict[str, Any]] | None = None) -> dict[str, str]:
     """OCI labels: every pin, provided package, the GPUs, what each source build was built
     from, the matrix and lock hashes."""
     out = {
@@ -120,12 +126,17 @@ def labels(target: Target, matrix_hash: str, lock_hash: str, ca_hash: str | None
         out[f"{LABEL_NS}.gpus"] = ",".join(target.gpus)
     for name, pin in (sources or {}).items():
         out[f"{LABEL_NS}.source.{name}"] = pin.label()
+    for name, entry in (decided or {}).items():
+        out[f"{LABEL_NS}.prebuilt.{name}"] = (
+            f"{entry['filename']} sha256:{entry['sha256']}" if entry["choice"] == "wheel"
+            else "none fits: built from source")
     if ca_hash:
         out[f"{LABEL_NS}.site-ca"] = ca_hash
     return dict(sorted(out.items()))
 
 
 SOURCE_DIR = "/tmp/verl-env/source"
+PREBUILT_DIR = "/tmp/verl-env/prebuilt"
 
 
 def torch_cuda_arch_list(gpus: tuple[str, ...]) -> str:
@@ -303,6 +314,8 @@ def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, 
                       ca_bundle: bool, ca_hash: str | None, wheels: bool,
                       source_builds: list[dict[str, Any]] | None = None,
                       sources: dict[str, Pin] | None = None, templates: Path | None = None,
+                      prebuilt: list[str] | None = None,
+                      decided: dict[str, dict[str, Any]] | None = None,
                       venv_replaced: tuple[str, ...] = (),
                       base_record: dict[str, Any] | None = None) -> str:
     """The Dockerfile. ``source_builds``: one stage per source package (:func:`source_stages`)."""
@@ -325,10 +338,10 @@ def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, 
             apt_build=sorted({*target.apt, *APT_BUILD, f"python{target.python}-dev"}),
             ca_bundle=ca_bundle, wheels=wheels,
             find_links=["/tmp/verl-env/wheels"] if wheels else [],
-            source_builds=source_builds, gpus=list(target.gpus),
+            source_builds=source_builds, gpus=list(target.gpus), prebuilt=prebuilt or [],
             venv_replaced=venv_replaced, vendor=vendor,
             image_env=dict(fam.image_env) if fam else {},
-            labels=labels(target, matrix_hash, lock_hash, ca_hash, sources))
+            labels=labels(target, matrix_hash, lock_hash, ca_hash, sources, decided))
     except jinja2.TemplateError as exc:
         raise RenderError(f"template error: {exc}", target=target.name) from None
 
@@ -351,6 +364,13 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
     locked = parse_lock(lock_text)
     lock_hash = sha256_text(lock_text)
     matrix_hash = target.entry_hash
+    # prebuilt first: a package `lock` found a fitting hashed wheel for is installed from it
+    decided = prebuilt_wheels.load_record(lock_file)
+    chosen = prebuilt_wheels.wheels(target, lock_file)
+    if chosen:
+        target = replace(target, packages=tuple(
+            replace(p, build="wheel", source=None, prebuilt=()) if p.name in chosen else p
+            for p in target.packages))
     engine = target.engine.name if target.engine and target.engine in target.packages else None
     source_names = {p.name for p in target.enabled_packages if p.build == "source"}
     tools = [locked.pop("uv")] if "uv" in locked else []
@@ -389,9 +409,10 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
             target, layers, matrix_hash=matrix_hash, lock_hash=lock_hash,
             ca_bundle=ca_bundle is not None, ca_hash=ca_hash, wheels=bool(wheels),
             source_builds=stages, sources=pins, templates=templates,
+            prebuilt=sorted(chosen), decided=decided,
             venv_replaced=tuple(sorted({"pip", "setuptools", "wheel"} & set(locked))),
             base_record=base_record)
-        man = manifest(target, matrix_hash, lock_hash, base_record, pins)
+        man = manifest(target, matrix_hash, lock_hash, base_record, pins, decided)
         (tmp / "Dockerfile").write_text(dockerfile)
         (tmp / "lock.txt").write_text(lock_text)
         (tmp / "manifest.json").write_text(json.dumps(man, indent=2, sort_keys=True) + "\n")
@@ -399,6 +420,16 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
             (tmp / "base.json").write_text(json.dumps(base_record, indent=2, sort_keys=True)
                                            + "\n")
         (tmp / "layers").mkdir()
+        if chosen:
+            (tmp / "prebuilt").mkdir()
+            lines = []
+            for name, entry in sorted(chosen.items()):
+                wheel = prebuilt_wheels.fetch(target, entry, tmp / "prebuilt")
+                lines.append(f"{name} @ file://{PREBUILT_DIR}/{wheel.name} "
+                             f"--hash=sha256:{entry['sha256']}\n")
+            (tmp / "layers" / "prebuilt.txt").write_text(
+                "# verl-env prebuilt wheels chosen by `build-env lock` (locks/T.prebuilt.json)\n"
+                + "".join(lines))
         (tmp / "layers" / "00-tools.txt").write_text(
             "# verl-env tools: the installer\n" + "".join(p.render() for p in tools))
         for layer in layers:
@@ -421,6 +452,7 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return BuildContext(out, dockerfile, labels(target, matrix_hash, lock_hash, ca_hash, pins), man,
+    return BuildContext(out, dockerfile,
+                        labels(target, matrix_hash, lock_hash, ca_hash, pins, decided), man,
                         lock_hash, {"site-ca": ca_bundle.resolve()} if ca_bundle else {})
 

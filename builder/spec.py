@@ -40,7 +40,7 @@ _BASE_KEYS = {"image", "digest", "glibc", "source_image", "vendor", "interpreter
 # interpreter. ``probe``: inspected with `build-env lock --probe` (locks/T.base.json);
 # ``declared``: taken from the vendor's published Dockerfiles/notes, not yet inspected.
 VENDOR_KINDS = ("probe", "declared")
-_PACKAGE_KEYS = {"version", "extras", "build", "enabled", "import", "source"}
+_PACKAGE_KEYS = {"version", "extras", "build", "enabled", "import", "source", "prebuilt"}
 # How a git source may be fetched (by the build host, at render time: builder.sources).
 GIT_SCHEMES = ("git+https://", "git+ssh://", "git+git://", "git+file://")
 
@@ -74,6 +74,9 @@ class Package:
     import_name: str = ""
     line: int | None = None
     source: Source | None = None  # where a source build gets its code; default: the sdist
+    # hashed wheels tried before a source build (builder.prebuilt): {url, sha256, python, arch}
+    # or {wheelhouse: DIR_OR_INDEX_URL}
+    prebuilt: tuple[dict[str, str], ...] = ()
 
     @property
     def requirement(self) -> str:
@@ -168,6 +171,8 @@ class Target:
                 d["enabled"] = False
             if p.source:
                 d["source"] = p.source.to_value()
+            if p.prebuilt:
+                d["prebuilt"] = [dict(e) for e in p.prebuilt]
             return d
 
         return {
@@ -310,15 +315,58 @@ def _package(ctx: _Ctx, name: str, value: Any, key: str) -> Package:
         source = _source(ctx, value["source"], f"{key}.source") if value.get("source") else None
         if source and build != "source":
             raise ctx.error(f"{key}.source", "a source location needs build: source")
+        prebuilt = _prebuilt(ctx, value.get("prebuilt", []), f"{key}.prebuilt")
+        if prebuilt and build != "source":
+            raise ctx.error(f"{key}.prebuilt", "prebuilt wheels are tried before a source build: "
+                            "they need build: source (what a miss builds)")
         return Package(canonicalize_name(name), ctx.version(value["version"], f"{key}.version"),
                        tuple(sorted(canonicalize_name(e) for e in extras)), build, enabled,
-                       str(value.get("import", "")), ctx.lines.get(key), source)
+                       str(value.get("import", "")), ctx.lines.get(key), source, prebuilt)
     if value is None:
         raise ctx.error(key, f"missing pin: {name} has no version")
     return Package(canonicalize_name(name), ctx.version(value, key), line=ctx.lines.get(key))
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _prebuilt(ctx: _Ctx, value: Any, key: str) -> tuple[dict[str, str], ...]:
+    """``[{url, sha256, python, arch} | {wheelhouse: DIR_OR_INDEX_URL}, ...]``; a relative
+    wheelhouse directory is relative to the matrix file."""
+    if not isinstance(value, list):
+        raise ctx.error(key, "expected a list of {url, sha256, python, arch} or {wheelhouse} "
+                        "entries")
+    out = []
+    for i, entry in enumerate(value):
+        k = f"{key}[{i}]"
+        if not isinstance(entry, dict) or len({"url", "wheelhouse"} & set(entry)) != 1:
+            raise ctx.error(k, "expected {url: WHEEL_URL, sha256: HEX, python: X.Y, arch: ARCH} "
+                            "or {wheelhouse: DIR_OR_INDEX_URL}")
+        if "wheelhouse" in entry:
+            ctx.mapping(entry, k, {"wheelhouse"})
+            where = ctx.string(entry["wheelhouse"], f"{k}.wheelhouse")
+            if "://" not in where and not Path(where).is_absolute() and not ctx.file.startswith(
+                    "--"):
+                where = str((Path(ctx.file).parent / where).resolve())
+            out.append({"wheelhouse": where})
+            continue
+        ctx.mapping(entry, k, {"url", "sha256", "python", "arch"})
+        for req in ("sha256", "python", "arch"):
+            if req not in entry:
+                raise ctx.error(k, f"a prebuilt wheel url needs its {req}")
+        sha = ctx.string(entry["sha256"], f"{k}.sha256").lower()
+        if not _SHA256.fullmatch(sha):
+            raise ctx.error(f"{k}.sha256", "expected 64 hex digits")
+        arch = ctx.string(entry["arch"], f"{k}.arch")
+        if arch not in ARCHES:
+            raise ctx.error(f"{k}.arch", f"must be one of {', '.join(ARCHES)}")
+        url = ctx.string(entry["url"], f"{k}.url")
+        if not url.split("#")[0].endswith(".whl"):
+            raise ctx.error(f"{k}.url", "expected the URL of a .whl file")
+        out.append({"url": url, "sha256": sha, "python": ctx.string(entry["python"],
+                                                                    f"{k}.python"),
+                    "arch": arch})
+    return tuple(out)
 
 
 def _source(ctx: _Ctx, value: Any, key: str) -> Source:
