@@ -24,18 +24,18 @@ from builder.render import render_context
 from builder.spec import load_matrix
 from tests.core.test_source_shape import make_site
 
-PKG = "antlr4-python3-runtime"
-LINE = '      antlr4-python3-runtime: {version: "4.9.3", build: source}'
+PKG = "simplejson"
+LINE = '      simplejson: {version: "4.3.0", build: source}'
 
 
 def _wheel(d: Path, tag: str) -> Path:
-    """A real (small) wheel file of antlr4-python3-runtime 4.9.3 with the given tags."""
+    """A real (small) wheel file of simplejson 4.3.0 with the given tags."""
     d.mkdir(parents=True, exist_ok=True)
-    path = d / f"antlr4_python3_runtime-4.9.3-{tag}.whl"
+    path = d / f"simplejson-4.3.0-{tag}.whl"
     with zipfile.ZipFile(path, "w") as z:
-        z.writestr("antlr4/__init__.py", "")
-        z.writestr("antlr4_python3_runtime-4.9.3.dist-info/METADATA",
-                   "Metadata-Version: 2.1\nName: antlr4-python3-runtime\nVersion: 4.9.3\n")
+        z.writestr("simplejson/__init__.py", "")
+        z.writestr("simplejson-4.3.0.dist-info/METADATA",
+                   "Metadata-Version: 2.1\nName: simplejson\nVersion: 4.3.0\n")
     return path
 
 
@@ -78,7 +78,7 @@ def test_a_fitting_wheel_in_a_wheelhouse_replaces_the_source_build(tmp_path: Pat
     assert "py3-none-any.whl from the wheelhouse" in record[PKG]["why"]
     ctx = _render(matrix, tmp_path / "ctx")
     df = ctx.dockerfile
-    assert "AS source-antlr4-python3-runtime" not in df  # no source build on a hit
+    assert "AS source-simplejson" not in df  # no source build on a hit
     assert "AS source-verl-env-cuda-ext" in df  # the others still build
     assert "--mount=type=bind,source=prebuilt,target=/tmp/verl-env/prebuilt" in df
     assert (ctx.path / "layers" / "prebuilt.txt").read_text().splitlines()[1] == (
@@ -105,10 +105,10 @@ def test_a_miss_is_built_from_source_and_says_why(tmp_path: Path) -> None:
     assert record[PKG]["choice"] == "source"
     why = record[PKG]["why"]
     assert "prebuilt[0] is for python 3.12 on aarch64" in why
-    assert "no wheel of antlr4-python3-runtime 4.9.3 for cp311 on x86_64 among 1" in why
+    assert "no wheel of simplejson 4.3.0 for cp311 on x86_64 among 1" in why
     assert "cp312-cp312-manylinux_2_28_x86_64" in why
     ctx = _render(matrix, tmp_path / "ctx")
-    assert "AS source-antlr4-python3-runtime" in ctx.dockerfile
+    assert "AS source-simplejson" in ctx.dockerfile
     assert "prebuilt.txt" not in ctx.dockerfile
     assert ctx.manifest["prebuilt"][PKG] == {"choice": "source", "why": why}
     assert ctx.labels[f"org.verl-env.prebuilt.{PKG}"] == "none fits: built from source"

@@ -139,7 +139,7 @@ def test_fixture_source_stage_has_the_shape_of_the_shipped_cuda_targets(site: Pa
     fixture = _render(site, "cuda-shaped", tmp_path / "fixture").dockerfile
     shared, per_package = _stages(fixture)
     assert len(per_package) == 3  # the CUDA extension, the git package, the hashed sdist
-    assert "--require-hashes -w /wheels -r /tmp/verl-env/source/antlr4-python3-runtime.txt" \
+    assert "--require-hashes -w /wheels -r /tmp/verl-env/source/simplejson.txt" \
         in fixture
     for name in ("cuda-arm64", "cuda-x86_64"):
         m = load_matrix(REPO / "builder/data/matrix.yaml")

@@ -67,9 +67,9 @@ def test_cuda_shaped_fixture_builds_with_nvcc_and_passes_the_gate(built: dict,
     assert labels["org.verl-env.gpus"] == "sm_80,sm_90"
     assert labels["org.verl-env.source.verl-env-gitpkg"].startswith("git v0.1.0 ")
     assert labels["org.verl-env.source.verl-env-cuda-ext"].startswith("tree sha256:")
-    assert labels["org.verl-env.source.antlr4-python3-runtime"].startswith("sdist sha256:")
+    assert labels["org.verl-env.source.simplejson"].startswith("sdist sha256:")
     checks = _checks(built["verification"])
-    for name in (EXT, "verl-env-gitpkg", "antlr4-python3-runtime"):
+    for name in (EXT, "verl-env-gitpkg", "simplejson"):
         assert checks[f"cpu.source_build.{name}"]["status"] == "pass", checks
     assert "returned True" in checks[f"cpu.source_build.{EXT}"]["reason"]
     assert checks["versions.torch_build"]["status"] == "pass", checks["versions.torch_build"]
