@@ -7,7 +7,8 @@ A package's ``prebuilt:`` list holds, in order of preference:
 * ``{wheelhouse: DIR_OR_URL}``: a site's wheelhouse, a find-links directory (every ``*.whl`` in
   it, hashed here) or a PEP 503 simple index (``URL/NAME/``, each link's ``#sha256=``).
 
-A wheel fits when it is the pinned version of the package, its python tag is the target's
+A wheel fits when it is the pinned version of the package (a local label such as
+``+cu130torch2.11`` allowed when the pin has none), its python tag is the target's
 CPython (``cp312``, or ``py3``/``abi3``), and its platform is the target's arch (``linux_`` or
 a ``manylinux_X_Y`` no newer than the base's glibc). ``lock`` records the choice and why in
 ``locks/T.prebuilt.json``; a hit is installed from that hashed wheel (fetched by the build host
@@ -60,7 +61,11 @@ def fits(filename: str, p: Package, target: Target) -> str | None:
         name, version, _build, tags = parse_wheel_filename(filename)
     except InvalidWheelFilename:
         return "not a wheel file name"
-    if canonicalize_name(name) != p.name or version != Version(p.version):
+    pin = Version(p.version)
+    # a local label (2.8.3+cu130torch2.11: flash-attn's own wheels) is the pinned release when
+    # the pin has none, as the gate holds it (versions.pin)
+    if canonicalize_name(name) != p.name or (version != pin and (
+            pin.local is not None or Version(version.public) != pin)):
         return f"{name} {version}, not {p.name} {p.version}"
     cp = "cp" + target.python.replace(".", "")
     glibc = Version(target.base.glibc or "2.34")

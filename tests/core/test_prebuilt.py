@@ -95,6 +95,26 @@ def test_a_fitting_wheel_in_a_wheelhouse_replaces_the_source_build(tmp_path: Pat
     assert data["cuda-shaped"]["prebuilt_choice"][PKG]["choice"] == "wheel"
 
 
+def test_what_fits() -> None:
+    from builder.spec import Package
+
+    t = load_matrix(make_site_matrix()).target("cuda-shaped")  # python 3.11, x86_64, glibc 2.36
+    p = Package("flash-attn", "2.8.3", build="source")
+    assert prebuilt.fits("flash_attn-2.8.3+cu130torch2.11-cp311-cp311-linux_x86_64.whl", p, t) \
+        is None
+    assert prebuilt.fits("flash_attn-2.8.3-cp311-cp311-manylinux_2_28_x86_64.whl", p, t) is None
+    assert "glibc 2.36" in prebuilt.fits(
+        "flash_attn-2.8.3-cp311-cp311-manylinux_2_39_x86_64.whl", p, t)
+    assert "not flash-attn 2.8.3" in prebuilt.fits(
+        "flash_attn-2.8.2-cp311-cp311-linux_x86_64.whl", p, t)
+    assert prebuilt.fits("flash_attn-2.8.3-cp311-cp311-linux_aarch64.whl", p, t)
+    assert prebuilt.fits("flash_attn-2.8.3-cp312-cp312-linux_x86_64.whl", p, t)
+
+
+def make_site_matrix() -> Path:
+    return Path(__file__).resolve().parents[1] / "fixtures" / "cuda" / "matrix.yaml"
+
+
 def test_a_miss_is_built_from_source_and_says_why(tmp_path: Path) -> None:
     _wheel(tmp_path / "wh", "cp312-cp312-manylinux_2_28_x86_64")
     other = _wheel(tmp_path / "other", "py3-none-any")
