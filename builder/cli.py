@@ -140,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--target", required=True)
     rd.add_argument("--output", type=Path, default=None,
                     help="context directory (default: build/<target>)")
+    rd.add_argument("--no-fetch", action="store_true",
+                    help="do not fetch git and URL sources (the Dockerfile, which names their "
+                         "pinned commits and hashes, is the same; the context is for reading, "
+                         "it cannot be built)")
 
     from builder import verify as verify_mod
 
@@ -330,8 +334,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     lock_text, lock_file = lock_for(site.path, target, snapshot, out.parent)
     ctx = render_context(target, lock_text, snapshot, out, lock_file=lock_file,
                          ca_bundle=args.ca_bundle, templates=args.templates,
-                         base_record=load_record(target, lock_path(site.path, target)))
-    print(f"{target.name}: build context in {ctx.path} (lock {ctx.lock_hash[:19]})")
+                         base_record=load_record(target, lock_path(site.path, target)),
+                         fetch_sources=not args.no_fetch)
+    print(f"{target.name}: build context in {ctx.path} (lock {ctx.lock_hash[:19]})"
+          + (" without its git/URL sources (--no-fetch)" if args.no_fetch else ""))
     return 0
 
 
