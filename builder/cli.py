@@ -266,9 +266,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         problems += [f"{t.where(k)}: targets.{t.name}{'.' + k if k else ''}: {m}"
                      for k, m in sources.problems(t, snapshot, lock)]
         stale = stale_reason(t, snapshot, lock)
-        if stale:
+        if stale and stale != sources.record_problem(t, lock):  # (said per package above)
             problems.append(f"{t.where('')}: targets.{t.name}: {stale}")
-        else:
+        if not stale:
             moved, unconfirmed = sources.moved_refs(t, lock)
             problems += [f"{t.where(k)}: targets.{t.name}.{k}: {m}" for k, m in moved]
             for w in unconfirmed:

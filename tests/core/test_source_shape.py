@@ -221,6 +221,22 @@ def test_a_moved_tag_is_refused_by_check_lock_and_render(site: Path, tmp_path: P
     assert sources.pin_git(t, lock, repin=True)["verl-env-gitpkg"]["commit"] == found
 
 
+def test_an_annotated_tag_is_pinned_to_its_commit(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(FIXTURE / "gitpkg", repo)
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "one")
+    _git(repo, "tag", "-a", "v1", "-m", "release v1")
+    commit = _git(repo, "rev-parse", "HEAD")
+    assert _git(repo, "rev-parse", "v1") != commit  # the tag object
+    assert sources.remote_commit(f"file://{repo}", "v1") == commit
+    branch = _git(repo, "branch", "--show-current")
+    assert sources.remote_commit(f"file://{repo}", branch) == commit  # a branch, as a last resort
+    with pytest.raises(LockError, match="has no tag or branch 'v2'"):
+        sources.remote_commit(f"file://{repo}", "v2")
+
+
 def test_unreachable_git_source_cannot_be_locked(site: Path) -> None:
     t = load_matrix(site).target("cuda-shaped")
     shutil.rmtree(site.parent / "gitpkg.git")
