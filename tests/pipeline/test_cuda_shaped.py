@@ -84,9 +84,52 @@ def test_cuda_shaped_fixture_builds_with_nvcc_and_passes_the_gate(built: dict,
     history = " ".join(h.get("CreatedBy", "") for h in image.history())
     assert "build-essential" not in history and "nvidia-cuda-nvcc" not in history
     stages = built["stages"]
+    assert stages["verify"]["scope"] == "release", stages["verify"]
     print(f"\ncuda-shaped timings: lock {TIMINGS.get('lock', 0):.0f} s, pipeline "
           f"{TIMINGS.get('pipeline', 0):.0f} s, build {stages['build'].get('seconds')} s, "
           f"verify {stages['verify'].get('seconds')} s")
+    _print_steps(stages["build"])
+
+
+def _print_steps(build: dict) -> None:
+    for s in build.get("step_times", []):
+        if s.get("seconds", 0) >= 1 or s["instruction"].startswith("RUN") and "pip wheel" in \
+                s["instruction"]:
+            print(f"  {s['seconds']:7.1f} s  {'cached ' if s['cached'] else ''}[{s['stage']} "
+                  f"{s['at']}] {s['instruction'][:70]}")
+
+
+def _runs(build: dict, stage: str) -> list[dict]:
+    return [s for s in build["step_times"] if s["stage"] == stage
+            and s["instruction"].startswith("RUN")]
+
+
+def test_changing_one_source_rebuilds_only_its_own_stage(built: dict, site: Path,
+                                                         ca_bundle: Path, tmp_path: Path) -> None:
+    """One stage per source package: a changed extension source recompiles that extension
+    only; the git package's and the sdist's compiled wheels come from the build cache."""
+    cu = site.parent / "ext" / "verl_env_cuda_ext" / "kernels.cu"
+    original = cu.read_text()
+    cu.write_text(original + "\n// changed: a new tree hash, a new content tag\n")
+    try:
+        t0 = time.monotonic()
+        proc = run_build_env("--target", TARGET, "--matrix", str(site), "--ca-bundle",
+                             str(ca_bundle), "--workdir", str(tmp_path), "--json", timeout=3600)
+        seconds = time.monotonic() - t0
+    finally:
+        cu.write_text(original)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    report = json.loads(proc.stdout)
+    assert report["tags"][0] != built["tags"][0]  # another content tag
+    build = report["stages"]["build"]
+    for stage in ("source-verl-env-gitpkg", "source-simplejson", "source-build"):
+        runs = _runs(build, stage)
+        assert runs and all(s["cached"] for s in runs), (stage, runs)
+    ext = _runs(build, f"source-{EXT}")
+    assert ext and not any(s["cached"] for s in ext), ext
+    print(f"\nrebuild after one changed source: pipeline {seconds:.0f} s, build "
+          f"{build['seconds']} s ({build['cache_hits']} cached steps)")
+    _print_steps(build)
 
 
 def test_one_gpu_too_many_is_refused_naming_the_so(built: dict, site: Path) -> None:
