@@ -149,8 +149,14 @@ def torch_cuda_arch_list(gpus: tuple[str, ...]) -> str:
 
 
 def flash_attn_cuda_archs(gpus: tuple[str, ...]) -> str:
-    """``sm_80, sm_100`` -> ``80;100`` (flash-attn's setup.py reads FLASH_ATTN_CUDA_ARCHS)."""
-    return ";".join(dict.fromkeys(g[3:].rstrip("af") for g in gpus))
+    """``sm_80, sm_100, sm_103`` -> ``80;100`` (FLASH_ATTN_CUDA_ARCHS). flash-attn 2.8's setup.py
+    knows 80, 90, 100, 110 and 120 and builds Blackwell per family (``compute_100f``: sm_100
+    and sm_103 alike), so a Blackwell GPU names its family; other values it would ignore."""
+    out = []
+    for g in gpus:
+        digits = g[3:].rstrip("af")
+        out.append(digits[:-1] + "0" if int(digits) >= 100 else digits)
+    return ";".join(dict.fromkeys(out))
 
 
 def gpu_env(target: Target) -> list[tuple[str, str]]:

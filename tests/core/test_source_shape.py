@@ -287,9 +287,11 @@ def test_one_gpu_list_drives_every_arch_list(site: Path, tmp_path: Path) -> None
         == "8.0;9.0;10.0;10.3;12.0"
     assert torch_cuda_arch_list(("sm_90a", "sm_100f")) == "9.0a;10.0f"
     assert flash_attn_cuda_archs(("sm_80", "sm_90a", "sm_90")) == "80;90"
+    # flash-attn builds Blackwell per family (compute_100f covers sm_100 and sm_103)
+    assert flash_attn_cuda_archs(("sm_100", "sm_103", "sm_120", "sm_121")) == "100;120"
     golden = (REPO / "tests/golden/cuda-x86_64.Dockerfile").read_text()
     assert golden.count('TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0;10.3;12.0"') == 1
-    assert 'FLASH_ATTN_CUDA_ARCHS="80;90;100;103;120"' in golden
+    assert 'FLASH_ATTN_CUDA_ARCHS="80;90;100;120"' in golden
     arm = (REPO / "tests/golden/cuda-arm64.Dockerfile").read_text()
     assert arm.count('TORCH_CUDA_ARCH_LIST="9.0;10.0;10.3"') == 2  # tensordict, flash-attn
     # no second list: the templates name no architecture at all

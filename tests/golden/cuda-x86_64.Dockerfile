@@ -47,7 +47,7 @@ RUN --mount=type=cache,id=verl-env-src-flash-attn-edb06aafa9ff,target=/root/.cac
     TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0;10.3;12.0" \
     SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FLASH_ATTN=2.8.3 \
     FLASH_ATTENTION_FORCE_BUILD=TRUE \
-    FLASH_ATTN_CUDA_ARCHS="80;90;100;103;120" \
+    FLASH_ATTN_CUDA_ARCHS="80;90;100;120" \
     MAX_JOBS="${MAX_JOBS:-$(awk '/MemAvailable/ {n = int($2 / 9437184); print (n > 0 ? n : 1)}' /proc/meminfo)}" \
     /opt/venv/bin/pip wheel --no-deps --no-build-isolation --no-binary :all: --require-hashes -w /wheels -r /tmp/verl-env/source/flash-attn.txt
 
