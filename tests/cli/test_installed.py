@@ -78,6 +78,13 @@ def test_init_writes_a_site_that_checks_and_renders(tmp_path: Path) -> None:
                          "--output", str(tmp_path / "ctx"), cwd=site)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "ctx" / "Dockerfile").read_text().startswith("# site template")
+    # render --output . inside the site refuses and leaves the site as it was (it once wiped it)
+    (site / ".git").mkdir()
+    listing = sorted(str(p.relative_to(site)) for p in site.rglob("*"))
+    proc = run_build_env("render", "--target", "cuda-x86_64", "--output", ".", cwd=site)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "did not write" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(str(p.relative_to(site)) for p in site.rglob("*")) == listing
     # a second init never overwrites a site
     before = (site / "matrix.yaml").read_text()
     proc = run_build_env("init", str(site))
