@@ -131,3 +131,29 @@ def test_lock_a_site_copy_of_the_fixture(tmp_path: Path) -> None:
     assert "verl==0.9.1" in ours and "--hash=sha256:" in ours
     proc = run_build_env("check", "--target", "cpu-x86_64", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.network
+def test_check_online_on_a_fresh_init_site_and_a_new_target(tmp_path: Path) -> None:
+    """The README's site workflow starts with `check --online`: on an unchanged init site it
+    passes (the ROCm target's provided, vendor-local torch/vLLM are never looked up on the
+    index), and a target just added with no lock yet is named for `lock`, not failed."""
+    site = tmp_path / "site"
+    assert run_build_env("init", str(site)).returncode == 0
+    proc = run_build_env("check", "--online", cwd=site)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "is not on the index" not in proc.stderr
+    matrix = site / "matrix.yaml"
+    text = matrix.read_text()
+    added = text.replace("\n  cuda-arm64:\n", "\n  cuda-x86_64-copy:\n" + text.split(
+        "\n  cuda-x86_64:\n", 1)[1].split("\n  cuda-arm64:\n", 1)[0] + "\n  cuda-arm64:\n", 1)
+    assert added != text
+    matrix.write_text(added)
+    proc = run_build_env("check", "--online", "--target", "cuda-x86_64-copy",
+                         "--target", "rocm-mi300", cwd=site)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "cuda-x86_64-copy: ok, not locked" in proc.stdout
+    assert "build-env lock --target cuda-x86_64-copy" in proc.stdout
+    assert "rocm-mi300: ok" in proc.stdout  # both named targets are checked
+    proc = run_build_env("check", "--locked", "--target", "cuda-x86_64-copy", cwd=site)
+    assert proc.returncode == 1 and "no lock at" in proc.stderr

@@ -37,7 +37,8 @@ def test_render_command_writes_the_context(tmp_path: Path,
     assert (out / "Dockerfile").read_text() == (REPO / "tests/golden/cuda-x86_64.Dockerfile"
                                                 ).read_text()
     assert sorted(p.name for p in out.iterdir()) == [
-        "Dockerfile", "layers", "lock.txt", "manifest.json", "selftest", "source"]
+        ".verl-env-context", "Dockerfile", "layers", "lock.txt", "manifest.json", "selftest",
+        "source"]
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -117,10 +117,15 @@ def test_conflict_example_from_the_issue(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_good_matrix_checks_but_has_no_lock(workdir: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = _run(workdir, GOOD, "check", capsys=capsys)
-    assert code == 1  # compatible pins, but no lock yet: check says so
+    code, err = _run(workdir, GOOD, "check", "--locked", capsys=capsys)
+    assert code == 1  # compatible pins, but no lock yet: --locked makes that an error
     assert "no lock at locks/t.txt" in err
     assert "pinned by tag only" in err  # tag-only base warns
+    # without --locked the missing lock is named as the next step: `check && lock` goes on
+    code = main(["check", "--matrix", str(workdir / "matrix.yaml")])
+    out = capsys.readouterr().out
+    assert code == 0 and "t: ok, not locked: no lock at" in out
+    assert "build-env lock --target t" in out
 
 
 def test_repository_matrix_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
