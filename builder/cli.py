@@ -133,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="vendor bases: inspect the base through the engine first and record "
                          "its interpreter and freeze in locks/T.base.json")
     lk.add_argument("--offline", action="store_true", help="resolve from uv's cache only")
+    lk.add_argument("--upgrade", action="store_true",
+                    help="move every pin to its newest allowed version (default: the existing "
+                         "lock's versions are kept wherever the matrix allows)")
+    lk.add_argument("--upgrade-package", dest="upgrade_packages", action="append", default=[],
+                    metavar="NAME", help="move this package (repeatable); everything else stays")
+    lk.add_argument("--json", action="store_true",
+                    help="print each target's lock and what moved as JSON")
 
     rd = sub.add_parser("render", help="write the build context without building")
     _common(rd)
@@ -279,20 +286,47 @@ def _base_record(t: Any, lock_file: Path, probe: bool) -> dict[str, Any] | None:
 
 def cmd_lock(args: argparse.Namespace) -> int:
     from builder.compat import check_target
-    from builder.lock import compile_lock, lock_path, parse_lock
+    from packaging.utils import canonicalize_name as canonical
+
+    from builder.errors import LockError
+    from builder.lock import compile_lock, lock_path, moved_pins, parse_lock
 
     site = _site(args)
     targets = site.targets([args.target] if args.target else None)
     snapshot = site.snapshot(targets)
+    results = []
+    for t in targets:  # every named package must be in the lock or the matrix: checked first
+        known = {p.name for p in t.enabled_packages}
+        if lock_path(site.path, t).is_file():
+            known |= set(parse_lock(lock_path(site.path, t).read_text()))
+        unknown = sorted(set(map(canonical, args.upgrade_packages)) - set(map(canonical, known)))
+        if unknown:
+            raise LockError(f"--upgrade-package {', '.join(unknown)}: not in the lock or the "
+                            "matrix", target=t.name)
     for t in targets:
         problems = check_target(t, snapshot)
         if problems:
             raise CompatError("; ".join(str(p) for p in problems), target=t.name)
-        record = _base_record(t, lock_path(site.path, t), args.probe)
-        lock = compile_lock(t, snapshot, lock_path(site.path, t), offline=args.offline,
-                            record=record)
+        path = lock_path(site.path, t)
+        record = _base_record(t, path, args.probe)
+        before = path.read_text() if path.is_file() else None
+        if not args.json:
+            print(f"{t.name}: resolving with uv ...", file=sys.stderr, flush=True)
+        lock = compile_lock(t, snapshot, path, offline=args.offline, record=record,
+                            prefer=None if args.upgrade else path,
+                            upgrade_packages=tuple(args.upgrade_packages))
+        moved = moved_pins(before, lock.text)
+        results.append({"target": t.name, "lock": str(lock.path), "seconds": round(lock.seconds, 2),
+                        "packages": len(parse_lock(lock.text)), "unchanged": lock.text == before,
+                        "moved": [{"name": n, "old": o, "new": v} for n, o, v in moved]})
+        if args.json:
+            continue
         print(f"{t.name}: {lock.path} ({len(parse_lock(lock.text))} packages, "
-              f"{lock.seconds:.1f} s)")
+              f"{lock.seconds:.1f} s){', unchanged' if lock.text == before else ''}")
+        for name, old, new in moved:
+            print(f"  {name} {old or '(new)'} -> {new or '(removed)'}")
+    if args.json:
+        print(json.dumps({"schema": "verl-env/lock-result/v1", "targets": results}, indent=2))
     return 0
 
 

@@ -8,12 +8,15 @@ locks) fails these tests.
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from builder.lock import parse_lock
 from tests.conftest import FIXTURE, OUTSIDE, REPO, installed_build_env, run_build_env
 
 GOLDEN = REPO / "tests" / "golden"
@@ -131,6 +134,32 @@ def test_lock_a_site_copy_of_the_fixture(tmp_path: Path) -> None:
     assert "verl==0.9.1" in ours and "--hash=sha256:" in ours
     proc = run_build_env("check", "--target", "cpu-x86_64", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # stable: a re-lock with no change is byte-identical, and says so
+    proc = run_build_env("lock", "--target", "cpu-x86_64", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "unchanged" in proc.stdout and (tmp_path / "locks/cpu-x86_64.txt").read_text() == ours
+    # an older pin the matrix allows is kept (the existing lock is uv's preference) ...
+    newest = re.search(r"^idna==(\S+) ", ours, re.M).group(1)
+    lock = tmp_path / "locks/cpu-x86_64.txt"
+    lock.write_text(ours.replace(f"idna=={newest} ", "idna==3.10 "))
+    proc = run_build_env("lock", "--target", "cpu-x86_64", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0 and "idna==3.10 " in lock.read_text(), proc.stderr
+    kept = lock.read_text()
+    # ... until asked: --upgrade-package moves only what it names, and prints the move
+    proc = run_build_env("lock", "--target", "cpu-x86_64", "--upgrade-package", "idna",
+                         "--json", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    [result] = json.loads(proc.stdout)["targets"]
+    [move] = result["moved"]
+    assert move["name"] == "idna" and move["old"] == "3.10" and move["new"] != "3.10"
+    assert json.loads(proc.stdout)["schema"] == "verl-env/lock-result/v1"
+    before, after = parse_lock(kept), parse_lock(lock.read_text())
+    assert {n for n in before.keys() | after.keys()
+            if getattr(before.get(n), "version", None) != getattr(after.get(n), "version", None)
+            } == {"idna"}
+    proc = run_build_env("lock", "--target", "cpu-x86_64", "--upgrade-package", "no-such-pkg",
+                         cwd=tmp_path)
+    assert proc.returncode == 2 and "no-such-pkg" in proc.stderr and "Traceback" not in proc.stderr
 
 
 @pytest.mark.network
