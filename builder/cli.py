@@ -9,12 +9,14 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from builder import __version__
+from builder.argtypes import non_negative_int, positive_float, positive_int
 from builder.errors import BuildEnvError, CompatError
 from builder.targets import Site, default_matrix, init_site, open_site, resolve_target
 
@@ -60,7 +62,7 @@ def _build_options(p: argparse.ArgumentParser) -> None:
     which.add_argument("--target", dest="targets", action="append",
                        help="matrix target to build (repeat for several, built concurrently)")
     which.add_argument("--all", action="store_true", help="build every target of the matrix")
-    p.add_argument("--jobs", type=int, default=None, metavar="N",
+    p.add_argument("--jobs", type=positive_int, default=None, metavar="N",
                    help="targets built at once (default: all of them)")
     p.add_argument("--tag-prefix", default="verl-env", metavar="REPO",
                    help="repository for release tags (default: verl-env)")
@@ -73,10 +75,10 @@ def _build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="stream the build output")
     p.add_argument("--network", default="host",
                    help="network for build steps (default: host; 'default' for the daemon's)")
-    p.add_argument("--verify-timeout", type=float, default=900)
+    p.add_argument("--verify-timeout", type=positive_float, default=900, metavar="SECONDS")
     p.add_argument("--gpus", choices=["auto", "nvidia", "amd", "none"], default="auto",
                    help="GPUs handed to the verification container (auto: what the host has)")
-    p.add_argument("--expect-gpus", type=int, default=None, metavar="N",
+    p.add_argument("--expect-gpus", type=non_negative_int, default=None, metavar="N",
                    help="GPUs the gate must see (default: what the engine's host shows for the "
                         "target's family; 0 for an emulated build)")
     p.add_argument("--reverify", action="store_true",
@@ -431,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if getattr(args, "matrix", "unset") is None:  # modules that read args.matrix get the default
         args.matrix = default_matrix()
+    previous = signal.signal(signal.SIGTERM, _terminated)  # cleanup runs as for Ctrl-C
     try:
         return _dispatch(args)(args)
     except BuildEnvError as exc:
@@ -439,3 +442,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # an unwritable or missing path, a full disk: no traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    """SIGTERM raises KeyboardInterrupt: children (uv, docker) are stopped and temporary files
+    removed by the same code that handles Ctrl-C."""
+    raise KeyboardInterrupt(f"signal {signum}")
