@@ -152,7 +152,7 @@ def test_lock_a_site_copy_of_the_fixture(tmp_path: Path) -> None:
     [result] = json.loads(proc.stdout)["targets"]
     [move] = result["moved"]
     assert move["name"] == "idna" and move["old"] == "3.10" and move["new"] != "3.10"
-    assert json.loads(proc.stdout)["schema"] == "verl-env/lock-result/v1"
+    assert json.loads(proc.stdout)["schema"] == "verl-env/lock/v1"
     before, after = parse_lock(kept), parse_lock(lock.read_text())
     assert {n for n in before.keys() | after.keys()
             if getattr(before.get(n), "version", None) != getattr(after.get(n), "version", None)
