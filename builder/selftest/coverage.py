@@ -188,10 +188,14 @@ def check_coverage(run: Run, roots: list[str] | None = None) -> list[Check]:
              round(elapsed, 3), "gpus": gpus, "table": table(libs, gpus)}
     dists = sorted({lib.dist for lib in libs})
     checks = [Check(f"{PHASE}.scan", PHASE, PASS, value=value, duration_s=elapsed,
-                    reason=f"{files} ELF files, {len(libs)} with {run.accelerator} device code, "
-                           f"{len(dists)} distributions, in {elapsed:.2f} s")]
+                    reason=f"{_n(files, 'ELF file')}, {len(libs)} with {run.accelerator} "
+                           f"device code, {_n(len(dists), 'distribution')}, in {elapsed:.2f} s")]
     checks += [decide_dist(d, [lib for lib in libs if lib.dist == d], gpus) for d in dists]
     return checks
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def plan(run: Run) -> list[Step]:
