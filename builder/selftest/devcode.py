@@ -24,8 +24,9 @@ HIP offload bundle (clang's ``clang-offload-bundler``, LLVM ``OffloadBundler.cpp
 triple_len, triple``. The compressed form (``"CCOB"``) has ``u16 version, u16 method`` (0 zlib,
 1 zstd), then v1 ``u32 uncompressed, u64 hash``; v2 ``u32 total, u32 uncompressed, u64 hash``;
 v3 ``u64 total, u64 uncompressed, u64 hash``; the bundle (triples included) is inside the
-compressed payload. zlib is in the stdlib; zstd needs ``compression.zstd`` (Python 3.14) or the
-``zstandard`` module, otherwise the bundle is reported as unreadable (never as covered).
+compressed payload, and only its start is decompressed: zlib by the stdlib, zstd by
+``compression.zstd`` (Python 3.14) or ``zstandard`` when present, else by the pure-Python
+:mod:`.zstdprefix`. A payload none of them can read is reported, never taken as covered.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 from typing import Callable
+
+from .zstdprefix import decompress_prefix
 
 ELF_MAGIC = b"\x7fELF"
 CUDA_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
@@ -245,7 +248,9 @@ def parse_triple(triple: str) -> HipImage | None:
     return HipImage(triple, m.group(1) + m.group(2))
 
 
-def _zstd() -> Callable[[bytes, int], bytes] | None:
+def _zstd() -> Callable[[bytes, int], bytes]:
+    """The first ``n`` bytes of a zstd frame: ``compression.zstd`` (Python 3.14) or the
+    ``zstandard`` module when the interpreter has one, else the pure-Python prefix decoder."""
     try:
         from compression import zstd as czstd  # type: ignore[import-not-found]  # Python 3.14
 
@@ -255,7 +260,7 @@ def _zstd() -> Callable[[bytes, int], bytes] | None:
     try:
         import zstandard  # type: ignore[import-not-found]
     except ImportError:
-        return None
+        return decompress_prefix
 
     def dec(data: bytes, n: int) -> bytes:
         reader = zstandard.ZstdDecompressor().stream_reader(data)
@@ -338,23 +343,24 @@ def _ccob(fd: int, pos: int, head: bytes, where: str) -> tuple[list[HipImage], i
     if version == 1:
         return [], 0, (f"{where}: compressed bundle version 1 does not record its size; "
                        "cannot read it without reading to the end of the section")
-    data = os.pread(fd, total - st.size, pos + st.size)
-    want = min(usize, _MAX_HEADER)
-    if method == 0:
-        plain = zlib.decompressobj().decompress(data, want)
-    elif method == 1:
-        dec = _zstd()
-        if dec is None:
-            return [], total, (f"{where}: zstd-compressed offload bundle and this Python has "
-                               "no zstd decoder (compression.zstd or zstandard)")
-        plain = dec(data, want)
-    else:
+    if method not in (0, 1):
         return [], total, f"{where}: compressed bundle method {method} not understood"
-    try:
-        images, _ = _bundle_header(plain, where)
-    except DevcodeError as e:
-        return [], total, str(e)
-    return images, total, None
+    decode = _zstd() if method == 1 else (lambda d, n: zlib.decompressobj().decompress(d, n))
+    avail = total - st.size
+    # The entry table is a few KiB at the start of the payload: read and decompress little,
+    # more only when that was not enough.
+    error: Exception | None = None
+    for clen, want in ((1 << 16, 1 << 12), (1 << 20, 1 << 16), (avail, _MAX_HEADER)):
+        clen, want = min(clen, avail), min(want, usize)
+        try:
+            images, _ = _bundle_header(decode(os.pread(fd, clen, pos + st.size), want), where)
+            return images, total, None
+        except Exception as e:  # noqa: BLE001 - any decoder's error: unreadable, never covered
+            error = e
+        if clen == avail and want == min(usize, _MAX_HEADER):
+            break
+    return [], total, (f"{where}: {('zlib', 'zstd')[method]} payload not readable: "
+                       f"{type(error).__name__}: {error}")
 
 
 # --------------------------------------------------------------------------- one file

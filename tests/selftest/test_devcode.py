@@ -101,13 +101,24 @@ def test_reads_hip_bundles(tmp_path: Path, form: str) -> None:
                                             "gfx11-generic", "gfx950"]
 
 
-def test_zstd_bundle_without_decoder_is_a_problem(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(devcode, "_zstd", lambda: None)
-    sec = ccob(bundle(TRIPLES), 3, method=1, compressed=b"\x28\xb5\x2f\xfd" + b"\0" * 40)
+def raw_zstd(data: bytes) -> bytes:
+    """A zstd frame holding ``data`` in one raw block (single segment, 8-byte content size)."""
+    return (b"\x28\xb5\x2f\xfd" + bytes([0xE0]) + len(data).to_bytes(8, "little")
+            + ((len(data) << 3) | 1).to_bytes(3, "little") + data)
+
+
+def test_zstd_bundles_pure_python_and_unreadable(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(devcode, "_zstd", lambda: devcode.decompress_prefix)
+    plain = bundle(TRIPLES)
+    sec = ccob(plain, 3, method=1, compressed=raw_zstd(plain))
     code = read_device_code(write(tmp_path, "z.so", elf({".hip_fatbin": sec})))
-    assert code is not None and not code.hip and "no zstd decoder" in code.problems[0]
-    v1 = ccob(bundle(TRIPLES), 1, method=0)
+    assert code is not None and not code.problems and len(code.hip) == 4
+    corrupt = ccob(plain, 3, method=1, compressed=b"\x28\xb5\x2f\xfd" + b"\0" * 40)
+    code = read_device_code(write(tmp_path, "bad.so", elf({".hip_fatbin": corrupt})))
+    assert code is not None and not code.hip
+    assert "zstd payload not readable: ZstdError" in code.problems[0]
+    v1 = ccob(plain, 1, method=0)
     code = read_device_code(write(tmp_path, "v1.so", elf({".hip_fatbin": v1})))
     assert code is not None and "version 1" in code.problems[0]
 
@@ -258,8 +269,8 @@ def test_phase_rocm_and_skips(tmp_path: Path) -> None:
 
 
 def test_unreadable_library_is_a_required_skip() -> None:
-    lib = Library("pkg", "pkg/x.so", [], problems=[".hip_fatbin+0x0: no zstd decoder"])
+    lib = Library("pkg", "pkg/x.so", [], problems=[".hip_fatbin+0x0: zstd payload not readable"])
     c = decide_dist("pkg", [lib], ["gfx942"])
-    assert c.status == "skip" and c.required and "no zstd decoder" in c.reason
+    assert c.status == "skip" and c.required and "zstd payload not readable" in c.reason
     libs, files = scan([], "cuda", ["sm_80"])
     assert libs == [] and files == 0
