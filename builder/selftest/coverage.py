@@ -41,6 +41,9 @@ class Library:
     images: list[str]  # distinct image names, e.g. sm_80, sm_90a, compute_90, gfx942
     decisions: dict[str, Decision] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    # GPU -> (fat binaries / bundles with no code for it, all of them), where the library as a
+    # whole does run there: kernels of some translation units were built for other GPUs only
+    gaps: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def site_dirs() -> list[str]:
@@ -94,10 +97,25 @@ def images_for(code: DeviceCode, accelerator: str) -> list[str]:
 
 
 def decide(code: DeviceCode, accelerator: str, gpus: list[str]) -> dict[str, Decision]:
-    """Per GPU, how the library's code runs there."""
+    """Per GPU, how the library's code runs there (the best of all its images)."""
     if accelerator == "cuda":
         return {g: decide_cuda(code.cuda, g) for g in gpus}
     return {g: decide_rocm(code.hip, g) for g in gpus}
+
+
+def gaps(code: DeviceCode, accelerator: str, decisions: dict[str, Decision]) -> \
+        dict[str, tuple[int, int]]:
+    """Per GPU the library runs on, how many of its fat binaries (bundles) have no code for it."""
+    out = {}
+    groups: list[Any] = code.cuda_groups if accelerator == "cuda" else code.hip_groups
+    rule: Any = decide_cuda if accelerator == "cuda" else decide_rocm
+    for g, d in decisions.items():
+        if d.status == NONE or len(groups) < 2:
+            continue
+        lacking = sum(1 for grp in groups if grp and rule(grp, g).status == NONE)
+        if lacking:
+            out[g] = (lacking, len(groups))
+    return out
 
 
 def scan(roots: list[str], accelerator: str, gpus: list[str]) -> tuple[list[Library], int]:
@@ -130,6 +148,7 @@ def scan(roots: list[str], accelerator: str, gpus: list[str]) -> tuple[list[Libr
                           problems=list(code.problems))
             if imgs:
                 lib.decisions = decide(code, accelerator, gpus)
+                lib.gaps = gaps(code, accelerator, lib.decisions)
             libs.append(lib)
     libs.sort(key=lambda lib: (lib.dist, lib.path))
     return libs, files
@@ -169,10 +188,19 @@ def decide_dist(dist: str, libs: list[Library], gpus: list[str]) -> Check:
 
 
 def table(libs: list[Library], gpus: list[str]) -> list[dict[str, Any]]:
-    """The coverage table: one row per library."""
-    return [{"dist": lib.dist, "library": lib.path, "code": lib.images,
-             "gpus": {g: _status(lib, g) if lib.images else "unreadable" for g in gpus},
-             **({"problems": lib.problems} if lib.problems else {})} for lib in libs]
+    """The coverage table: one row per library (``gaps``: GPU -> "n/m" fat binaries of a
+    library that runs there which have no code for it)."""
+    rows = []
+    for lib in libs:
+        row: dict[str, Any] = {"dist": lib.dist, "library": lib.path, "code": lib.images,
+                               "gpus": {g: _status(lib, g) if lib.images else "unreadable"
+                                        for g in gpus}}
+        if lib.gaps:
+            row["gaps"] = {g: f"{n}/{m}" for g, (n, m) in lib.gaps.items()}
+        if lib.problems:
+            row["problems"] = lib.problems
+        rows.append(row)
+    return rows
 
 
 def check_coverage(run: Run, roots: list[str] | None = None) -> list[Check]:

@@ -94,17 +94,32 @@ class HipImage:
 
 @dataclass
 class DeviceCode:
-    """What one shared object carries."""
+    """What one shared object carries: its images grouped by fat binary container / offload
+    bundle (one per translation unit, as the compiler wrote them)."""
 
-    cuda: list[CudaImage] = field(default_factory=list)  # every entry, in file order
-    hip: list[HipImage] = field(default_factory=list)
-    containers: int = 0  # CUDA fat binary containers / HIP bundles read
+    cuda_groups: list[list[CudaImage]] = field(default_factory=list)
+    hip_groups: list[list[HipImage]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # what could not be read, and why
+
+    @property
+    def cuda(self) -> list[CudaImage]:
+        """Every CUDA image, in file order."""
+        return [i for g in self.cuda_groups for i in g]
+
+    @property
+    def hip(self) -> list[HipImage]:
+        """Every HIP code object, in file order."""
+        return [i for g in self.hip_groups for i in g]
+
+    @property
+    def containers(self) -> int:
+        """Fat binary containers and offload bundles read."""
+        return len(self.cuda_groups) + len(self.hip_groups)
 
     @property
     def empty(self) -> bool:
         """No device code found (and nothing that looked like it failed to read)."""
-        return not (self.cuda or self.hip or self.problems)
+        return not (self.cuda_groups or self.hip_groups or self.problems)
 
 
 # --------------------------------------------------------------------------- ELF
@@ -187,12 +202,11 @@ def _find(fd: int, magics: tuple[bytes, ...], start: int, end: int, align: int) 
 # --------------------------------------------------------------------------- CUDA
 
 
-def read_fatbins(fd: int, sec: Section) -> tuple[list[CudaImage], int]:
-    """Every entry of every fat binary container in a section, and the container count."""
-    images: list[CudaImage] = []
+def read_fatbins(fd: int, sec: Section) -> list[list[CudaImage]]:
+    """The entries of every fat binary container in a section, one list per container."""
+    groups: list[list[CudaImage]] = []
     end = sec.offset + sec.size
     pos = sec.offset
-    containers = 0
     while pos + _CONTAINER.size <= end:
         head = _pread(fd, _CONTAINER.size, pos)
         magic, version, hsize, size = _CONTAINER.unpack(head)
@@ -206,10 +220,9 @@ def read_fatbins(fd: int, sec: Section) -> tuple[list[CudaImage], int]:
             raise DevcodeError(f"{sec.name}+{pos - sec.offset:#x}: fat binary header "
                                f"(version {version}, header {hsize}, size {size}) runs past "
                                "the section")
-        containers += 1
-        images += _entries(fd, sec, pos + hsize, pos + hsize + size)
+        groups.append(_entries(fd, sec, pos + hsize, pos + hsize + size))
         pos += hsize + size
-    return images, containers
+    return groups
 
 
 def _entries(fd: int, sec: Section, pos: int, end: int) -> list[CudaImage]:
@@ -299,13 +312,13 @@ def _bundle_header(data: bytes, where: str) -> tuple[list[HipImage], int]:
     return images, end
 
 
-def read_bundles(fd: int, sec: Section) -> tuple[list[HipImage], int, list[str]]:
-    """Every code object target of every offload bundle in a ``.hip_fatbin`` section."""
-    images: list[HipImage] = []
+def read_bundles(fd: int, sec: Section) -> tuple[list[list[HipImage]], list[str]]:
+    """The code object targets of every offload bundle in a ``.hip_fatbin`` section, one list
+    per bundle, and what could not be read."""
+    groups: list[list[HipImage]] = []
     problems: list[str] = []
     end = sec.offset + sec.size
     pos = sec.offset
-    count = 0
     while pos < end:
         head = os.pread(fd, min(4096, end - pos), pos)
         where = f"{sec.name}+{pos - sec.offset:#x}"
@@ -313,15 +326,14 @@ def read_bundles(fd: int, sec: Section) -> tuple[list[HipImage], int, list[str]]
             n, = struct.unpack_from("<Q", head, 24) if len(head) >= 32 else (0,)
             want = min(32 + n * 320, _MAX_HEADER, end - pos)  # triples are short
             imgs, size = _bundle_header(os.pread(fd, want, pos), where)
-            images += imgs
-            count += 1
+            groups.append(imgs)
             nxt = pos + max(size, 32)
         elif head.startswith(CCOB_MAGIC):
             imgs, size, problem = _ccob(fd, pos, head, where)
-            images += imgs
-            count += 1
             if problem:
                 problems.append(problem)
+            else:
+                groups.append(imgs)
             nxt = pos + size if size else pos + 8
         else:
             nxt = pos + 1
@@ -329,7 +341,7 @@ def read_bundles(fd: int, sec: Section) -> tuple[list[HipImage], int, list[str]]
         if found is None:
             break
         pos = found
-    return images, count, problems
+    return groups, problems
 
 
 def _ccob(fd: int, pos: int, head: bytes, where: str) -> tuple[list[HipImage], int, str | None]:
@@ -383,13 +395,10 @@ def read_device_code(path: str) -> DeviceCode | None:
         for sec in sections:
             try:
                 if sec.name in CUDA_SECTIONS:
-                    imgs, n = read_fatbins(fd, sec)
-                    code.cuda += imgs
-                    code.containers += n
+                    code.cuda_groups += read_fatbins(fd, sec)
                 else:
-                    himgs, n, problems = read_bundles(fd, sec)
-                    code.hip += himgs
-                    code.containers += n
+                    groups, problems = read_bundles(fd, sec)
+                    code.hip_groups += groups
                     code.problems += problems
             except DevcodeError as e:
                 code.problems.append(str(e))

@@ -274,3 +274,20 @@ def test_unreadable_library_is_a_required_skip() -> None:
     assert c.status == "skip" and c.required and "zstd payload not readable" in c.reason
     libs, files = scan([], "cuda", ["sm_80"])
     assert libs == [] and files == 0
+
+
+def test_gaps_between_translation_units(tmp_path: Path) -> None:
+    """A library that runs on sm_80 as a whole, one of whose fat binaries has only sm_90a code:
+    native, with the gap counted and starred."""
+    site = tmp_path / "site"
+    sec = fatbin(fatbin_entry(SASS, 80), fatbin_entry(SASS, 90)) + \
+        fatbin(fatbin_entry(SASS, 90, 0x11 | ARCH_A))
+    write(site, "lib/libmix.so", elf({".nv_fatbin": sec}))
+    checks = by_id(check_coverage(run_for(["sm_80", "sm_90"]), [str(site)]))
+    assert checks["coverage.unowned"].status == "pass"
+    row = checks["coverage.scan"].value["table"][0]
+    assert row["gpus"] == {"sm_80": "native", "sm_90": "native"}
+    assert row["gaps"] == {"sm_80": "1/2"}
+    table = render_coverage(list(checks.values())).splitlines()
+    assert table[2] == "unowned       lib/libmix.so  native*  native"
+    assert table[3].startswith("* some of the library's fat binaries")
