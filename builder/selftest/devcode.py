@@ -265,13 +265,13 @@ def _zstd() -> Callable[[bytes, int], bytes]:
     """The first ``n`` bytes of a zstd frame: ``compression.zstd`` (Python 3.14) or the
     ``zstandard`` module when the interpreter has one, else the pure-Python prefix decoder."""
     try:
-        from compression import zstd as czstd  # type: ignore[import-not-found]  # Python 3.14
+        from compression import zstd as czstd  # Python 3.14
 
         return lambda data, n: czstd.ZstdDecompressor().decompress(data, max_length=n)
     except ImportError:
         pass
     try:
-        import zstandard  # type: ignore[import-not-found]
+        import zstandard
     except ImportError:
         return decompress_prefix
 

@@ -130,7 +130,8 @@ def read_fse(data: bytes, pos: int, max_log: int, max_symbol: int) -> tuple[Fse,
     log = r.read(4) + 5
     if log > max_log:
         raise ZstdError(f"FSE accuracy {log} above {max_log}")
-    remaining, probs = 1 << log, []
+    remaining = 1 << log
+    probs: list[int] = []
     while remaining > 0 and len(probs) <= max_symbol:
         bits = (remaining + 1).bit_length()
         val = r.read(bits)
@@ -201,8 +202,8 @@ def read_huffman(data: bytes, pos: int) -> tuple[Huffman, int]:
     if head >= 128:
         n = head - 127
         raw = data[pos + 1:pos + 1 + (n + 1) // 2]
-        weights = [(raw[i // 2] >> (0 if i % 2 else 4)) & 15 for i in range(n)]
-        return huffman_from_weights(weights), pos + 1 + (n + 1) // 2
+        direct = [(raw[i // 2] >> (0 if i % 2 else 4)) & 15 for i in range(n)]
+        return huffman_from_weights(direct), pos + 1 + (n + 1) // 2
     end = pos + 1 + head
     table, start = read_fse(data[:end], pos + 1, 6, 255)
     stream = Backward(data[start:end])
