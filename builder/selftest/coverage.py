@@ -17,6 +17,7 @@ import site
 import sys
 import sysconfig
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -92,29 +93,36 @@ def owners(root: str) -> dict[str, str]:
 
 def images_for(code: DeviceCode, accelerator: str) -> list[str]:
     """Distinct image names of the accelerator's kind (CUDA for cuda, HIP for rocm)."""
-    imgs = code.cuda if accelerator == "cuda" else code.hip
-    return sorted({i.name for i in imgs})
+    if accelerator == "cuda":
+        return sorted({i.name for g in code.all_cuda_groups for i in g if not i.empty})
+    return sorted({i.name for i in code.hip})
 
 
 def decide(code: DeviceCode, accelerator: str, gpus: list[str]) -> dict[str, Decision]:
     """Per GPU, how the library's code runs there (the best of all its images)."""
     if accelerator == "cuda":
-        return {g: decide_cuda(code.cuda, g) for g in gpus}
+        cuda = [i for grp in code.all_cuda_groups for i in grp if not i.empty]
+        return {g: decide_cuda(cuda, g) for g in gpus}
     return {g: decide_rocm(code.hip, g) for g in gpus}
 
 
 def gaps(code: DeviceCode, accelerator: str, decisions: dict[str, Decision]) -> \
         dict[str, tuple[int, int]]:
-    """Per GPU the library runs on, how many of its fat binaries (bundles) have no code for it."""
-    out = {}
-    groups: list[Any] = code.cuda_groups if accelerator == "cuda" else code.hip_groups
+    """Per GPU the library runs on, how many of its fat binaries (bundles) have no code for it
+    (fat binaries holding only device-link stubs are not counted)."""
+    raw: list[Any] = code.all_cuda_groups if accelerator == "cuda" else code.hip_groups
+    distinct = Counter(frozenset(i for i in grp if not getattr(i, "empty", False))
+                       for grp in raw)
+    distinct.pop(frozenset(), None)
+    total = sum(distinct.values())
     rule: Any = decide_cuda if accelerator == "cuda" else decide_rocm
+    out = {}
     for g, d in decisions.items():
-        if d.status == NONE or len(groups) < 2:
+        if d.status == NONE or total < 2:
             continue
-        lacking = sum(1 for grp in groups if grp and rule(grp, g).status == NONE)
+        lacking = sum(n for grp, n in distinct.items() if rule(grp, g).status == NONE)
         if lacking:
-            out[g] = (lacking, len(groups))
+            out[g] = (lacking, total)
     return out
 
 

@@ -41,8 +41,16 @@ from typing import Callable
 from .zstdprefix import decompress_prefix
 
 ELF_MAGIC = b"\x7fELF"
-CUDA_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
+CUDA_SECTIONS = (".nv_fatbin",)
 HIP_SECTIONS = (".hip_fatbin",)
+# Data sections of a CUDA library that may hold fat binaries it loads itself (cuModuleLoadData):
+# read-only/large data, never code, debug info or relocatable device code (__nv_relfatbin holds
+# objects for a later device link, not code that runs as it is).
+SKIP_DATA = (".debug", ".eh_frame", ".gcc_except_table", ".got", ".comment", ".note", ".init",
+             ".fini", ".dynamic", ".interp", ".plt", ".tbss", ".tdata", "__nv_relfatbin",
+             ".nv_fatbin", ".nvFatBinSegment", ".hip_fatbin", ".dyn", ".rela", ".gnu",
+             ".symtab", ".strtab", ".shstrtab", "__nv_module_id")
+SHT_PROGBITS, SHF_EXECINSTR = 1, 0x4
 
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
@@ -56,7 +64,9 @@ _ENTRY = struct.Struct("<HHIQIIHHIIIQQQ")
 
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 CCOB_MAGIC = b"CCOB"
-_SCAN_CHUNK = 1 << 16
+_SCAN_CHUNK = 1 << 16  # gaps between containers and bundles are small
+_DATA_CHUNK = 1 << 22  # data sections are searched through
+_STUB_MAX = 1 << 14  # cubins this large are taken to hold code without looking inside
 _MAX_HEADER = 1 << 20  # an uncompressed bundle header larger than this is not a bundle
 
 
@@ -72,6 +82,7 @@ class CudaImage:
     arch: int  # 90 for sm_90; major = arch // 10, minor = arch % 10
     variant: str = ""  # "" | "a" (arch-specific) | "f" (family-specific)
     ptx_isa: tuple[int, int] | None = None  # PTX ISA version of a PTX entry
+    empty: bool = False  # a cubin known to hold no kernel (a device-link stub): no code
 
     @property
     def name(self) -> str:
@@ -97,14 +108,20 @@ class DeviceCode:
     """What one shared object carries: its images grouped by fat binary container / offload
     bundle (one per translation unit, as the compiler wrote them)."""
 
-    cuda_groups: list[list[CudaImage]] = field(default_factory=list)
+    cuda_groups: list[list[CudaImage]] = field(default_factory=list)  # registered: .nv_fatbin
+    cuda_loaded: list[list[CudaImage]] = field(default_factory=list)  # in data sections
     hip_groups: list[list[HipImage]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # what could not be read, and why
 
     @property
     def cuda(self) -> list[CudaImage]:
-        """Every CUDA image, in file order."""
+        """Every registered CUDA image (``.nv_fatbin``, what ``cuobjdump`` lists), in order."""
         return [i for g in self.cuda_groups for i in g]
+
+    @property
+    def all_cuda_groups(self) -> list[list[CudaImage]]:
+        """Registered fat binaries and those the library keeps in its data to load itself."""
+        return self.cuda_groups + self.cuda_loaded
 
     @property
     def hip(self) -> list[HipImage]:
@@ -114,7 +131,7 @@ class DeviceCode:
     @property
     def containers(self) -> int:
         """Fat binary containers and offload bundles read."""
-        return len(self.cuda_groups) + len(self.hip_groups)
+        return len(self.cuda_groups) + len(self.cuda_loaded) + len(self.hip_groups)
 
     @property
     def empty(self) -> bool:
@@ -130,6 +147,14 @@ class Section:
     name: str
     offset: int
     size: int
+    type: int = SHT_PROGBITS
+    flags: int = 0
+
+    @property
+    def data_candidate(self) -> bool:
+        """A data section that may hold fat binaries loaded by the library itself."""
+        return (self.type == SHT_PROGBITS and not self.flags & SHF_EXECINSTR and self.size > 0
+                and not self.name.startswith(SKIP_DATA))
 
 
 def _pread(fd: int, size: int, offset: int) -> bytes:
@@ -139,11 +164,13 @@ def _pread(fd: int, size: int, offset: int) -> bytes:
     return data
 
 
-def elf_sections(fd: int, wanted: tuple[str, ...]) -> list[Section] | None:
-    """The ``wanted`` sections of a little-endian ELF file (None: not such an ELF file).
+def elf_sections(fd: int, base: int = 0, limit: int | None = None) -> list[Section] | None:
+    """The sections of a little-endian ELF file (None: not such an ELF file), or of an ELF
+    image at ``base`` inside the file, ``limit`` bytes long (a cubin in a fat binary); section
+    offsets are relative to ``base``.
 
     Reads the ELF header, the section header table and the section-name string table only."""
-    ident = os.pread(fd, 64, 0)
+    ident = os.pread(fd, 64, base)
     if len(ident) < 52 or ident[:4] != ELF_MAGIC or ident[5] != 1:  # EI_DATA 1: little-endian
         return None
     if ident[4] == 2:  # ELFCLASS64
@@ -159,31 +186,36 @@ def elf_sections(fd: int, wanted: tuple[str, ...]) -> list[Section] | None:
     if shoff == 0 or shentsize < sh.size:
         return []
     if shnum == 0 or shstrndx == 0xFFFF:  # extended numbering: the real values in entry 0
-        first = sh.unpack(_pread(fd, sh.size, shoff))
+        first = sh.unpack(_pread(fd, sh.size, base + shoff))
         shnum = shnum or first[5]
         shstrndx = first[6] if shstrndx == 0xFFFF else shstrndx
     if shnum > 1 << 20 or shstrndx >= shnum:
         raise DevcodeError(f"implausible section table ({shnum} sections, names in {shstrndx})")
-    table = _pread(fd, shentsize * shnum, shoff)
+    if limit is not None and shoff + shentsize * shnum > limit:
+        raise DevcodeError("section table runs past the image")
+    table = _pread(fd, shentsize * shnum, base + shoff)
     headers = [sh.unpack_from(table, i * shentsize) for i in range(shnum)]
     strtab = headers[shstrndx]
-    names = _pread(fd, strtab[5], strtab[4])
+    if limit is not None and strtab[4] + strtab[5] > limit:
+        raise DevcodeError("section names run past the image")
+    names = _pread(fd, strtab[5], base + strtab[4])
     out = []
     for h in headers:
         end = names.find(b"\0", h[0])
         name = names[h[0]:end if end >= 0 else None].decode("latin-1")
-        if name in wanted and h[1] != 8:  # SHT_NOBITS has no bytes in the file
-            out.append(Section(name, h[4], h[5]))
+        if h[1] != 8:  # SHT_NOBITS has no bytes in the file
+            out.append(Section(name, h[4], h[5], h[1], h[2]))
     return out
 
 
-def _find(fd: int, magics: tuple[bytes, ...], start: int, end: int, align: int) -> int | None:
+def _find(fd: int, magics: tuple[bytes, ...], start: int, end: int, align: int,
+          chunk_size: int = _SCAN_CHUNK) -> int | None:
     """The first offset in [start, end) where one of ``magics`` begins, looking only at
     offsets ``start + k * align``; reads in chunks, never the whole range at once."""
     pos = start
     overlap = max(len(m) for m in magics) - 1
     while pos < end:
-        chunk = os.pread(fd, min(_SCAN_CHUNK + overlap, end - pos), pos)
+        chunk = os.pread(fd, min(chunk_size + overlap, end - pos), pos)
         if not chunk:
             return None
         hits = []
@@ -238,9 +270,52 @@ def _entries(fd: int, sec: Section, pos: int, end: int) -> list[CudaImage]:
         if kind == KIND_PTX:
             out.append(CudaImage("ptx", arch, variant, (major, minor)))
         else:
-            out.append(CudaImage("sass", arch, variant))
+            plain = not flags & (FLAG_LZ4 | FLAG_ZSTD)
+            empty = plain and size < _STUB_MAX and not _cubin_has_code(fd, pos + hsize, size)
+            out.append(CudaImage("sass", arch, variant, empty=empty))
         pos += hsize + size
     return out
+
+
+def _cubin_has_code(fd: int, pos: int, size: int) -> bool:
+    """Whether the cubin at ``pos`` has a ``.text.*`` section (a kernel or device function).
+    The device-link stubs some NVIDIA libraries register (cuFFT's: sm_75, no ``.text``) do
+    not; anything unreadable is taken to have code."""
+    try:
+        sections = elf_sections(fd, pos, size)
+    except DevcodeError:
+        return True
+    return sections is None or any(s.name.startswith(".text") for s in sections)
+
+
+def find_loaded_fatbins(fd: int, sec: Section) -> list[list[CudaImage]]:
+    """Fat binaries inside a data section (a library that loads its own modules: cuFFT keeps
+    thousands in ``.ldata``, cuBLASLt and cuDNN in ``.cask_resource``). The section is searched
+    once, in chunks, for the container magic; a candidate counts only when its header and every
+    entry header are well formed, and its payloads are skipped."""
+    magic = FATBIN_MAGIC_BYTES + b"\x01\x00\x10\x00"  # magic, version 1, header size 16
+    groups: list[list[CudaImage]] = []
+    end = sec.offset + sec.size
+    pos = nxt = sec.offset  # chunk start; first offset a new container may start at
+    while pos < end:
+        chunk = os.pread(fd, min(_DATA_CHUNK + len(magic), end - pos), pos)
+        if len(chunk) < len(magic):
+            break
+        i = chunk.find(magic, max(nxt - pos, 0))
+        while i >= 0:
+            at = pos + i
+            _m, _v, hsize, size = _CONTAINER.unpack(_pread(fd, _CONTAINER.size, at))
+            if 0 < size and at + hsize + size <= end:
+                try:
+                    groups.append(_entries(fd, sec, at + hsize, at + hsize + size))
+                    nxt = at + hsize + size
+                except DevcodeError:
+                    nxt = at + 4
+            else:
+                nxt = at + 4
+            i = chunk.find(magic, nxt - pos) if nxt - pos < len(chunk) else -1
+        pos = max(pos + len(chunk) - len(magic) + 1, nxt)
+    return groups
 
 
 # --------------------------------------------------------------------------- HIP
@@ -386,7 +461,7 @@ def read_device_code(path: str) -> DeviceCode | None:
     fd = os.open(path, os.O_RDONLY)
     try:
         try:
-            sections = elf_sections(fd, CUDA_SECTIONS + HIP_SECTIONS)
+            sections = elf_sections(fd)
         except DevcodeError as e:
             return DeviceCode(problems=[f"ELF section table: {e}"])
         if sections is None:
@@ -396,12 +471,16 @@ def read_device_code(path: str) -> DeviceCode | None:
             try:
                 if sec.name in CUDA_SECTIONS:
                     code.cuda_groups += read_fatbins(fd, sec)
-                else:
+                elif sec.name in HIP_SECTIONS:
                     groups, problems = read_bundles(fd, sec)
                     code.hip_groups += groups
                     code.problems += problems
             except DevcodeError as e:
                 code.problems.append(str(e))
+        if code.cuda_groups:  # a CUDA library: also the fat binaries it loads itself
+            for sec in sections:
+                if sec.data_candidate:
+                    code.cuda_loaded += find_loaded_fatbins(fd, sec)
         return code
     finally:
         os.close(fd)

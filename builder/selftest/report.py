@@ -223,7 +223,7 @@ def render_coverage(checks: list[Check], width: int = 120) -> str:
                                           for g in gpus] for r in rows]
     head = ["DISTRIBUTION", "LIBRARY"] + gpus
     widths = [max(len(str(x[i])) for x in cells + [head]) for i in range(len(head))]
-    lib_max = max(width - sum(widths) + widths[1] - 2 * len(head), 24)
+    lib_max = max(width - sum(widths) + widths[1] - 2 * len(head), 48)
     widths[1] = min(widths[1], lib_max)
     lines = [f"device code coverage ({scan.reason}):"]
     for row in [head] + cells:

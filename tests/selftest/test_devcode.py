@@ -291,3 +291,37 @@ def test_gaps_between_translation_units(tmp_path: Path) -> None:
     table = render_coverage(list(checks.values())).splitlines()
     assert table[2] == "unowned       lib/libmix.so  native*  native"
     assert table[3].startswith("* some of the library's fat binaries")
+
+
+def test_stub_cubins_and_fat_binaries_a_library_loads_itself(tmp_path: Path) -> None:
+    """cuFFT's shape: its registered fat binary is a device-link stub (an sm_75 cubin without
+    any .text section), its kernels are fat binaries in .ldata that it loads itself."""
+    stub = elf({".nv.info": b"\0" * 8})
+    kernel = elf({".text.axpy": b"\0" * 16})
+    loaded = [fatbin(fatbin_entry(SASS, 80, payload=kernel), fatbin_entry(SASS, 90, payload=kernel)),
+              fatbin(fatbin_entry(SASS, 100, payload=kernel), fatbin_entry(PTX, 100))]
+    junk = b"\x50\xed\x55\xba\x01\x00\x10\x00" + b"\xff" * 8 + b"\x07\x00" * 40  # magic, bad body
+    data = b"\x11" * 100 + junk + loaded[0] + b"\0" * 12 + loaded[1] + b"\x22" * 50
+    path = write(tmp_path, "site/fft/libfft.so", elf({
+        ".nv_fatbin": fatbin(fatbin_entry(SASS, 75, payload=stub)), ".ldata": data,
+        ".text": b"\x90" * 8}))
+    code = read_device_code(path)
+    assert code is not None and not code.problems
+    assert [(i.name, i.empty) for i in code.cuda] == [("sm_75", True)]  # what cuobjdump lists
+    assert [[i.name for i in g] for g in code.cuda_loaded] == [["sm_80", "sm_90"],
+                                                               ["sm_100", "compute_100"]]
+    checks = by_id(check_coverage(run_for(["sm_80", "sm_100", "sm_120"]), [str(tmp_path / "site")]))
+    c = checks["coverage.unowned"]
+    assert c.status == "warn" and c.value == {"sm_80": "native", "sm_100": "native",
+                                              "sm_120": "ptx-jit"}
+    assert checks["coverage.scan"].value["table"][0]["code"] == ["compute_100", "sm_100", "sm_80",
+                                                                 "sm_90"]
+    # the same data in a library without registered device code is not searched
+    plain = write(tmp_path, "plain/libx.so", elf({".ldata": data}))
+    code = read_device_code(plain)
+    assert code is not None and code.empty
+    # a stub alone is no device code at all: the library is not listed
+    only_stub = tmp_path / "stubsite"
+    write(only_stub, "libw.so", elf({".nv_fatbin": fatbin(fatbin_entry(SASS, 75, payload=stub))}))
+    checks = by_id(check_coverage(run_for(["sm_80"]), [str(only_stub)]))
+    assert list(checks) == ["coverage.scan"] and checks["coverage.scan"].value["libraries"] == 0
