@@ -127,8 +127,9 @@ def test_real_nvidia_library_matches_cuobjdump(cuda_bin: Path) -> None:
     assert code is not None and not code.problems
     t0 = time.monotonic()
     theirs = cuobjdump(cuda_bin, lib)
-    print(f"\nlibcurand.so.10 ({lib.stat().st_size >> 20} MiB): {len(code.cuda)} images in "
-          f"{code.containers} containers, read in {ours_s * 1000:.1f} ms "
+    print(f"\nlibcurand.so.10 ({lib.stat().st_size >> 20} MiB): {len(code.cuda)} registered images "
+          f"in {len(code.cuda_groups)} fat binaries, {len(code.cuda_loaded)} more fat binaries "
+          f"in its data, read in {ours_s * 1000:.1f} ms "
           f"(cuobjdump {time.monotonic() - t0:.2f} s)")
     assert as_cuobjdump(code.cuda) == theirs
     assert len(code.cuda) > 100 and ours_s < 1.0
