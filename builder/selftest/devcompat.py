@@ -2,7 +2,10 @@
 
 CUDA rules (NVIDIA CUDA C++ Programming Guide, "Binary Compatibility" and "PTX Compatibility";
 NVIDIA technical blog "NVIDIA Blackwell and NVIDIA CUDA 12.9 Introduce Family-Specific
-Architecture Features", 2025):
+Architecture Features", 2025; LLVM ``NVPTX.td``: "Arch-specific targets. PTX for these is not
+compatible with any other architectures", family targets compared within the family; GCC's
+nvptx ``-march-map`` change for sm_110: "'a' = ISA for that specific arch only, 'f' ... implies
+compatibility with only subsequent targets in the same family"):
 
 * SASS (a cubin) for ``sm_XY`` runs on a GPU of compute capability ``X.Z`` with ``Z >= Y``: same
   major, equal or newer minor (sm_80 SASS runs on sm_86/sm_89, never on sm_90).
