@@ -131,6 +131,9 @@ def _options(a: argparse.Namespace, timeouts: dict[str, float]) -> dict[str, Any
         bw_size = parse_size(a.bw_size) if a.bw_size else None
     except ValueError as e:
         raise UsageError(f"--bw-size: {e}") from None
+    for root in a.coverage_root or []:
+        if not os.path.isdir(root):
+            raise UsageError(f"--coverage-root {root}: not a directory")
     try:
         ref = load_reference(a.bw_ref)
     except BwRefError as e:

@@ -223,9 +223,12 @@ def check_coverage(run: Run, roots: list[str] | None = None) -> list[Check]:
     value = {"roots": roots, "elf_files": files, "libraries": len(libs), "seconds":
              round(elapsed, 3), "gpus": gpus, "table": table(libs, gpus)}
     dists = sorted({lib.dist for lib in libs})
-    checks = [Check(f"{PHASE}.scan", PHASE, PASS, value=value, duration_s=elapsed,
-                    reason=f"{_n(files, 'ELF file')}, {len(libs)} with {run.accelerator} "
-                           f"device code, {_n(len(dists), 'distribution')}, in {elapsed:.2f} s")]
+    reason = (f"{_n(files, 'ELF file')}, {len(libs)} with {run.accelerator} device code, "
+              f"{_n(len(dists), 'distribution')}, in {elapsed:.2f} s")
+    if not libs:  # a GPU image whose environment holds no device code at all: say so
+        reason += f"; no {run.accelerator} device code under {', '.join(roots) or 'no root'}"
+    checks = [Check(f"{PHASE}.scan", PHASE, PASS if libs else WARN, value=value,
+                    duration_s=elapsed, reason=reason)]
     checks += [decide_dist(d, [lib for lib in libs if lib.dist == d], gpus) for d in dists]
     return checks
 

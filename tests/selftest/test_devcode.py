@@ -325,3 +325,5 @@ def test_stub_cubins_and_fat_binaries_a_library_loads_itself(tmp_path: Path) -> 
     write(only_stub, "libw.so", elf({".nv_fatbin": fatbin(fatbin_entry(SASS, 75, payload=stub))}))
     checks = by_id(check_coverage(run_for(["sm_80"]), [str(only_stub)]))
     assert list(checks) == ["coverage.scan"] and checks["coverage.scan"].value["libraries"] == 0
+    assert checks["coverage.scan"].status == "warn"
+    assert "no cuda device code under" in checks["coverage.scan"].reason
