@@ -1,6 +1,11 @@
 """Read the device code of an ELF shared object without reading the whole file: the ELF header
-and section headers, then only the headers inside the ``.nv_fatbin`` / ``__nv_relfatbin``
-(CUDA fat binaries) and ``.hip_fatbin`` (HIP offload bundles) sections. Stdlib only.
+and section headers, then only the headers inside ``.nv_fatbin`` (the CUDA fat binaries the
+runtime registers, :mod:`.fatbin`) and ``.hip_fatbin`` (HIP offload bundles, :mod:`.offload`).
+A CUDA library may also keep fat binaries in its data sections and load them itself (cuFFT,
+cuBLASLt, cuDNN): for a library with registered code those sections are searched once, in
+chunks, for well-formed containers. ``__nv_relfatbin`` (relocatable objects for a later device
+link) is not code that runs and is not read. A small registered cubin without any ``.text``
+section is a device-link stub (no kernel) and is marked ``empty``. Stdlib only.
 
 CUDA fat binary layout (as nvcc and NVIDIA's ``fatbinary`` write it; the same layout is read by
 public readers such as n-eiling/cuda-fatbin-decompression and jiegec/fatbinary, and checked here
