@@ -38,7 +38,8 @@ PHASES = ("preflight", "env", "imports", "versions", "coverage", "cpu", "gpu", "
           "ray")
 DISTRIBUTED_DEFAULT = ("preflight", "env", "collective")
 TIMEOUTS = {"detect": 90.0, "preflight": 30.0, "env": 30.0, "imports": 240.0,
-            "versions": 60.0, "coverage": 120.0, "cpu": 120.0, "gpu": 180.0, "collective": 300.0, "ray": 180.0}
+            "versions": 60.0, "coverage": 120.0, "cpu": 120.0, "gpu": 180.0, "collective": 300.0,
+            "ray": 180.0}
 
 
 class UsageError(Exception):

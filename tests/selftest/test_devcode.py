@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from builder.selftest import devcode
+from builder.selftest import devcode, offload
 from builder.selftest.coverage import Library, check_coverage, decide_dist, plan, scan
 from builder.selftest.devcode import CudaImage, HipImage, read_device_code
 from builder.selftest.devcompat import (NATIVE, NONE, PTX_JIT, SPIRV_JIT, decide_cuda,
@@ -109,7 +109,7 @@ def raw_zstd(data: bytes) -> bytes:
 
 def test_zstd_bundles_pure_python_and_unreadable(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(devcode, "_zstd", lambda: devcode.decompress_prefix)
+    monkeypatch.setattr(offload, "_zstd", lambda: offload.decompress_prefix)
     plain = bundle(TRIPLES)
     sec = ccob(plain, 3, method=1, compressed=raw_zstd(plain))
     code = read_device_code(write(tmp_path, "z.so", elf({".hip_fatbin": sec})))
@@ -298,7 +298,8 @@ def test_stub_cubins_and_fat_binaries_a_library_loads_itself(tmp_path: Path) -> 
     any .text section), its kernels are fat binaries in .ldata that it loads itself."""
     stub = elf({".nv.info": b"\0" * 8})
     kernel = elf({".text.axpy": b"\0" * 16})
-    loaded = [fatbin(fatbin_entry(SASS, 80, payload=kernel), fatbin_entry(SASS, 90, payload=kernel)),
+    loaded = [fatbin(fatbin_entry(SASS, 80, payload=kernel),
+                     fatbin_entry(SASS, 90, payload=kernel)),
               fatbin(fatbin_entry(SASS, 100, payload=kernel), fatbin_entry(PTX, 100))]
     junk = b"\x50\xed\x55\xba\x01\x00\x10\x00" + b"\xff" * 8 + b"\x07\x00" * 40  # magic, bad body
     data = b"\x11" * 100 + junk + loaded[0] + b"\0" * 12 + loaded[1] + b"\x22" * 50

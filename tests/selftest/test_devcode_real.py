@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from builder.selftest.coverage import scan
-from builder.selftest import devcode
+from builder.selftest import devcode, offload
 from builder.selftest.devcode import CudaImage, read_device_code
 from tests.support import wheels
 
@@ -45,9 +45,11 @@ extern "C" int launch(float a, const float* x, float* y, int n) {
 """
 # gencode lists: what nvcc is asked for, and the images that must come out of it.
 MIXED = ["arch=compute_80,code=sm_80", "arch=compute_90a,code=sm_90a",
-         "arch=compute_100a,code=[sm_100a,compute_100a]", "arch=compute_120,code=[sm_120,compute_120]"]
+         "arch=compute_100a,code=[sm_100a,compute_100a]",
+         "arch=compute_120,code=[sm_120,compute_120]"]
 MIXED_IMAGES = {"sm_80", "sm_90a", "sm_100a", "compute_100a", "sm_120", "compute_120"}
-FAMILY = ["arch=compute_80,code=[sm_86,compute_80]", "arch=compute_100f,code=[sm_100f,compute_100f]",
+FAMILY = ["arch=compute_80,code=[sm_86,compute_80]",
+          "arch=compute_100f,code=[sm_100f,compute_100f]",
           "arch=compute_103a,code=sm_103a"]
 FAMILY_IMAGES = {"sm_86", "compute_80", "sm_100f", "compute_100f", "sm_103a"}
 
@@ -185,7 +187,7 @@ def test_real_rocm_library_matches_clang_offload_bundler(tmp_path: Path, decoder
     if decoder == "zstandard":
         pytest.importorskip("zstandard", reason="the test extra installs zstandard")
     else:  # what an image without zstandard (and before Python 3.14) uses
-        monkeypatch.setattr(devcode, "_zstd", lambda: devcode.decompress_prefix)
+        monkeypatch.setattr(offload, "_zstd", lambda: offload.decompress_prefix)
     so = _need(("jax-rocm7-pjrt",), "jax-rocm7-pjrt-0.12.0") / "jax_plugins" / "xla_rocm7" / \
         "xla_rocm_plugin.so"
     t0 = time.monotonic()

@@ -55,7 +55,8 @@ class IndexUnreachable(Exception):
 def supported() -> str | None:
     """Why these wheels cannot be used on this machine (None: they can)."""
     if sys.platform != "linux" or platform.machine() != "x86_64":
-        return f"the pinned wheels are for x86_64 Linux, this is {sys.platform}/{platform.machine()}"
+        return (f"the pinned wheels are for x86_64 Linux, this is "
+                f"{sys.platform}/{platform.machine()}")
     return None
 
 
