@@ -65,6 +65,12 @@ def _disjoint(a: SpecifierSet, b: SpecifierSet, known: list[str]) -> bool:
 def check_target(target: Target, snapshot: Snapshot) -> list[Problem]:
     """Return every compatibility problem of ``target``; an empty list means it passes."""
     problems: list[Problem] = []
+    if target.provided and not target.base.vendor:
+        problems.append(Problem(
+            target.where("provided"), f"targets.{target.name}.provided",
+            f"provided packages ({', '.join(p.name for p in target.provided)}) need a base that "
+            "provides them: set base.vendor (declared or probed) and base.interpreter, or move "
+            "them to packages: (a fresh venv would hide the base's copies)"))
     pins = {p.name: p for p in (*target.enabled_packages, *target.provided)}
     constraints: dict[str, list[tuple[Package, Requirement]]] = {}
 
@@ -114,9 +120,11 @@ def check_target(target: Target, snapshot: Snapshot) -> list[Problem]:
     return problems
 
 
-def pins_of(target: Target) -> list[tuple[str, str]]:
-    """The ``(name, version)`` pairs whose metadata the check needs."""
-    return [(p.name, p.version) for p in (*target.enabled_packages, *target.provided)]
+def index_pins(target: Target) -> list[tuple[str, str]]:
+    """The ``(name, version)`` pairs whose metadata comes from the package index. Provided
+    packages are not among them: their versions are the vendor's own builds (e.g.
+    ``2.9.1.dev20251204+rocm7.0.2``), checked against the base, never looked up on the index."""
+    return [(p.name, p.version) for p in target.enabled_packages]
 
 
 def local_sources(target: Target) -> list[str]:

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-ALL_PHASES = ("preflight", "env", "imports", "versions", "cpu", "gpu", "collective", "ray")
+ALL_PHASES = ("preflight", "env", "imports", "versions", "coverage", "cpu", "gpu", "collective",
+              "ray")
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,18 @@
 
 The new content goes to a temporary file in the same directory (same file system), is flushed to
 disk, and replaces the target with ``os.replace``. On any error the temporary file is removed.
+
+Directories the tool generates (build contexts) are replaced the same way, and only when the
+directory being replaced is one the tool wrote itself (:func:`replace_generated_dir`): a user's
+``--output .`` inside a site never deletes the site.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -42,3 +48,62 @@ def sha256_file(path: Path) -> str:
         while block := f.read(8 << 20):
             h.update(block)
     return "sha256:" + h.hexdigest()
+
+
+class NotOurDirectory(Exception):
+    """The path exists and is not a directory this tool generated: it is never replaced."""
+
+
+def _marker_kind(directory: Path, marker: str, legacy: frozenset[str]) -> str | None:
+    """``marked``, ``legacy`` (an unmarked earlier rendering: only names in ``legacy`` at its top
+    level, ``manifest.json`` among them), ``empty``, or None (someone else's directory)."""
+    if (directory / marker).is_file():
+        return "marked"
+    names = {p.name for p in directory.iterdir()}
+    if not names:
+        return "empty"
+    if legacy and "manifest.json" in names and names <= legacy:
+        try:
+            schema = json.loads((directory / "manifest.json").read_text()).get("schema", "")
+        except (OSError, ValueError, AttributeError):
+            return None
+        if isinstance(schema, str) and schema.startswith("verl-env/manifest/"):
+            return "legacy"
+    return None
+
+
+def check_replaceable(out: Path, marker: str, legacy: frozenset[str] = frozenset()) -> None:
+    """Raise :class:`NotOurDirectory` unless ``out`` is absent, an empty directory, or a directory
+    this tool generated (it holds ``marker``). Called before any work and again at the swap."""
+    out = Path(out)
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise NotOurDirectory(f"{out} exists and is not a directory: refusing to replace it")
+    if _marker_kind(out, marker, legacy) is None:
+        raise NotOurDirectory(
+            f"{out} is a non-empty directory that this tool did not write (no {marker}): "
+            "refusing to replace it; name a new or empty directory")
+
+
+def replace_generated_dir(staged: Path, out: Path, marker: str,
+                          legacy: frozenset[str] = frozenset()) -> None:
+    """Put the finished directory ``staged`` (a sibling of ``out``, same file system) at ``out``.
+
+    An existing ``out`` is replaced only if :func:`check_replaceable` allows it: it is renamed
+    aside first, the new one renamed into place, then the old one removed, so ``out`` is at every
+    moment either the complete old directory or the complete new one."""
+    out = Path(out)
+    check_replaceable(out, marker, legacy)
+    if not out.exists():
+        os.replace(staged, out)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+    os.rmdir(aside)
+    os.replace(out, aside)
+    try:
+        os.replace(staged, out)
+    except BaseException:
+        os.replace(aside, out)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)

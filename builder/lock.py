@@ -141,8 +141,8 @@ def _uv() -> str:
 
 
 def _uv_compile(target: Target, requirements: list[str], *, constraints: list[str],
-                excludes: list[str], offline: bool, prefer: str | None = None
-                ) -> tuple[str, float]:
+                excludes: list[str], offline: bool, prefer: str | None = None,
+                upgrade_packages: tuple[str, ...] = ()) -> tuple[str, float]:
     with tempfile.TemporaryDirectory(prefix="verl-env-lock-") as tmp:
         tmpdir = Path(tmp)
         (tmpdir / "requirements.in").write_text("\n".join(requirements) + "\n")
@@ -160,6 +160,8 @@ def _uv_compile(target: Target, requirements: list[str], *, constraints: list[st
             cmd += ["-c", "constraints.txt"]
         if offline:
             cmd.append("--offline")
+        for name in upgrade_packages:  # uv moves these past the preferred versions
+            cmd += ["--upgrade-package", name]
         env = {**os.environ, "UV_NO_CONFIG": "1"}
         start = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmpdir)
@@ -181,14 +183,16 @@ def build_lock_path(lock: Path) -> Path:
 
 def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool = False,
                  prefer: Path | None = None, record: dict | None = None,
-                 repin: bool = False) -> Lock:
+                 upgrade_packages: tuple[str, ...] = (), repin: bool = False) -> Lock:
     """Resolve ``target`` with uv and write the lock atomically to ``out``; when the target builds
     packages from source, also the build-tools lock beside it (constrained by the main lock).
     ``prefer``: a lock whose versions are kept wherever the pins allow (an override build moves
-    only what its override needs, so the layers below it stay cached). ``record``: the vendor
-    base's record (builder.vendor): its freeze constrains the resolution. Git sources are
-    pinned to their commits beside the lock (builder.sources; a moved ref is refused unless
-    ``repin``), before anything is written."""
+    only what its override needs, so the layers below it stay cached; ``build-env lock`` passes
+    the committed lock, so a re-lock with no change is byte-identical). ``upgrade_packages``:
+    moved to their newest allowed versions all the same. ``record``: the vendor base's record
+    (builder.vendor): its freeze constrains the resolution. Git sources are pinned to their
+    commits beside the lock (builder.sources; a moved ref is refused unless ``repin``) and
+    prebuilt wheels chosen (builder.prebuilt), before anything is written."""
     ihash = input_hash(target, snapshot, record)
     git_pins = sources.pin_git(target, out, previous=prefer, repin=repin)
     wheels = prebuilt.lock_prebuilt(target)  # prebuilt first: a source build only on a miss
@@ -196,15 +200,21 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
     body, seconds = _uv_compile(
         target, requirements_in(target, snapshot),
         constraints=constraints, excludes=excludes, offline=offline,
-        prefer=prefer.read_text() if prefer is not None and prefer.is_file() else None)
+        prefer=prefer.read_text() if prefer is not None and prefer.is_file() else None,
+        upgrade_packages=upgrade_packages)
     text = header(target, ihash) + body
     build_text = None
     if any(p.build == "source" for p in target.enabled_packages):
         pinned = [f"{p.name}=={p.version}" for p in parse_lock(body).values()]
+        build_prefer = build_lock_path(prefer) if prefer is not None else None
         build_body, more = _uv_compile(target, [*BUILD_TOOLS, *target.build_tools],
                                        constraints=pinned,
                                        excludes=excludes,
-                                       offline=offline)
+                                       offline=offline,
+                                       prefer=build_prefer.read_text()
+                                       if build_prefer is not None and build_prefer.is_file()
+                                       else None,
+                                       upgrade_packages=upgrade_packages)
         build_text = header(target, ihash).replace("lock for", "build-tools lock for") + build_body
         seconds += more
     _write(out, text)
@@ -213,6 +223,15 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
     sources.write_record(out, git_pins)
     prebuilt.write_record(out, wheels)
     return Lock(out, ihash, text, seconds)
+
+
+def moved_pins(before: str | None, after: str) -> list[tuple[str, str | None, str | None]]:
+    """``(name, old, new)`` for every pin the new lock text adds, drops or moves (old or new is
+    None for an added or dropped package), sorted by name."""
+    old = {n: p.version for n, p in parse_lock(before).items()} if before else {}
+    new = {n: p.version for n, p in parse_lock(after).items()}
+    return [(n, old.get(n), new.get(n)) for n in sorted(old.keys() | new.keys())
+            if old.get(n) != new.get(n)]
 
 
 def header(target: Target, ihash: str) -> str:

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
 from packaging.requirements import InvalidRequirement, Requirement
@@ -115,6 +116,16 @@ def save_snapshot(snapshot: Snapshot, path: Path) -> None:
 # --------------------------------------------------------------------------- online refresh
 
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+
+
+def redact(url: str) -> str:
+    """``url`` without its user and password (an index URL may carry a token)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def index_simple_url() -> str:
@@ -210,7 +221,7 @@ class IndexClient:
                 if resp.status_code < 500:
                     return resp
                 if attempt + 1 == self.retries:
-                    raise MetadataError(f"index error {resp.status_code} for {url}")
+                    raise MetadataError(f"index error {resp.status_code} for {redact(url)}")
             time.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable")

@@ -26,7 +26,8 @@ from builder import prebuilt as prebuilt_wheels
 from builder import vendor as vendor_base
 from builder.errors import RenderError
 from builder.families import family
-from builder.files import sha256_file
+from builder.files import (NotOurDirectory, check_replaceable, replace_generated_dir,
+                           sha256_file)
 from builder.layers import Layer, split_layers
 from builder.lock import LockedPackage, build_lock_path, parse_lock
 from builder.metadata import Snapshot
@@ -352,6 +353,22 @@ def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, 
         raise RenderError(f"template error: {exc}", target=target.name) from None
 
 
+# A build context carries this file: only a directory holding it (or an unmarked rendering by an
+# earlier version: nothing at its top level but these names) is ever replaced by a new render.
+CONTEXT_MARKER = ".verl-env-context"
+CONTEXT_MARKER_TEXT = "a build context written by build-env render; replaced on the next render\n"
+LEGACY_CONTEXT_NAMES = frozenset({"Dockerfile", "lock.txt", "manifest.json", "base.json", "layers",
+                                  "source", "wheels", "selftest"})
+
+
+def _check_output(out: Path, target: Target) -> None:
+    """Refuse, before any work, an output that is not absent, empty or an earlier context."""
+    try:
+        check_replaceable(out.resolve(), CONTEXT_MARKER, LEGACY_CONTEXT_NAMES)
+    except NotOurDirectory as exc:
+        raise RenderError(str(exc), target=target.name) from None
+
+
 def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path, *,
                    lock_file: Path | None = None, ca_bundle: Path | None = None,
                    templates: Path | None = None,
@@ -362,6 +379,7 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
     base already holds is left out of the layers, and the record travels in the context.
     ``fetch_sources=False``: git and URL sources are not fetched (the Dockerfile, which names
     their pins, is the same; the context is for reading, not building)."""
+    _check_output(out, target)
     if base_record is None and target.base.vendor:
         if lock_file is None:
             raise RenderError("a vendor base needs its base record (builder.vendor)",
@@ -452,9 +470,12 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         for path in sorted(tmp.rglob("*")):  # fixed mtimes/modes: stable context hashes
             os.chmod(path, 0o755 if path.is_dir() else 0o644)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        (tmp / CONTEXT_MARKER).write_text(CONTEXT_MARKER_TEXT)
+        os.chmod(tmp / CONTEXT_MARKER, 0o644)
+        replace_generated_dir(tmp, out, CONTEXT_MARKER, LEGACY_CONTEXT_NAMES)
+    except NotOurDirectory as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RenderError(str(exc), target=target.name) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -33,6 +33,9 @@ BUILD_KINDS = ("wheel", "source")
 IMPORT_NAMES = {"flash-attn": "flash_attn", "hydra-core": "hydra", "ray": "ray"}
 
 _TOP_KEYS = {"schema", "defaults", "targets"}
+MAX_NODES = 20_000  # the reference matrix has about 150
+# A target name is part of a lock path and of image tags: lower case, digits, '.', '_', '-'.
+TARGET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _TARGET_KEYS = {"description", "accelerator", "arch", "base", "python", "cuda", "rocm",
                 "packages", "provided", "find_links", "apt", "gpus", "build_tools"}
 _BASE_KEYS = {"image", "digest", "glibc", "source_image", "vendor", "interpreter", "sources"}
@@ -223,8 +226,13 @@ def _compose(text: str, file: str) -> Any:
 
 
 def _plain(node: Any, path: str, lines: dict[str, int], file: str) -> Any:
-    """Turn a composed node into plain python, recording each key's line under its dotted path."""
+    """Turn a composed node into plain python, recording each key's line under its dotted path.
+    Aliases are expanded, at most ``MAX_NODES`` nodes in all (a "billion laughs" file of a few
+    hundred bytes would otherwise grow without bound)."""
     lines[path] = node.start_mark.line + 1
+    if len(lines) > MAX_NODES:
+        raise SpecError(f"the matrix expands to more than {MAX_NODES} YAML nodes (aliases "
+                        "referring to aliases?)", file=file, line=node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         explicit = sum(1 for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge")
         loader = yaml.SafeLoader("")
@@ -559,9 +567,15 @@ def load_matrix(path: str | Path) -> Matrix:
     path = Path(path)
     file = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise SpecError(f"cannot read matrix: {exc.strerror}", file=file) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise SpecError(f"not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r})",
+                        file=file, line=line) from None
     node = _compose(text, file)
     if node is None:
         raise SpecError("empty matrix file", file=file)
@@ -579,6 +593,10 @@ def load_matrix(path: str | Path) -> Matrix:
     warnings: list[str] = []
     for name, entry in targets_raw.items():
         key = f"targets.{name}"
+        if not TARGET_NAME.fullmatch(str(name)):
+            raise ctx.error(key, f"target name {name!r}: use lower-case letters, digits, '.', '_' "
+                                 "and '-' (at most 63, starting with a letter or digit): it names "
+                                 "a lock file and image tags")
         ctx.mapping(entry, key, _TARGET_KEYS)
         for k, v in defaults.items():  # defaults report their own lines when they are the culprit
             if k not in entry:
@@ -626,7 +644,12 @@ def apply_overrides(target: Target, assignments: list[str], *, base_image: str |
             if len(parts) == 2:
                 entry["version"] = value
             elif parts[2] == "enabled":
-                entry["enabled"] = value.lower() in ("1", "true", "yes", "on")
+                flag = {"1": True, "true": True, "yes": True, "on": True,
+                        "0": False, "false": False, "no": False, "off": False}.get(value.lower())
+                if flag is None:
+                    raise SpecError(f"expected true or false, got {value!r}", file="--set",
+                                    key=key)
+                entry["enabled"] = flag
             elif parts[2] in ("build", "source"):
                 entry[parts[2]] = value
             else:

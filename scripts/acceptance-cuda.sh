@@ -12,6 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs/acceptance-cuda.json}
+[ $# -gt 0 ] && shift  # the rest goes to build-env
 base=verl-env-test/debian:bookworm
 scripts/debian-base.sh "$base" >/dev/null
 start=$(date +%s)

@@ -30,14 +30,16 @@ from .launcher import LauncherError, RankInfo, detect
 from .manifest import (ManifestError, load_manifest, needs_detection, parse_expect,
                        parse_size, resolve_expectation)
 from .report import (EXIT_ERROR, Check, ReportMeta, apply_strict, build_report, exit_code,
-                     render_table, verdict, worst)
+                     render_coverage, render_table, verdict, worst)
 from .runner import PhaseResult, kill_active, run_phase
 
 EMULATED_ENV = "VERL_ENV_EMULATED"
-PHASES = ("preflight", "env", "imports", "versions", "cpu", "gpu", "collective", "ray")
+PHASES = ("preflight", "env", "imports", "versions", "coverage", "cpu", "gpu", "collective",
+          "ray")
 DISTRIBUTED_DEFAULT = ("preflight", "env", "collective")
 TIMEOUTS = {"detect": 90.0, "preflight": 30.0, "env": 30.0, "imports": 240.0,
-            "versions": 60.0, "cpu": 120.0, "gpu": 180.0, "collective": 300.0, "ray": 180.0}
+            "versions": 60.0, "coverage": 120.0, "cpu": 120.0, "gpu": 180.0, "collective": 300.0,
+            "ray": 180.0}
 
 
 class UsageError(Exception):
@@ -72,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bw-warn-frac", type=float, default=WARN_FRAC)
     p.add_argument("--bw-fail-frac", type=float, default=FAIL_FRAC)
     p.add_argument("--gloo-ranks", type=int, default=2, help="ranks of the CPU gloo test")
+    p.add_argument("--coverage-root", action="append", metavar="DIR",
+                   help="read device code under DIR instead of the interpreter's site "
+                        "directories (repeatable; a narrowed run)")
     p.add_argument("--timeout", type=float, metavar="S",
                    help="per-phase timeout in seconds (default: per phase, 30-300 s)")
     p.add_argument("--emulated", type=float, metavar="FACTOR",
@@ -127,13 +132,17 @@ def _options(a: argparse.Namespace, timeouts: dict[str, float]) -> dict[str, Any
         bw_size = parse_size(a.bw_size) if a.bw_size else None
     except ValueError as e:
         raise UsageError(f"--bw-size: {e}") from None
+    for root in a.coverage_root or []:
+        if not os.path.isdir(root):
+            raise UsageError(f"--coverage-root {root}: not a directory")
     try:
         ref = load_reference(a.bw_ref)
     except BwRefError as e:
         raise UsageError(str(e)) from None
     return {"bw_size": bw_size, "bw_iters": a.bw_iters, "bw_warmup": a.bw_warmup,
             "bw_ref": ref, "bw_warn_frac": a.bw_warn_frac, "bw_fail_frac": a.bw_fail_frac,
-            "gloo_ranks": a.gloo_ranks, "strict": a.strict, "timeouts": timeouts}
+            "gloo_ranks": a.gloo_ranks, "strict": a.strict, "timeouts": timeouts,
+            "coverage_roots": [os.path.abspath(r) for r in a.coverage_root or []]}
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
@@ -268,6 +277,9 @@ def _run(a: argparse.Namespace, started: str, t0: float, manifest: dict[str, Any
           f"{info.launcher}, world size {meta.world_size}, GPUs "
           f"{'expected' if expect.expected else 'not expected: ' + str(expect.skip_reason)}")
     print(render_table(checks, overall, meta.duration_s, shutil.get_terminal_size((120, 20))[0]))
+    coverage = render_coverage(checks)
+    if coverage:
+        print(coverage)
     if a.json:
         _write_json(a.json, build_report(meta, checks, overall))
     return exit_code(overall)

@@ -49,7 +49,36 @@ def parse_manifest(data: Any, path: str = "manifest.json") -> dict[str, Any]:
     out.setdefault("target", None)
     out.setdefault("cuda", None)
     out.setdefault("rocm", None)
+    out["gpus"] = parse_gpus(data.get("gpus"), acc, path)
     return out
+
+
+_GPU_ID = {"cuda": (re.compile(r"^sm_\d{2,3}[af]?$"), "sm_XY (e.g. sm_90, sm_100)"),
+           "rocm": (re.compile(r"^gfx[0-9a-f]{3,4}(?::(?:xnack|sramecc)[+-])*$"),
+                    "gfxNNN[:xnack±][:sramecc±] (e.g. gfx942)")}
+
+
+def parse_gpus(raw: Any, accelerator: str, path: str) -> list[str] | None:
+    """The GPUs the target must run on (``"gpus": ["sm_80", "sm_90"]`` or ``["gfx942"]``).
+
+    None when absent (an older manifest: the coverage phase then cannot decide). A cpu target
+    declares none."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(g, str) for g in raw):
+        raise ManifestError(f"{path}: 'gpus' must be a list of strings")
+    if accelerator not in _GPU_ID:
+        if raw:
+            raise ManifestError(f"{path}: 'gpus' {raw} given for a {accelerator} target")
+        return []
+    pattern, form = _GPU_ID[accelerator]
+    for i, gpu in enumerate(raw):
+        if not pattern.match(gpu):
+            raise ManifestError(f"{path}: gpus[{i}] {gpu!r} is not a {accelerator} GPU id; "
+                                f"expected {form}")
+    if len(set(raw)) != len(raw):
+        raise ManifestError(f"{path}: 'gpus' lists a GPU twice: {raw}")
+    return list(raw)
 
 
 def load_manifest(path: str) -> dict[str, Any]:

@@ -200,3 +200,38 @@ def render_table(checks: list[Check], overall: str, duration_s: float, width: in
         f"{s['skip']} skip; * = required) in {duration_s:.1f} s"
     )
     return "\n".join(lines)
+
+
+COVERAGE_CELL = {"native": "native", "ptx-jit": "jit(ptx)", "spirv-jit": "jit(spirv)",
+                 "none": "NONE", "unreadable": "?"}
+
+
+def render_coverage(checks: list[Check], width: int = 120) -> str:
+    """The device-code coverage table from ``coverage.scan``'s value: one row per library,
+    one column per declared GPU (native / jit(ptx) / NONE / ? unreadable). Empty when the
+    coverage phase did not produce a table."""
+    scan = next((c for c in checks if c.id == "coverage.scan" and isinstance(c.value, dict)
+                 and "table" in c.value), None)
+    if scan is None:
+        return ""
+    gpus: list[str] = list(scan.value.get("gpus") or [])
+    rows: list[dict[str, Any]] = scan.value["table"]
+    if not rows:
+        return f"device code coverage: no library with device code ({scan.reason})"
+    cells = [[r["dist"], r["library"]] + [COVERAGE_CELL.get(r["gpus"].get(g, ""), "?")
+                                          + ("*" if g in r.get("gaps", {}) else "")
+                                          for g in gpus] for r in rows]
+    head = ["DISTRIBUTION", "LIBRARY"] + gpus
+    widths = [max(len(str(x[i])) for x in cells + [head]) for i in range(len(head))]
+    lib_max = max(width - sum(widths) + widths[1] - 2 * len(head), 48)
+    widths[1] = min(widths[1], lib_max)
+    lines = [f"device code coverage ({scan.reason}):"]
+    for row in [head] + cells:
+        text = [_clip(str(x), w) if i == 1 else str(x) for i, (x, w) in
+                enumerate(zip(row, widths))]
+        lines.append("  ".join(f"{x:<{w}}" for x, w in zip(text, widths)).rstrip())
+    if any(r.get("gaps") for r in rows):
+        lines.append("* some of the library's fat binaries (translation units) have no code for "
+                     "that GPU: their kernels fail there if launched (often deliberate: "
+                     "arch-specific kernels; the counts are in the JSON table's 'gaps')")
+    return "\n".join(lines)

@@ -24,6 +24,7 @@ PHASES: dict[str, tuple[str, str]] = {
     "env": ("envlint", "plan"),
     "imports": ("imports", "plan"),
     "versions": ("versions", "plan"),
+    "coverage": ("coverage", "plan"),
     "cpu": ("cpu", "plan"),
     "gpu": ("gpu", "plan"),
     "collective": ("collective", "plan"),

@@ -8,12 +8,15 @@ locks) fails these tests.
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from builder.lock import parse_lock
 from tests.conftest import FIXTURE, OUTSIDE, REPO, installed_build_env, run_build_env
 
 GOLDEN = REPO / "tests" / "golden"
@@ -81,6 +84,13 @@ def test_init_writes_a_site_that_checks_and_renders(tmp_path: Path) -> None:
                          "--output", str(tmp_path / "ctx"), cwd=site)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "ctx" / "Dockerfile").read_text().startswith("# site template")
+    # render --output . inside the site refuses and leaves the site as it was (it once wiped it)
+    (site / ".git").mkdir()
+    listing = sorted(str(p.relative_to(site)) for p in site.rglob("*"))
+    proc = run_build_env("render", "--target", "cuda-x86_64", "--output", ".", cwd=site)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "did not write" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(str(p.relative_to(site)) for p in site.rglob("*")) == listing
     # a second init never overwrites a site
     before = (site / "matrix.yaml").read_text()
     proc = run_build_env("init", str(site))
@@ -127,3 +137,55 @@ def test_lock_a_site_copy_of_the_fixture(tmp_path: Path) -> None:
     assert "verl==0.9.1" in ours and "--hash=sha256:" in ours
     proc = run_build_env("check", "--target", "cpu-x86_64", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # stable: a re-lock with no change is byte-identical, and says so
+    proc = run_build_env("lock", "--target", "cpu-x86_64", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "unchanged" in proc.stdout and (tmp_path / "locks/cpu-x86_64.txt").read_text() == ours
+    # an older pin the matrix allows is kept (the existing lock is uv's preference) ...
+    newest = re.search(r"^idna==(\S+) ", ours, re.M).group(1)
+    lock = tmp_path / "locks/cpu-x86_64.txt"
+    lock.write_text(ours.replace(f"idna=={newest} ", "idna==3.10 "))
+    proc = run_build_env("lock", "--target", "cpu-x86_64", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0 and "idna==3.10 " in lock.read_text(), proc.stderr
+    kept = lock.read_text()
+    # ... until asked: --upgrade-package moves only what it names, and prints the move
+    proc = run_build_env("lock", "--target", "cpu-x86_64", "--upgrade-package", "idna",
+                         "--json", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    [result] = json.loads(proc.stdout)["targets"]
+    [move] = result["moved"]
+    assert move["name"] == "idna" and move["old"] == "3.10" and move["new"] != "3.10"
+    assert json.loads(proc.stdout)["schema"] == "verl-env/lock/v1"
+    before, after = parse_lock(kept), parse_lock(lock.read_text())
+    assert {n for n in before.keys() | after.keys()
+            if getattr(before.get(n), "version", None) != getattr(after.get(n), "version", None)
+            } == {"idna"}
+    proc = run_build_env("lock", "--target", "cpu-x86_64", "--upgrade-package", "no-such-pkg",
+                         cwd=tmp_path)
+    assert proc.returncode == 2 and "no-such-pkg" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.network
+def test_check_online_on_a_fresh_init_site_and_a_new_target(tmp_path: Path) -> None:
+    """The README's site workflow starts with `check --online`: on an unchanged init site it
+    passes (the ROCm target's provided, vendor-local torch/vLLM are never looked up on the
+    index), and a target just added with no lock yet is named for `lock`, not failed."""
+    site = tmp_path / "site"
+    assert run_build_env("init", str(site)).returncode == 0
+    proc = run_build_env("check", "--online", cwd=site)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "is not on the index" not in proc.stderr
+    matrix = site / "matrix.yaml"
+    text = matrix.read_text()
+    added = text.replace("\n  cuda-arm64:\n", "\n  cuda-x86_64-copy:\n" + text.split(
+        "\n  cuda-x86_64:\n", 1)[1].split("\n  cuda-arm64:\n", 1)[0] + "\n  cuda-arm64:\n", 1)
+    assert added != text
+    matrix.write_text(added)
+    proc = run_build_env("check", "--online", "--target", "cuda-x86_64-copy",
+                         "--target", "rocm-mi300", cwd=site)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "cuda-x86_64-copy: ok, not locked" in proc.stdout
+    assert "build-env lock --target cuda-x86_64-copy" in proc.stdout
+    assert "rocm-mi300: ok" in proc.stdout  # both named targets are checked
+    proc = run_build_env("check", "--locked", "--target", "cuda-x86_64-copy", cwd=site)
+    assert proc.returncode == 1 and "no lock at" in proc.stderr

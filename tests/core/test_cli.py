@@ -20,7 +20,9 @@ def test_list_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert "cuda-arm64" in out and "0.10.0(src)" in out and "2.9.1.dev20251204+rocm7.0.2*" in out
     assert "(declared, not yet verified)" in out  # rocm-mi300's base was never inspected
     assert main(["list", "--matrix", MATRIX, "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "verl-env/list/v1"
+    data = doc["targets"]
     assert set(data) == {"cuda-x86_64", "cuda-arm64", "rocm-mi300"}
     assert data["rocm-mi300"]["provided"] == {"torch": "2.9.1.dev20251204+rocm7.0.2",
                                               "vllm": "0.20.2rc1"}
@@ -37,7 +39,8 @@ def test_render_command_writes_the_context(tmp_path: Path,
     assert (out / "Dockerfile").read_text() == (REPO / "tests/golden/cuda-x86_64.Dockerfile"
                                                 ).read_text()
     assert sorted(p.name for p in out.iterdir()) == [
-        "Dockerfile", "layers", "lock.txt", "manifest.json", "selftest", "source"]
+        ".verl-env-context", "Dockerfile", "layers", "lock.txt", "manifest.json", "selftest",
+        "source"]
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

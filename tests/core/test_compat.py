@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from builder.compat import check_target
-from builder.metadata import Release, Snapshot
+from builder.metadata import Release, Snapshot, load_snapshot
 from builder.spec import Base, Package, Target
+from tests.conftest import REPO
 
 
 def _target(*pkgs: Package, provided: tuple[Package, ...] = (), python: str = "3.12") -> Target:
-    return Target("t", "cpu", "x86_64", Base("img"), python, pkgs, provided,
+    base = Base("img", vendor="declared") if provided else Base("img")
+    return Target("t", "cpu", "x86_64", base, python, pkgs, provided,
                   lines={"": 3, "python": 5, "packages.b": 9})
 
 
@@ -105,3 +109,17 @@ def test_a_local_only_source_build_is_not_looked_up_and_stays_out_of_the_resolut
                Release("b", "2.0", None, ()))
     assert local_only(t, s2) == []
     assert any("a 1.0 does not satisfy site-ext" in q.message for q in check_target(t, s2))
+
+
+def test_provided_packages_are_not_looked_up_on_the_index_and_need_a_vendor_base() -> None:
+    from builder.compat import index_pins
+    from builder.spec import load_matrix
+
+    rocm = load_matrix(REPO / "builder/data/matrix.yaml").target("rocm-mi300")
+    names = {n for n, _ in index_pins(rocm)}
+    assert "transformers" in names and not names & {"torch", "vllm"}
+    snap = load_snapshot(REPO / "builder/data/metadata/pypi-snapshot.json")
+    assert not [p for p in check_target(rocm, snap) if "provided" in p.key]
+    bare = dataclasses.replace(rocm, base=dataclasses.replace(rocm.base, vendor=None))
+    problems = [p for p in check_target(bare, snap) if p.key.endswith(".provided")]
+    assert len(problems) == 1 and "base.vendor" in problems[0].message

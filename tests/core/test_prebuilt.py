@@ -92,7 +92,7 @@ def test_a_fitting_wheel_in_a_wheelhouse_replaces_the_source_build(tmp_path: Pat
     assert f"cuda-shaped: {PKG}: prebuilt wheel {good.name} (prebuilt[0]:" in out
     assert main(["list", "--json", "--matrix", str(matrix)]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["cuda-shaped"]["prebuilt_choice"][PKG]["choice"] == "wheel"
+    assert data["targets"]["cuda-shaped"]["prebuilt_choice"][PKG]["choice"] == "wheel"
 
 
 def test_what_fits() -> None:

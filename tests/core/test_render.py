@@ -155,3 +155,45 @@ def test_failed_render_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(RenderError, match="no such file"):
         _render("tests/fixtures/cpu.yaml", "cpu-x86_64", out, ca=tmp_path / "missing.pem")
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_render_never_replaces_a_directory_it_did_not_write(tmp_path: Path) -> None:
+    """`--output .` inside a site once deleted the site: a non-empty directory without the
+    context marker is refused before any work, and every file in it is left as it was."""
+    site = tmp_path / "site"
+    (site / "locks").mkdir(parents=True)
+    (site / "matrix.yaml").write_text("schema: 1\n")
+    (site / "locks" / "x.txt").write_text("pin\n")
+    (site / ".git").mkdir()
+    before = sorted(str(p.relative_to(site)) for p in site.rglob("*"))
+    with pytest.raises(RenderError, match="did not write"):
+        _render("tests/fixtures/cpu.yaml", "cpu-x86_64", site)
+    assert sorted(str(p.relative_to(site)) for p in site.rglob("*")) == before
+    assert (site / "matrix.yaml").read_text() == "schema: 1\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["site"]  # no staging directory left
+    a_file = tmp_path / "file"
+    a_file.write_text("mine\n")
+    with pytest.raises(RenderError, match="not a directory"):
+        _render("tests/fixtures/cpu.yaml", "cpu-x86_64", a_file)
+    assert a_file.read_text() == "mine\n"
+
+
+def test_render_replaces_its_own_context_whole(tmp_path: Path) -> None:
+    """An earlier context (marked, or an unmarked one by an earlier version) and an empty
+    directory are replaced; a file a user added to a marked context goes with it."""
+    out = tmp_path / "ctx"
+    out.mkdir()  # empty: fine
+    first = _render("tests/fixtures/cpu.yaml", "cpu-x86_64", out)
+    assert (out / ".verl-env-context").is_file()
+    (out / "stale.txt").write_text("left by hand\n")
+    second = _render("tests/fixtures/cpu.yaml", "cpu-x86_64", out)
+    assert not (out / "stale.txt").exists() and second.dockerfile == first.dockerfile
+    (out / ".verl-env-context").unlink()  # as an earlier version left it
+    _render("tests/fixtures/cpu.yaml", "cpu-x86_64", out)
+    assert (out / ".verl-env-context").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ctx"]  # nothing set aside remains
+    (out / ".verl-env-context").unlink()
+    (out / "notes.md").write_text("a user's file in an unmarked directory\n")
+    with pytest.raises(RenderError, match="did not write"):
+        _render("tests/fixtures/cpu.yaml", "cpu-x86_64", out)
+    assert (out / "notes.md").exists()

@@ -312,8 +312,8 @@ def test_list_shows_the_gpus(capsys: pytest.CaptureFixture[str]) -> None:
     assert "sm_80,sm_90,sm_100,sm_103,sm_120" in row
     assert main(["list", "--json", "--matrix", str(REPO / "builder/data/matrix.yaml")]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["rocm-mi300"]["gpus"] == ["gfx942"]
-    assert data["cuda-arm64"]["gpus"] == ["sm_90", "sm_100", "sm_103"]
+    assert data["targets"]["rocm-mi300"]["gpus"] == ["gfx942"]
+    assert data["targets"]["cuda-arm64"]["gpus"] == ["sm_90", "sm_100", "sm_103"]
 
 
 def test_shipped_manifests_carry_the_gpus(tmp_path: Path) -> None:

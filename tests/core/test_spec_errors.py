@@ -102,11 +102,6 @@ CASES = [
         'source: {path: matrix.yaml}}'), 1,
      ["matrix.yaml:14:", "targets.t.packages.tensordict.source", "neither a directory nor an "
       "archive", "cannot be hashed"]),
-    ("git source never locked", lambda s: s.replace(
-        'tensordict: "0.10.0"', 'tensordict: {version: "0.10.0", build: source, '
-        'source: "git+https://example.invalid/tensordict@v0.10.0"}'), 1,
-     ["matrix.yaml:14:", "targets.t.packages.tensordict", "is not pinned to a commit",
-      "build-env lock --target t"]),
 ]
 
 
@@ -120,6 +115,21 @@ def test_bad_input_is_one_clear_line(workdir: Path, capsys: pytest.CaptureFixtur
     joined = "\n".join(errors)
     for needle in needles:
         assert needle in joined, f"{needle!r} not in {joined!r}"
+
+
+def test_a_git_source_not_yet_pinned_is_the_locks_next_step(
+        workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not pinned yet: `check` passes and names `build-env lock`; `check --locked` (a site's CI)
+    fails on it, naming the package's line."""
+    text = GOOD.replace('tensordict: "0.10.0"', 'tensordict: {version: "0.10.0", build: source, '
+                        'source: "git+https://example.invalid/tensordict@v0.10.0"}')
+    code, err = _run(workdir, text, "check", capsys=capsys)
+    assert code == 0, err
+    code, err = _run(workdir, text, "check", "--locked", capsys=capsys)
+    assert code == 1, err
+    line = next(x for x in err.splitlines() if "is not pinned to a commit" in x)
+    assert "matrix.yaml:14:" in line and "targets.t.packages.tensordict.source" in line
+    assert "build-env lock --target t" in line
 
 
 def test_unknown_target(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -142,10 +152,15 @@ def test_conflict_example_from_the_issue(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_good_matrix_checks_but_has_no_lock(workdir: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = _run(workdir, GOOD, "check", capsys=capsys)
-    assert code == 1  # compatible pins, but no lock yet: check says so
+    code, err = _run(workdir, GOOD, "check", "--locked", capsys=capsys)
+    assert code == 1  # compatible pins, but no lock yet: --locked makes that an error
     assert "no lock at locks/t.txt" in err
     assert "pinned by tag only" in err  # tag-only base warns
+    # without --locked the missing lock is named as the next step: `check && lock` goes on
+    code = main(["check", "--matrix", str(workdir / "matrix.yaml")])
+    out = capsys.readouterr().out
+    assert code == 0 and "t: ok, not locked: no lock at" in out
+    assert "build-env lock --target t" in out
 
 
 def test_repository_matrix_is_valid(capsys: pytest.CaptureFixture[str]) -> None:

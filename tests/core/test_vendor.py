@@ -91,8 +91,9 @@ def test_the_freeze_constrains_the_lock_and_provided_packages_are_excluded() -> 
     assert excludes == ["amdsmi", "torch"]
     assert not any(c.startswith(("uv==", "transformers==", "torch==")) for c in constraints)
     assert vendor.replaced(t, rec) == {"transformers": ("4.0.0", "5.9.0")}
-    # plain targets keep the provided pins as constraints, as before
-    plain = CPU.target("cpu-x86_64-badpin")
+    # without a record (a plain base; `check` refuses provided packages there) the provided
+    # pins are constraints and excluded from the resolution
+    plain = replace(CPU.target("cpu-x86_64"), provided=(Package("pip", "99.0"),))
     assert vendor.resolution(plain, None) == (["pip==99.0"], ["pip"])
 
 

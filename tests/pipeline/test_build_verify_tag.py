@@ -119,32 +119,32 @@ def test_tag_once_refuses_to_move_a_name(cpu_image: dict, debian_base: str,
 def test_wrong_pin_is_refused_and_tags_stay(cpu_image: dict, ca_bundle: Path, tmp_path: Path,
                                             client: docker.DockerClient) -> None:
     # a previous release of this target exists (here: the good image under its name)
-    client.images.get(cpu_image["image_id"]).tag("verl-env", "cpu-x86_64-badpin")
-    proc = run_build_env("--target", "cpu-x86_64-badpin", "--matrix", FIXTURE, "--ca-bundle",
+    client.images.get(cpu_image["image_id"]).tag("verl-env", "cpu-x86_64-badimport")
+    proc = run_build_env("--target", "cpu-x86_64-badimport", "--matrix", FIXTURE, "--ca-bundle",
                          str(ca_bundle), "--workdir", str(tmp_path))
     assert proc.returncode == 1, proc.stderr
-    assert "versions.provided.pip" in proc.stderr and "no release tag applied" in proc.stderr
+    assert "imports.hydra-core" in proc.stderr and "no release tag applied" in proc.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["result"] == "fail" and report["tags"] == []
-    bad = _checks(report)["versions.provided.pip"]
-    assert bad["status"] == "fail" and "99.0" in json.dumps(bad)
+    bad = _checks(report)["imports.hydra-core"]
+    assert bad["status"] == "fail" and "verl_env_no_such_module" in json.dumps(bad)
     # the previous release tag still points at the previous image; the candidate is gone
-    assert client.images.get("verl-env:cpu-x86_64-badpin").id == cpu_image["image_id"]
+    assert client.images.get("verl-env:cpu-x86_64-badimport").id == cpu_image["image_id"]
     tags = {t for i in client.images.list() for t in i.tags}
-    assert not any(t.startswith("verl-env:cpu-x86_64-badpin-verl") for t in tags)
+    assert not any(t.startswith("verl-env:cpu-x86_64-badimport-verl") for t in tags)
     with pytest.raises(docker.errors.ImageNotFound):
         client.images.get(report["image_id"])
     assert _no_containers(client) == []
-    client.images.remove("verl-env:cpu-x86_64-badpin")
+    client.images.remove("verl-env:cpu-x86_64-badimport")
 
 
 def test_keep_candidate(cpu_image: dict, ca_bundle: Path, tmp_path: Path,
                         client: docker.DockerClient) -> None:
-    proc = run_build_env("--target", "cpu-x86_64-badpin", "--matrix", FIXTURE, "--ca-bundle",
+    proc = run_build_env("--target", "cpu-x86_64-badimport", "--matrix", FIXTURE, "--ca-bundle",
                          str(ca_bundle), "--workdir", str(tmp_path), "--keep-candidate")
     assert proc.returncode == 1
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["tags"] == ["verl-env:cpu-x86_64-badpin-candidate"]
+    assert report["tags"] == ["verl-env:cpu-x86_64-badimport-candidate"]
     assert client.images.get(report["tags"][0]).id == report["image_id"]
     client.images.remove(report["tags"][0])
 

@@ -42,6 +42,8 @@ def manifest(tmp_path: Path) -> str:
     (["--bw-fail-frac", "0.95"], "--bw-fail-frac"),
     (["--launcher", "mpirun"], "invalid choice"),
     (["--phases", "warp"], "unknown phase"),
+    (["--coverage-root", "/nonexistent/site"], "--coverage-root /nonexistent/site: not a "
+                                               "directory"),
 ])
 def test_usage_errors_exit_3(args: list[str], word: str, manifest: str, tmp_path: Path,
                              capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,14 @@
+"""One module per subcommand: its arguments (``add_arguments``) and its call into the library
+(``run``), imported explicitly. Only :mod:`builder.cli` imports this package; nothing below a
+command sees an argparse Namespace."""
+
+from __future__ import annotations
+
+from builder.commands import (build, check, completion, doctor, init, listing, lock, publish,
+                              render, sif, slurm, trust, verify)
+
+COMMANDS = (build, init, listing, check, lock, render, verify, sif, publish, slurm, doctor, trust,
+            completion)
+BY_NAME = {m.NAME: m for m in COMMANDS}
+
+__all__ = ["BY_NAME", "COMMANDS"]

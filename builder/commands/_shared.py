@@ -1,0 +1,138 @@
+"""What several commands share: the option groups, opening the site, JSON output, progress.
+Nothing below the commands sees an argparse Namespace."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from builder.argtypes import non_negative_int, positive_float, positive_int
+from builder.targets import Site, open_site
+
+SCHEMA = "verl-env/{}/v1"  # every --json document names its kind and version
+
+
+def common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--matrix", type=Path, default=None,
+                   help="the compatibility matrix (default: ./matrix.yaml if present, else the "
+                        "reference matrix shipped with build-env)")
+    p.add_argument("--snapshot", type=Path, default=None,
+                   help="package metadata snapshot (default: metadata/pypi-snapshot.json beside "
+                        "the matrix)")
+
+
+def quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print only errors (and --json output)")
+
+
+def json_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--json", action="store_true", help=f"print {what} as JSON (with a schema)")
+
+
+def index_url(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--index-url", default=None, metavar="URL",
+                   help="the site's own package index (PEP 503/691 simple API) for metadata, "
+                        "locks and image builds (config: index_url; env VERL_ENV_INDEX_URL); "
+                        "never written into a lock, a layer, a label or a log")
+
+
+def overrides(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a pin for a local experiment (python=3.11, packages.verl=0.9.0, "
+                        "packages.flash-attn.enabled=false); the result is labelled an override")
+    p.add_argument("--base-image", default=None, metavar="REF",
+                   help="build FROM this image instead of the matrix's base (an override)")
+
+
+def render_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ca-bundle", type=Path, default=os.environ.get("VERL_ENV_CA_BUNDLE") or None,
+                   metavar="PATH", help="site CA bundle injected into the build (env "
+                   "VERL_ENV_CA_BUNDLE); needed behind a TLS-intercepting proxy")
+    p.add_argument("--templates", type=Path, default=None, metavar="DIR",
+                   help="a site's Dockerfile templates (Dockerfile.j2, _macros.j2), searched "
+                        "before the shipped ones")
+
+
+def build_options(p: argparse.ArgumentParser) -> None:
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--target", dest="targets", action="append",
+                       help="matrix target to build (repeat for several, built concurrently)")
+    which.add_argument("--all", action="store_true", help="build every target of the matrix")
+    p.add_argument("--jobs", type=positive_int, default=None, metavar="N",
+                   help="targets built at once (default: all of them)")
+    p.add_argument("--tag-prefix", default="verl-env", metavar="REPO",
+                   help="repository for release tags (default: verl-env; config: tag_prefix)")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="where the context and report.json go (default: build/<target>; "
+                        "DIR/<target> for several targets)")
+    p.add_argument("--keep-candidate", action="store_true",
+                   help="keep a failed image, tagged <prefix>:<target>-candidate")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("-v", "--verbose", action="store_true", help="stream the build output")
+    p.add_argument("--network", default="host",
+                   help="network for build steps (default: host; 'default' for the daemon's)")
+    p.add_argument("--verify-timeout", type=positive_float, default=900, metavar="SECONDS")
+    p.add_argument("--gpus", choices=["auto", "nvidia", "amd", "none"], default="auto",
+                   help="GPUs handed to the verification container (auto: what the host has)")
+    p.add_argument("--expect-gpus", type=non_negative_int, default=None, metavar="N",
+                   help="GPUs the gate must see (default: what the engine's host shows for the "
+                        "target's family; 0 for an emulated build)")
+    p.add_argument("--reverify", action="store_true",
+                   help="run the gate again even when the content tag holds a release verdict")
+    p.add_argument("--sif", type=Path, default=None, metavar="PATH",
+                   help="also convert the verified image to this .sif (a directory for several "
+                        "targets: DIR/<target>.sif)")
+    p.add_argument("--sign-key", type=Path, default=os.environ.get("VERL_ENV_SIGN_KEY") or None,
+                   metavar="PATH", help="sign the SIF's attestations (verdict, SBOM, provenance) "
+                   "with this ECDSA key (env VERL_ENV_SIGN_KEY; config: sign_key; "
+                   "`build-env trust keygen`)")
+    p.add_argument("--sign-pgp-key", type=Path,
+                   default=os.environ.get("VERL_ENV_SIGN_PGP_KEY") or None, metavar="PATH",
+                   help="also sign the SIF itself (apptainer verify) with this OpenPGP key "
+                        "(env VERL_ENV_SIGN_PGP_KEY)")
+    p.add_argument("--push", default=None, metavar="REGISTRY/REPO",
+                   help="also publish the verified image (and the SIF) to this registry "
+                        "(config: registry)")
+
+
+def site(args: argparse.Namespace) -> Site:
+    return open_site(args.matrix, args.snapshot)
+
+
+def emit_json(kind: str, payload: dict[str, Any]) -> None:
+    """One JSON document on stdout: ``{"schema": "verl-env/<kind>/v1", ...}``."""
+    print(json.dumps({"schema": SCHEMA.format(kind), **payload}, indent=2, sort_keys=True))
+
+
+def info(args: argparse.Namespace, line: str) -> None:
+    """A human line on stdout, unless --quiet or --json asked for none."""
+    if not (getattr(args, "quiet", False) or getattr(args, "json", False)):
+        print(line, flush=True)
+
+
+@contextmanager
+def progress(args: argparse.Namespace, what: str) -> Iterator[None]:
+    """A progress line on stderr for a step that may take more than a second: a plain line when
+    it starts and one when it ends (CI logs), rewritten in place on a terminal."""
+    if getattr(args, "quiet", False):
+        yield
+        return
+    tty = sys.stderr.isatty()
+    print(f"{what} ...", end="" if tty else "\n", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        took = f"{time.monotonic() - start:.1f} s"
+        end = f"done in {took}" if ok else f"stopped after {took}"
+        print(f"\r{what}: {end}" if tty else f"{what}: {end}", file=sys.stderr, flush=True)

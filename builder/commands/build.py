@@ -1,0 +1,68 @@
+"""``build-env build --target T`` (also ``build-env --target T``): the main job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING
+
+from builder.commands import _shared
+
+if TYPE_CHECKING:
+    from builder.pipeline import Outcome
+
+NAME = "build"
+HELP = "render, build, verify inside the image, tag on pass (also: build-env --target T)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    _shared.common(p)
+    _shared.overrides(p)
+    _shared.render_options(p)
+    _shared.build_options(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from builder.pipeline import BuildRequest, run_many
+
+    names = (list(_shared.site(args).matrix.targets) if args.all
+             else list(dict.fromkeys(args.targets)))
+    several = len(names) > 1
+
+    def request(name: str) -> BuildRequest:
+        return BuildRequest(
+            target=name, matrix=args.matrix, snapshot=args.snapshot,
+            overrides=tuple(args.overrides), base_image=args.base_image,
+            ca_bundle=args.ca_bundle, templates=args.templates, tag_prefix=args.tag_prefix,
+            workdir=(args.workdir / name if several else args.workdir) if args.workdir else None,
+            keep_candidate=args.keep_candidate,
+            network=None if args.network == "default" else args.network,
+            verify_timeout=args.verify_timeout, gpus=args.gpus, expect_gpus=args.expect_gpus,
+            reverify=args.reverify,
+            sif=(args.sif / f"{name}.sif" if several else args.sif) if args.sif else None,
+            sign_key=args.sign_key, sign_pgp_key=args.sign_pgp_key,
+            push=args.push, verbose=args.verbose and not several, quiet=args.json)
+
+    outcomes = run_many([request(n) for n in names], args.jobs or len(names))
+    if args.json:
+        reports = [json.loads(o.report.to_json()) if o.report else {"error": o.error}
+                   for o in outcomes]
+        print(json.dumps(reports[0] if not several else dict(zip(names, reports)), indent=2,
+                         sort_keys=True))
+    if several:
+        _summary(names, outcomes)
+    return max(o.exit_code for o in outcomes)
+
+
+def _summary(names: list[str], outcomes: list[Outcome]) -> None:
+    rows = [["target", "result", "image", "tags / error"]]
+    for name, o in zip(names, outcomes):
+        r = o.report
+        result = r.result if r else "error"
+        detail = " ".join(r.tags) if r and r.tags else (r.error if r and r.error else o.error)
+        rows.append([name, result, (r.image_id or "-")[7:19] if r else "-", detail or "-"])
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3],
+              file=sys.stderr)

@@ -1,0 +1,87 @@
+"""``build-env check``: the matrix, the pins' compatibility and the locks."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from builder.commands import _shared
+
+NAME = "check"
+HELP = "validate the matrix, the pins' compatibility and locks"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    _shared.common(p)
+    p.add_argument("--target", dest="targets", action="append", default=None,
+                   help="check this target (repeatable; default: all)")
+    p.add_argument("--online", action="store_true",
+                   help="refresh the metadata snapshot from the package index first")
+    p.add_argument("--locked", action="store_true",
+                   help="a missing or stale lock is an error (for a site's CI); without it, "
+                        "check names `build-env lock` as the next step and passes")
+    _shared.index_url(p)
+    _shared.json_flag(p, "each target's result")
+    _shared.quiet(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from builder import sources
+    from builder.compat import check_target, index_pins, local_sources
+    from builder.lock import lock_path, stale_reason
+    from builder.metadata import IndexClient, load_snapshot, refresh, save_snapshot
+
+    site = _shared.site(args)
+    names = list(dict.fromkeys(args.targets)) if args.targets else None
+    targets = site.targets(names)
+    refreshed = None
+    if args.online:
+        snapshot = load_snapshot(site.snapshot_file)
+        pins = [pin for t in targets for pin in index_pins(t)]
+        links = [link for t in targets for link in t.find_links]
+        local = [n for t in targets for n in local_sources(t)]
+        with _shared.progress(args, f"fetching metadata of {len(set(pins))} pinned releases"):
+            refresh(snapshot, pins, IndexClient(), links, local)
+        save_snapshot(snapshot, site.snapshot_file)
+        refreshed = len(set(pins))
+        _shared.info(args, f"refreshed {site.snapshot_file} ({refreshed} pinned releases)")
+    snapshot = site.snapshot(targets)
+    warnings = [w for w in site.matrix.warnings
+                if names is None or any(f"targets.{n}." in w for n in names)]
+    if not args.quiet:
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
+    results = []
+    for t in targets:
+        problems = [str(p) for p in check_target(t, snapshot)]
+        lock = lock_path(site.path, t)
+        # a source that cannot be pinned (hashed) is reported here, not by a failed build;
+        # one not pinned yet is the lock's next step
+        problems += [f"{t.where(k)}: targets.{t.name}{'.' + k if k else ''}: {m}"
+                     for k, m in sources.problems(t, snapshot, lock) if "not pinned" not in m
+                     or args.locked]
+        stale = stale_reason(t, snapshot, lock)
+        if stale and args.locked and stale != sources.record_problem(t, lock):
+            problems.append(f"{t.where('')}: targets.{t.name}: {stale}")
+        if not stale:  # a git tag that moved since the lock recorded its commit
+            moved, unconfirmed = sources.moved_refs(t, lock)
+            problems += [f"{t.where(k)}: targets.{t.name}.{k}: {m}" for k, m in moved]
+            if not args.quiet:
+                for w in unconfirmed:
+                    print(f"warning: {t.name}: {w}", file=sys.stderr)
+        for p in problems:
+            print(f"error: {p}", file=sys.stderr)
+        status = "fail" if problems else ("unlocked" if stale else "ok")
+        results.append({"target": t.name, "status": status, "problems": problems,
+                        "next": stale if stale and not problems else None})
+        if problems:
+            _shared.info(args, f"{t.name}: FAIL")
+        elif stale:  # the pins fit together; the lock is the next step, not a failure
+            _shared.info(args, f"{t.name}: ok, not locked: {stale}")
+        else:
+            _shared.info(args, f"{t.name}: ok")
+    failed = sum(r["status"] == "fail" for r in results)
+    if args.json:
+        _shared.emit_json("check", {"matrix": str(site.matrix.path), "refreshed": refreshed,
+                                    "warnings": warnings, "targets": results})
+    return 1 if failed else 0

@@ -1,0 +1,81 @@
+"""``build-env list``: the targets and their pins."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from builder.commands import _shared
+from builder.targets import Site
+
+NAME = "list"
+HELP = "targets and their pins"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    _shared.common(p)
+    _shared.json_flag(p, "every target")
+
+
+def vendor_note(site: Site, t: Any) -> str:
+    """How far a vendor base is verified: declared (from published sources) or inspected."""
+    from builder.lock import lock_path
+    from builder.vendor import base_record_path
+
+    if not t.base.vendor:
+        return ""
+    if base_record_path(lock_path(site.path, t)).is_file():
+        return " (vendor base, inspected)"
+    if t.base.vendor == "declared":
+        return " (declared, not yet verified)"
+    return " (vendor base, not yet probed)"
+
+
+def prebuilt_choices(site: Site, t: Any) -> dict[str, dict[str, Any]]:
+    """What `lock` chose per package with prebuilt wheels (a wheel, or a source build, and
+    why); packages it has not decided yet say so."""
+    from builder import prebuilt
+    from builder.lock import lock_path
+
+    record = prebuilt.load_record(lock_path(site.path, t))
+    return {p.name: {k: v for k, v in record.get(p.name, {
+        "choice": "undecided", "why": "not locked yet: run `build-env lock`"}).items()
+        if k != "entries"} for p in prebuilt.with_prebuilt(t)}
+
+
+def run(args: argparse.Namespace) -> int:
+    site = _shared.site(args)
+    matrix = site.matrix
+    if args.json:
+        _shared.emit_json("list", {"matrix": str(matrix.path), "targets": {
+            n: {**t.to_dict(), "gpus": list(t.gpus), "entry_hash": t.entry_hash,
+                **({"prebuilt_choice": prebuilt_choices(site, t)}
+                   if prebuilt_choices(site, t) else {}),
+                **({"base_status": vendor_note(site, t).strip(" ()")} if t.base.vendor else {})}
+            for n, t in matrix.targets.items()}})
+        return 0
+    cols = ["target", "accel", "arch", "gpus", "python", "torch", "engine", "ray",
+            "transformers", "tensordict", "verl", "base"]
+    rows = []
+    for t in matrix.targets.values():
+        def v(name: str) -> str:
+            p = t.package(name)
+            if p is None:
+                return "-"
+            return p.version + ("*" if p in t.provided else "") + (
+                "(src)" if p.build == "source" else "") + ("" if p.enabled else "(off)")
+        eng = t.engine
+        rows.append([t.name, t.accelerator + (f" {t.cuda or t.rocm}" if t.cuda or t.rocm else ""),
+                     t.arch, ",".join(t.gpus) or "-", t.python, v("torch"),
+                     f"{eng.name} {v(eng.name)}" if eng else "-", v("ray"), v("transformers"),
+                     v("tensordict"), v("verl"), t.base.image + vendor_note(site, t)])
+    widths = [max(len(str(r[i])) for r in [cols, *rows]) for i in range(len(cols))]
+    for r in [cols, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    print("\n* provided by the base image   (src) built from source   (off) disabled")
+    for t in matrix.targets.values():
+        for name, c in prebuilt_choices(site, t).items():
+            what = (f"prebuilt wheel {c['filename']}" if c["choice"] == "wheel"
+                    else "source build" if c["choice"] == "source" else "undecided")
+            print(f"{t.name}: {name}: {what} ({c['why']})")
+    return 0

@@ -1,0 +1,104 @@
+"""``build-env lock``: the full dependency lock (hashes included) per target. The existing lock
+is uv's preference: a re-lock with no change is byte-identical, and pins move only on request."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from builder.commands import _shared
+from builder.errors import CompatError, LockError
+
+NAME = "lock"
+HELP = "resolve the full dependency lock (with hashes) for a target"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    _shared.common(p)
+    p.add_argument("--target", help="lock one target (default: all)")
+    p.add_argument("--probe", action="store_true",
+                   help="vendor bases: inspect the base through the engine first and record "
+                        "its interpreter and freeze in locks/T.base.json")
+    p.add_argument("--offline", action="store_true", help="resolve from uv's cache only")
+    p.add_argument("--upgrade", action="store_true",
+                   help="move every pin to its newest allowed version (default: the existing "
+                        "lock's versions are kept wherever the matrix allows)")
+    p.add_argument("--upgrade-package", dest="upgrade_packages", action="append", default=[],
+                   metavar="NAME", help="move this package (repeatable); everything else stays")
+    p.add_argument("--repin", action="store_true",
+                   help="git sources: record the commit a ref names now even when it moved "
+                        "since the lock recorded it (review the new commit first)")
+    _shared.index_url(p)
+    _shared.json_flag(p, "each target's lock and what moved")
+    _shared.quiet(p)
+
+
+def base_record(args: argparse.Namespace, t: Any, lock_file: Path, probe: bool
+                ) -> dict[str, Any] | None:
+    """The vendor base's record: probed now (``--probe``, through the engine) and written beside
+    the lock, or the one already there (builder.vendor)."""
+    from builder import vendor
+
+    if not t.base.vendor:
+        if probe:
+            _shared.info(args, f"{t.name}: not a vendor base (base.vendor unset): nothing to probe")
+        return None
+    if not probe:
+        return vendor.load_record(t, lock_file)
+    from builder.engine import Engine
+
+    with _shared.progress(args, f"{t.name}: probing the base through the engine"):
+        record = vendor.probe(Engine.connect(), t)
+    vendor.write_record(vendor.base_record_path(lock_file), record)
+    _shared.info(args, f"{t.name}: base {record['image_id']} probed: {record['interpreter']} "
+                       f"({record['kind']}), {len(record['dists'])} distributions -> "
+                       f"{vendor.base_record_path(lock_file)}")
+    for line in vendor.mismatches(t, record):
+        print(f"warning: {t.name}: {line} (the gate will refuse the image)", file=sys.stderr)
+    return record
+
+
+def run(args: argparse.Namespace) -> int:
+    from builder.compat import check_target
+    from builder.lock import compile_lock, lock_path, moved_pins, parse_lock
+
+    site = _shared.site(args)
+    targets = site.targets([args.target] if args.target else None)
+    snapshot = site.snapshot(targets)
+    wanted = {canonicalize_name(n) for n in args.upgrade_packages}
+    for t in targets:  # every named package must be in the lock or the matrix: checked first
+        known = {canonicalize_name(p.name) for p in t.enabled_packages}
+        if lock_path(site.path, t).is_file():
+            known |= {canonicalize_name(n) for n in parse_lock(lock_path(site.path, t).read_text())}
+        if wanted - known:
+            raise LockError(f"--upgrade-package {', '.join(sorted(wanted - known))}: not in the "
+                            "lock or the matrix", target=t.name)
+    results = []
+    for t in targets:
+        problems = check_target(t, snapshot)
+        if problems:
+            raise CompatError("; ".join(str(p) for p in problems), target=t.name)
+        path = lock_path(site.path, t)
+        record = base_record(args, t, path, args.probe)
+        before = path.read_text() if path.is_file() else None
+        with _shared.progress(args, f"{t.name}: resolving with uv"):
+            lock = compile_lock(t, snapshot, path, offline=args.offline, record=record,
+                                prefer=None if args.upgrade else path,
+                                upgrade_packages=tuple(args.upgrade_packages),
+                                repin=args.repin)
+        moved = moved_pins(before, lock.text)
+        count = len(parse_lock(lock.text))
+        results.append({"target": t.name, "lock": str(lock.path), "seconds": round(lock.seconds, 2),
+                        "packages": count, "unchanged": lock.text == before,
+                        "moved": [{"name": n, "old": o, "new": v} for n, o, v in moved]})
+        _shared.info(args, f"{t.name}: {lock.path} ({count} packages, {lock.seconds:.1f} s)"
+                           f"{', unchanged' if lock.text == before else ''}")
+        for name, old, new in moved:
+            _shared.info(args, f"  {name} {old or '(new)'} -> {new or '(removed)'}")
+    if args.json:
+        _shared.emit_json("lock", {"targets": results})
+    return 0
