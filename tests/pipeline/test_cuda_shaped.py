@@ -73,6 +73,9 @@ def test_cuda_shaped_fixture_builds_with_nvcc_and_passes_the_gate(built: dict,
         assert checks[f"cpu.source_build.{name}"]["status"] == "pass", checks
     assert "returned True" in checks[f"cpu.source_build.{EXT}"]["reason"]
     assert checks["versions.torch_build"]["status"] == "pass", checks["versions.torch_build"]
+    # device-code coverage (issue 19 item 4): every native library runs on sm_80 and sm_90
+    coverage = {cid: c for cid, c in checks.items() if cid.startswith("coverage.")}
+    assert coverage and all(c["status"] == "pass" for c in coverage.values()), coverage
     # the extension holds device code for exactly the declared GPUs (read with the image's own
     # python: the .so's .nv_fatbin section is there, its arch list is the one compiled)
     out = docker.from_env().containers.run(
@@ -147,6 +150,8 @@ def test_one_gpu_too_many_is_refused_naming_the_so(built: dict, site: Path) -> N
     failed = [c for c in coverage if c["status"] == "fail"]
     assert any("_kernels" in (c.get("reason") or "") and "sm_103" in (c.get("reason") or "")
                for c in failed), failed
+    for c in failed:
+        print(f"\n  refused: {c['id']}: {c.get('reason')}")
 
 
 def test_moved_git_tag_stops_check_lock_and_build(built: dict, site: Path, ca_bundle: Path,
