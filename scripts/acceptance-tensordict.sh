@@ -42,8 +42,10 @@ report, t0, t1, t2, src, out = sys.argv[1], *map(float, sys.argv[2:5]), sys.argv
 r = json.load(open(report))
 st = r.get("stages", {})
 steps = st.get("build", {}).get("step_times") or st.get("build", {}).get("steps") or []
-source = [s for s in steps if s.get("stage") == "source-build"]
-compile_s = max((s["seconds"] for s in source if "pybind11_DIR" in s.get("instruction", "")),
+# the shared source-build stage and one source-NAME stage per package (its pip wheel step
+# mounts the package's own cache, verl-env-src-NAME-...)
+source = [s for s in steps if str(s.get("stage", "")).startswith("source-")]
+compile_s = max((s["seconds"] for s in source if "verl-env-src-" in s.get("instruction", "")),
                 default=None)
 checks = {c["id"]: c for c in (r.get("verification") or {}).get("checks", [])}
 summary = {
