@@ -305,6 +305,17 @@ def test_one_gpu_list_drives_every_arch_list(site: Path, tmp_path: Path) -> None
     assert plus.labels["org.verl-env.gpus"] == "sm_80,sm_90,sm_103"
 
 
+def test_gpus_can_be_overridden_and_are_validated_again() -> None:
+    from builder.errors import SpecError
+    from builder.spec import apply_overrides
+
+    t = load_matrix(REPO / "builder/data/matrix.yaml").target("cuda-x86_64")
+    o = apply_overrides(t, ["gpus=sm_90,sm_100"])
+    assert o.gpus == ("sm_90", "sm_100") and o.override
+    with pytest.raises(SpecError, match="'gfx942' is not a cuda GPU architecture"):
+        apply_overrides(t, ["gpus=sm_90,gfx942"])
+
+
 def test_list_shows_the_gpus(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "--matrix", str(REPO / "builder/data/matrix.yaml")]) == 0
     out = capsys.readouterr().out
