@@ -34,7 +34,7 @@ from typing import Any
 from builder.errors import LockError, RenderError
 from builder.files import atomic_write_text
 from builder.metadata import Snapshot
-from builder.spec import GIT_SCHEMES, Package, Target
+from builder.spec import Package, Target
 
 SOURCES_SCHEMA = "verl-env/sources/v1"
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip", ".tar")
@@ -84,7 +84,11 @@ def remote_commit(url: str, ref: str) -> str:
     proc = _git("ls-remote", url, f"refs/tags/{ref}", f"refs/tags/{ref}^{{}}", f"refs/heads/{ref}")
     if proc.returncode != 0:
         raise LockError(f"git ls-remote {url}: {proc.stderr.strip() or proc.returncode}")
-    refs = dict(reversed(line.split("\t", 1)) for line in proc.stdout.splitlines() if "\t" in line)
+    refs: dict[str, str] = {}
+    for line in proc.stdout.splitlines():
+        if "\t" in line:
+            sha, name = line.split("\t", 1)
+            refs[name] = sha
     for name in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}"):
         if name in refs:
             return refs[name]
@@ -114,9 +118,10 @@ def load_record(lock: Path) -> dict[str, dict[str, str]]:
 
 
 def moved_message(target: Target, p: Package, ref: str, recorded: str, found: str) -> str:
-    return (f"{p.name}: the git ref {ref!r} of {split_git(p.source.location)[0]} moved: "  # type: ignore[union-attr]
-            f"the lock records commit {recorded}, the source now has {found}; review the new "
-            f"commit, then `build-env lock --target {target.name} --repin`")
+    url = split_git(p.source.location)[0] if p.source else "?"
+    return (f"{p.name}: the git ref {ref!r} of {url} moved: the lock records commit {recorded}, "
+            f"the source now has {found}; review the new commit, then "
+            f"`build-env lock --target {target.name} --repin`")
 
 
 def pin_git(target: Target, lock: Path, *, previous: Path | None = None,
