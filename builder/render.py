@@ -402,7 +402,8 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
         raise RenderError("the lock has no uv pin: regenerate it with `build-env lock`",
                           target=target.name)
     layers = split_layers(locked, engine=engine,
-                          exclude=source_names | vendor_base.already_there(locked, base_record))
+                          exclude=source_names | set(chosen)
+                          | vendor_base.already_there(locked, base_record))
     build_lock = build_lock_path(lock_file) if lock_file else None
     if source_names and (build_lock is None or not build_lock.exists()):
         raise RenderError(f"no build-tools lock beside {lock_file}: run `build-env lock`",

@@ -84,6 +84,9 @@ def test_a_fitting_wheel_in_a_wheelhouse_replaces_the_source_build(tmp_path: Pat
     assert (ctx.path / "layers" / "prebuilt.txt").read_text().splitlines()[1] == (
         f"{PKG} @ file:///tmp/verl-env/prebuilt/{good.name} --hash=sha256:{sha}")
     assert (ctx.path / "prebuilt" / good.name).read_bytes() == good.read_bytes()
+    # the lock pins simplejson too (the index has wheels): no layer installs that one instead
+    layers = [f for f in (ctx.path / "layers").glob("[0-9]*.txt")]
+    assert layers and not any(f"\n{PKG}==" in f.read_text() for f in layers)
     assert ctx.manifest["prebuilt"][PKG]["choice"] == "wheel"
     assert PKG not in ctx.manifest["source_builds"]
     assert ctx.labels[f"org.verl-env.prebuilt.{PKG}"] == f"{good.name} sha256:{sha}"
