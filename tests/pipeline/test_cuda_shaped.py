@@ -8,8 +8,11 @@ refused (device-code coverage), and a moved git tag stops the next build before 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -174,3 +177,49 @@ def test_moved_git_tag_stops_check_lock_and_build(built: dict, site: Path, ca_bu
     assert lock.returncode != 0 and moved in lock.stderr and "--repin" in lock.stderr
     subprocess.run(["git", "-C", str(site.parent / "gitpkg.git"), "tag", "-f", "v0.1.0", commit],
                    check=True, capture_output=True)
+
+
+def test_a_prebuilt_wheel_replaces_the_source_build(built: dict, site: Path, ca_bundle: Path,
+                                                   tmp_path: Path) -> None:
+    """Prebuilt first: with a site wheelhouse holding a fitting simplejson wheel, `lock` takes
+    it, the build has no simplejson stage, the image holds that very wheel, the gate passes."""
+    wheelhouse = tmp_path / "wheelhouse"
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--no-deps",
+                           "--only-binary", ":all:", "--python-version", "3.11",
+                           "--platform", "manylinux_2_17_x86_64", "simplejson==4.3.0",
+                           "-d", str(wheelhouse)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PIP_CONFIG_FILE": "/dev/null"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [wheel] = wheelhouse.glob("simplejson-4.3.0-*.whl")
+    text = site.read_text()
+    line = '      simplejson: {version: "4.3.0", build: source}'
+    site.write_text(text.replace(line, line[:-1] + f", prebuilt: [{{wheelhouse: {wheelhouse}}}]}}"))
+    try:
+        lock = run_build_env("lock", "--target", TARGET, "--matrix", str(site), timeout=600)
+        assert lock.returncode == 0, lock.stderr
+        listing = run_build_env("list", "--matrix", str(site))
+        assert f"{TARGET}: simplejson: prebuilt wheel {wheel.name}" in listing.stdout
+        proc = run_build_env("--target", TARGET, "--matrix", str(site), "--ca-bundle",
+                             str(ca_bundle), "--workdir", str(tmp_path / "w"), "--json",
+                             timeout=3600)
+        assert proc.returncode == 0, proc.stderr[-5000:]
+        report = json.loads(proc.stdout)
+        build = report["stages"]["build"]
+        assert not [s for s in build["step_times"] if s["stage"] == "source-simplejson"]
+        assert _runs(build, "source-verl-env-gitpkg")  # the other source builds stay
+        image = docker.from_env().images.get(report["image_id"])
+        sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        assert image.labels["org.verl-env.prebuilt.simplejson"] == f"{wheel.name} sha256:{sha}"
+        checks = _checks(report["verification"])
+        assert checks["versions.pin.simplejson"]["status"] == "pass"
+        assert "cpu.source_build.simplejson" not in checks  # not built here
+        installer = docker.from_env().containers.run(
+            image.id, ["/opt/venv/bin/python", "-c", "import importlib.metadata as m; "
+                       "print(m.distribution('simplejson').read_text('WHEEL'))"],
+            remove=True, entrypoint=[]).decode()
+        tag = wheel.name[:-len(".whl")].split("-", 2)[2]
+        assert f"Tag: {tag}" in installer  # the wheelhouse's wheel, not one built from the sdist
+        print(f"\nprebuilt simplejson: build {build['seconds']} s, "
+              f"{build['cache_hits']} cached steps")
+    finally:
+        site.write_text(text)
