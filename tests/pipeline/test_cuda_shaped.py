@@ -77,8 +77,13 @@ def test_cuda_shaped_fixture_builds_with_nvcc_and_passes_the_gate(built: dict,
     assert "returned True" in checks[f"cpu.source_build.{EXT}"]["reason"]
     assert checks["versions.torch_build"]["status"] == "pass", checks["versions.torch_build"]
     # device-code coverage (issue 19 item 4): every native library runs on sm_80 and sm_90
+    # (none fails; a library that runs only by JIT from PTX may warn)
     coverage = {cid: c for cid, c in checks.items() if cid.startswith("coverage.")}
-    assert coverage and all(c["status"] == "pass" for c in coverage.values()), coverage
+    assert coverage[f"coverage.{EXT}"]["status"] == "pass", coverage[f"coverage.{EXT}"]
+    assert not [c for c in coverage.values() if c["status"] == "fail"]
+    for cid, c in sorted(coverage.items()):
+        if c["status"] != "pass":
+            print(f"\n  {c['status']}: {cid}: {c.get('reason')}")
     # the extension holds device code for exactly the declared GPUs (read with the image's own
     # python: the .so's .nv_fatbin section is there, its arch list is the one compiled)
     out = docker.from_env().containers.run(
