@@ -37,7 +37,8 @@ MAX_NODES = 20_000  # the reference matrix has about 150
 # A target name is part of a lock path and of image tags: lower case, digits, '.', '_', '-'.
 TARGET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _TARGET_KEYS = {"description", "accelerator", "arch", "base", "python", "cuda", "rocm",
-                "packages", "provided", "find_links", "apt", "gpus", "build_tools"}
+                "packages", "provided", "find_links", "apt", "gpus", "build_tools",
+                "coverage_allow"}
 _BASE_KEYS = {"image", "digest", "glibc", "source_image", "vendor", "interpreter", "sources"}
 # A vendor base provides packages (torch, vLLM): the target installs into the base's own
 # interpreter. ``probe``: inspected with `build-env lock --probe` (locks/T.base.json);
@@ -132,6 +133,10 @@ class Target:
     # Extra requirements of the source-build stage (an nvcc from the index where the base has
     # none), locked with the build tools; never in the final image.
     build_tools: tuple[str, ...] = ()
+    # Reviewed exceptions to the device-code coverage: a library path glob (relative to the
+    # site directory, e.g. vllm/_flashmla_C*.so) -> why it may lack code for some declared GPUs
+    # (arch-specific kernels the package loads only where they were built for).
+    coverage_allow: tuple[tuple[str, str], ...] = ()
 
     @property
     def platform(self) -> str:
@@ -188,6 +193,7 @@ class Target:
             "find_links": list(self.find_links), "apt": list(self.apt),
             **({"gpus": list(self.gpus)} if self.gpus else {}),
             **({"build_tools": list(self.build_tools)} if self.build_tools else {}),
+            **({"coverage_allow": dict(self.coverage_allow)} if self.coverage_allow else {}),
         }
 
     @property
@@ -487,9 +493,34 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
                     {k[len(key) + 1:] if k != key else "": v for k, v in ctx.lines.items()
                      if k == key or k.startswith(key + ".")},
                     gpus=_gpus(ctx, accel, t.get("gpus"), f"{key}.gpus", name),
-                    build_tools=_build_tools(ctx, t.get("build_tools", []), f"{key}.build_tools"))
+                    build_tools=_build_tools(ctx, t.get("build_tools", []), f"{key}.build_tools"),
+                    coverage_allow=_coverage_allow(ctx, accel, t.get("coverage_allow"),
+                                                   f"{key}.coverage_allow", name))
     _rules(ctx, target, key)
     return target
+
+
+def _coverage_allow(ctx: _Ctx, accel: str, value: Any, key: str, name: str
+                    ) -> tuple[tuple[str, str], ...]:
+    """``coverage_allow: {GLOB: REASON}``: every exception names the libraries it covers and
+    says why; only for families with GPUs."""
+    if value is None:
+        return ()
+    if FAMILIES[accel].gpu_pattern is None:
+        raise ctx.error(key, f"a {accel} target has no device code to allow", name)
+    if not isinstance(value, dict) or not value:
+        raise ctx.error(key, "expected a mapping of library globs to the reason each may lack "
+                             "code for a declared GPU", name)
+    out = []
+    for glob, why in value.items():
+        if not isinstance(glob, str) or not glob.strip() or glob.strip("*/. ") == "":
+            raise ctx.error(f"{key}.{glob}", "a glob must name libraries (not match everything)",
+                            name)
+        if not isinstance(why, str) or len(why.strip()) < 10:
+            raise ctx.error(f"{key}.{glob}", "give the reason in words (why this library may "
+                                             "lack code for a declared GPU)", name)
+        out.append((glob, why.strip()))
+    return tuple(sorted(out))
 
 
 def _gpus(ctx: _Ctx, accel: str, value: Any, key: str, name: str) -> tuple[str, ...]:

@@ -6,11 +6,15 @@ shared object (``*.so``, ``*.so.*``) under the interpreter's site directories
 Checks: ``coverage.scan`` (what was read, how long it took, and the whole table in its value),
 then one ``coverage.<distribution>`` per distribution that carries device code for the target's
 accelerator: pass when every library runs natively on every declared GPU, warn when one only
-runs after a JIT compile, fail naming the library and the GPU it cannot run on.
+runs after a JIT compile, fail naming the library and the GPU it cannot run on. A library the
+matrix lists in ``coverage_allow`` (a reviewed exception, with its reason: arch-specific kernels
+the package loads only on the GPUs they were built for) may lack code for a declared GPU: its
+cells read ``NONE (allowed)`` and the check names the exception instead of failing.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import site
@@ -45,6 +49,7 @@ class Library:
     # GPU -> (fat binaries / bundles with no code for it, all of them), where the library as a
     # whole does run there: kernels of some translation units were built for other GPUs only
     gaps: dict[str, tuple[int, int]] = field(default_factory=dict)
+    allowed: str | None = None  # the matrix's reason when coverage_allow names this library
 
 
 def site_dirs() -> list[str]:
@@ -167,16 +172,26 @@ def _status(lib: Library, gpu: str) -> str:
     return d.status if d else NONE
 
 
+def allowance(path: str, allow: dict[str, str]) -> str | None:
+    """The reason of the first ``coverage_allow`` glob that matches the library's path."""
+    return next((why for pattern, why in sorted(allow.items())
+                 if fnmatch.fnmatchcase(path, pattern)), None)
+
+
 def decide_dist(dist: str, libs: list[Library], gpus: list[str]) -> Check:
     """One distribution's check: fail names every (library, GPU) with no code, a library whose
-    device code could not be read is a required skip (unless another fails), JIT is a warn."""
+    device code could not be read is a required skip (unless another fails), JIT is a warn.
+    A library the matrix allows (``coverage_allow``) is named with its reason, not failed."""
     cid = f"{PHASE}.{dist}"
     value = {g: worst(_status(lib, g) for lib in libs if lib.images) for g in gpus}
     thr = threshold("runs on", gpus, "manifest gpus")
-    missing = []
+    missing, allowed = [], []
     for lib in libs:
         lacking = [g for g in gpus if lib.images and _status(lib, g) == NONE]
-        if lacking:
+        if lacking and lib.allowed:
+            allowed.append(f"{lib.path} has no code for {', '.join(lacking)}, allowed by the "
+                           f"matrix: {lib.allowed}")
+        elif lacking:
             missing.append(f"{lib.path} has no code for {', '.join(lacking)} "
                            f"(has {','.join(lib.images)})")
     unread = [f"{lib.path}: {'; '.join(lib.problems[:2])}" for lib in libs if lib.problems]
@@ -191,8 +206,9 @@ def decide_dist(dist: str, libs: list[Library], gpus: list[str]) -> Check:
     if jit:
         return Check(cid, PHASE, WARN, value=value, threshold=thr,
                      reason=f"{dist}: runs only after a JIT compile at first load: "
-                            + "; ".join(jit))
-    return Check(cid, PHASE, PASS, value=value, threshold=thr)
+                            + "; ".join(jit + allowed))
+    return Check(cid, PHASE, PASS, value=value, threshold=thr,
+                 reason=f"{dist}: " + "; ".join(allowed) if allowed else "")
 
 
 def table(libs: list[Library], gpus: list[str]) -> list[dict[str, Any]]:
@@ -207,6 +223,8 @@ def table(libs: list[Library], gpus: list[str]) -> list[dict[str, Any]]:
             row["gaps"] = {g: f"{n}/{m}" for g, (n, m) in lib.gaps.items()}
         if lib.problems:
             row["problems"] = lib.problems
+        if lib.allowed:
+            row["allowed"] = lib.allowed
         rows.append(row)
     return rows
 
@@ -220,6 +238,8 @@ def check_coverage(run: Run, roots: list[str] | None = None) -> list[Check]:
     t0 = time.monotonic()
     libs, files = scan(roots, run.accelerator, gpus)
     elapsed = time.monotonic() - t0
+    for lib in libs:
+        lib.allowed = allowance(lib.path, run.manifest.get("coverage_allow") or {})
     value = {"roots": roots, "elf_files": files, "libraries": len(libs), "seconds":
              round(elapsed, 3), "gpus": gpus, "table": table(libs, gpus)}
     dists = sorted({lib.dist for lib in libs})

@@ -50,6 +50,11 @@ def parse_manifest(data: Any, path: str = "manifest.json") -> dict[str, Any]:
     out.setdefault("cuda", None)
     out.setdefault("rocm", None)
     out["gpus"] = parse_gpus(data.get("gpus"), acc, path)
+    allow = data.get("coverage_allow") or {}
+    if not isinstance(allow, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                              for k, v in allow.items()):
+        raise ManifestError(f"{path}: 'coverage_allow' must map library globs to reasons")
+    out["coverage_allow"] = dict(allow)
     return out
 
 

@@ -220,6 +220,8 @@ def render_coverage(checks: list[Check], width: int = 120) -> str:
         return f"device code coverage: no library with device code ({scan.reason})"
     cells = [[r["dist"], r["library"]] + [COVERAGE_CELL.get(r["gpus"].get(g, ""), "?")
                                           + ("*" if g in r.get("gaps", {}) else "")
+                                          + ("(allowed)" if r.get("allowed") and
+                                             r["gpus"].get(g) == "none" else "")
                                           for g in gpus] for r in rows]
     head = ["DISTRIBUTION", "LIBRARY"] + gpus
     widths = [max(len(str(x[i])) for x in cells + [head]) for i in range(len(head))]
@@ -230,6 +232,9 @@ def render_coverage(checks: list[Check], width: int = 120) -> str:
         text = [_clip(str(x), w) if i == 1 else str(x) for i, (x, w) in
                 enumerate(zip(row, widths))]
         lines.append("  ".join(f"{x:<{w}}" for x, w in zip(text, widths)).rstrip())
+    for r in rows:
+        if r.get("allowed"):
+            lines.append(f"(allowed) {r['library']}: {r['allowed']} (matrix coverage_allow)")
     if any(r.get("gaps") for r in rows):
         lines.append("* some of the library's fat binaries (translation units) have no code for "
                      "that GPU: their kernels fail there if launched (often deliberate: "

@@ -328,3 +328,29 @@ def test_stub_cubins_and_fat_binaries_a_library_loads_itself(tmp_path: Path) -> 
     assert list(checks) == ["coverage.scan"] and checks["coverage.scan"].value["libraries"] == 0
     assert checks["coverage.scan"].status == "warn"
     assert "no cuda device code under" in checks["coverage.scan"].reason
+
+
+def test_a_reviewed_exception_names_its_reason_instead_of_failing() -> None:
+    """coverage_allow: an arch-specific library (vLLM's FlashMLA, Hopper/Blackwell only) may
+    lack code for a declared GPU; the check says so with the matrix's reason, and any other
+    library without code still fails."""
+    from builder.selftest.coverage import Library, allowance, decide_dist
+    from builder.selftest.devcompat import Decision
+
+    allow = {"vllm/_flashmla_C*.so": "FlashMLA kernels: vLLM loads them only on sm_90/sm_100"}
+    gpus = ["sm_80", "sm_90"]
+
+    def lib(path: str, sm80: str) -> Library:
+        out = Library("vllm", path, ["sm_90a"], {"sm_80": Decision(sm80), "sm_90":
+                                                  Decision("native")})
+        out.allowed = allowance(path, allow)
+        return out
+
+    flashmla = lib("vllm/_flashmla_C.abi3.so", "none")
+    check = decide_dist("vllm", [flashmla], gpus)
+    assert check.status == "pass" and "allowed by the matrix: FlashMLA" in check.reason
+    assert check.value == {"sm_80": "none", "sm_90": "native"}  # the value stays what was read
+    other = lib("vllm/_C.abi3.so", "none")
+    check = decide_dist("vllm", [flashmla, other], gpus)
+    assert check.status == "fail" and "vllm/_C.abi3.so has no code for sm_80" in check.reason
+    assert allowance("vllm/_C.abi3.so", allow) is None
