@@ -1,4 +1,4 @@
-"""Rendering the sbatch script: shellcheck on every family and several option sets, the
+"""Rendering the sbatch script: shellcheck on every family, runtime and several option sets, the
 contract of SlurmJob/render_sbatch/write_sbatch/CLI, the script's own shell functions run by real
 bash (InfiniBand port selection, allocation counts), and the node side's runtime command line
 recorded by a stand-in runtime (no Slurm needed; tests/slurm/unit_runtime.py)."""
@@ -78,6 +78,37 @@ def test_generated_script_passes_shellcheck(family: str, options: str, tmp_path:
     assert findings == [], "\n".join(f"{f['line']}: SC{f['code']} {f['message']}" for f in findings)
 
 
+PYXIS_SOURCES = {"trusted-remote": f"docker://registry.example.org:5000/verl/cuda@sha256:{DIGEST}",
+                 "docker-source": f"docker://images.example.net/x/verl@sha256:{DIGEST}"}
+
+
+def pyxis_values(options: str) -> dict[str, object]:
+    """An option set as a pyxis job: an enroot squashfs (or a registry image by digest)."""
+    values = dict(OPTION_SETS[options], runtime="pyxis",
+                  sif=PYXIS_SOURCES.get(options, "/shared/images/verl.sqsh"))
+    for refused in ("trust_key", "trust_pgp"):  # pyxis: no SIF attestations to check
+        values.pop(refused, None)
+    if options == "hub-model-binds":  # pyxis mounts are a ','/':'-separated list
+        values["inputs"] = Inputs.from_options(
+            train_files="/shared/d/train.parquet", val_files="/scratch/$USER/val.parquet",
+            model="Qwen/Qwen2.5-0.5B-Instruct", checkpoint_dir="${SCRATCH}/ckpt",
+            binds=["/etc/site.conf:/opt/site.conf:ro", "$HOME/x y"])
+    return values
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None,
+                    reason="shellcheck not installed (apt-get install shellcheck)")
+@pytest.mark.parametrize("options", sorted(OPTION_SETS))
+@pytest.mark.parametrize("family", ["cuda", "rocm", "cpu"])
+def test_pyxis_script_passes_shellcheck(family: str, options: str, tmp_path: Path) -> None:
+    values = pyxis_values(options)
+    if family == "cpu":
+        values.pop("gpus_per_node", None)
+    script = write_sbatch(job_for(family, **values), tmp_path / "job.sbatch")
+    findings = shellcheck(script)
+    assert findings == [], "\n".join(f"{f['line']}: SC{f['code']} {f['message']}" for f in findings)
+
+
 @pytest.mark.skipif(shutil.which("shellcheck") is None,
                     reason="shellcheck not installed (apt-get install shellcheck)")
 @pytest.mark.parametrize("options", sorted(OPTION_SETS))
@@ -92,9 +123,11 @@ def test_chrun_script_passes_shellcheck(options: str, tmp_path: Path) -> None:
 
 def test_family_profiles() -> None:
     cuda, rocm, cpu = (render_sbatch(job_for(f)) for f in ("cuda", "rocm", "cpu"))
-    assert 'RT=("$RUNTIME" exec --nv -B' in cuda and "--rocm" not in cuda
-    assert 'RT=("$RUNTIME" exec --rocm -B' in rocm and "--nv " not in rocm
-    assert 'RT=("$RUNTIME" exec -B' in cpu
+    assert 'RT=("$RUNTIME" exec --cleanenv --nv -B' in cuda and "--rocm" not in cuda
+    assert 'RT=("$RUNTIME" exec --cleanenv --rocm -B' in rocm and "--nv " not in rocm
+    assert 'RT=("$RUNTIME" exec --cleanenv -B' in cpu
+    assert 'DEVICES=("/dev/infiniband" "/dev/nvidia-caps-imex-channels")' in cuda
+    assert 'DEVICES=("/dev/infiniband")' in rocm and 'DEVICES=("/dev/infiniband")' in cpu
     for text in (cuda, rocm):
         for line in ('export_default NCCL_SOCKET_IFNAME "$IFACE"', "export_default NCCL_IB_DISABLE",
                      'export_default NCCL_IB_HCA "$hcas"'):
@@ -108,8 +141,9 @@ def test_family_profiles() -> None:
     assert "/sys/class/kfd" in rocm and "/dev/nvidia" in cuda
     for text in (cuda, rocm, cpu):
         assert 'GLOO_SOCKET_IFNAME "$IFACE"' in text
-        assert "-B /dev/infiniband" in text
         assert "APPTAINERENV_" in text
+        assert "NCCL_CUMEM_ENABLE" not in text  # never forced: NCCL decides
+        assert "export PYTHONNOUSERSITE=1" in text
         assert "#SBATCH --gpus-per-node=" not in text and "#SBATCH --cpus-per-task=" not in text
         assert "#SBATCH --time=" not in text
         assert not re.search(r"SLURM_\w+:-\d", text)  # no invented fallback numbers
@@ -140,10 +174,11 @@ def test_sbatch_lines_only_for_what_was_asked() -> None:
 def test_chrun_profile_and_refusal() -> None:
     text = render_sbatch(job_for("cpu", runtime="ch-run", sif="/shared/img",
                                  env={"NCCL_DEBUG": "INFO"}))
-    assert 'RT=("$RUNTIME" --env-no-expand)' in text
     assert '"--set-env=$VERL_ENV_SIF/ch/environment"' in text
     assert text.index("/ch/environment\"") < text.index('RT+=("--set-env=$name=${!name}")')
     assert "BIND_MODE" not in text and "APPTAINERENV_" not in text and 'RUNTIME="ch-run"' in text
+    assert 'RT=("$RUNTIME" --env-no-expand "--unset-env=*")' in text  # the host's env cleared
+    assert text.index('"--unset-env=*"') < text.index("/ch/environment\"")
     for family in ("cuda", "rocm"):
         with pytest.raises(SlurmError, match=f"ch-run is refused for the {family} family: ch-run "
                                              "does not inject the host's"):
