@@ -21,7 +21,7 @@ from builder.targets import Site, default_matrix, init_site, open_site, resolve_
 if TYPE_CHECKING:
     from builder.pipeline import Outcome
 
-SUBCOMMANDS = ("build", "init", "list", "check", "lock", "render", "verify", "sif", "publish",
+SUBCOMMANDS = ("build", "init", "list", "check", "lock", "render", "verify", "sif", "sqsh", "publish",
                "slurm", "doctor", "trust")
 
 # One convention for every subcommand: --matrix/--snapshot name the site, --target a matrix
@@ -145,13 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
     verify_mod.add_arguments(vf)
 
     for name, module, helptext in (("sif", "builder.sif", "convert a verified image to .sif"),
+                                   ("sqsh", "builder.sif.sqsh",
+                                    "write a verified image as an enroot squashfs (pyxis)"),
                                    ("publish", "builder.publish", "push image and SIF"),
                                    ("slurm", "builder.slurm", "write an sbatch script"),
                                    ("doctor", "builder.doctor", "pre-flight a cluster node"),
                                    ("trust", "builder.trust.cli", "sign and check attestations")):
         mod = importlib.import_module(module)
         sp = sub.add_parser(name, help=helptext)
-        if name in ("sif", "publish", "slurm"):
+        if name in ("sif", "sqsh", "publish", "slurm"):
             _common(sp)
         if name == "slurm":
             sp.add_argument("--target", default=None,
@@ -367,6 +369,7 @@ def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     table: dict[str, Callable[[argparse.Namespace], int]] = {
         "build": cmd_build, "init": cmd_init, "list": cmd_list, "check": cmd_check,
         "lock": cmd_lock, "render": cmd_render, "slurm": cmd_slurm,
+        "sqsh": importlib.import_module("builder.sif.sqsh").run,
     }
     if args.command in table:
         return table[args.command]
