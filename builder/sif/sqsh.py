@@ -90,15 +90,20 @@ class EnrootOverlay(Overlay):
         self.stats.arch = self.detect_arch()
 
 
-def mksquashfs_command(output: Path) -> list[str]:
+COMPRESSIONS = {"gzip": ["-comp", "gzip"], "lzo": ["-comp", "lzo"], "zstd": ["-comp", "zstd"],
+                "none": ["-noI", "-noD", "-noF", "-noX"]}
+
+
+def mksquashfs_command(output: Path, compression: str = "gzip") -> list[str]:
     """``mksquashfs`` reading a tar from stdin, every file owned by root (enroot's
-    ``-all-root``), gzip (readable by squashfuse and the kernel everywhere)."""
-    return ["mksquashfs", "-", str(output), "-tar", "-noappend", "-all-root", "-comp", "gzip",
-            "-root-mode", "755", "-quiet", "-no-progress"]
+    ``-all-root``); gzip by default (readable by squashfuse and the kernel everywhere), ``none``
+    the fastest to write (enroot's own default, ``-comp lzo -noD``, leaves data uncompressed)."""
+    return ["mksquashfs", "-", str(output), "-tar", "-noappend", "-all-root",
+            *COMPRESSIONS[compression], "-root-mode", "755", "-quiet", "-no-progress"]
 
 
-def build(engine: Engine, image: Any, output: Path, *, source: str, workdir: Path
-          ) -> dict[str, Any]:
+def build(engine: Engine, image: Any, output: Path, *, source: str, workdir: Path,
+          compression: str = "gzip") -> dict[str, Any]:
     """Write the enroot squashfs of a docker SDK ``Image`` to ``output`` (overwritten)."""
     attrs = image.attrs
     if attrs.get("Os", "linux") != "linux":
@@ -108,7 +113,7 @@ def build(engine: Engine, image: Any, output: Path, *, source: str, workdir: Pat
     overlay = EnrootOverlay(attrs.get("Config"), f"dockerd://{source}",
                             datetime.datetime.now().timestamp())
     with engine.export(image.id) as chunks:
-        sif_native.run_mksquashfs(mksquashfs_command(output), overlay.stream(chunks),
+        sif_native.run_mksquashfs(mksquashfs_command(output, compression), overlay.stream(chunks),
                                   workdir / "mksquashfs.log")
     return {"seconds": round(time.monotonic() - started, 1), "arch": overlay.stats.arch,
             "replaced": overlay.stats.replaced, "added": overlay.stats.added}
@@ -128,7 +133,7 @@ def check(path: Path, config: dict[str, Any] | None) -> None:
 
 
 def convert(engine: Engine, image: Any, *, output: Path, source: str,
-            target: str | None = None, force: bool = False,
+            target: str | None = None, force: bool = False, compression: str = "gzip",
             tmpdir: Path | None = None) -> dict[str, Any]:
     """Build, check, then atomically place the squashfs. Raises SifError on any failure."""
     if not force and not verdicts.is_verified(image.id):
@@ -141,7 +146,8 @@ def convert(engine: Engine, image: Any, *, output: Path, source: str,
         with interrupts_raise():
             scratch = sif_native.scratch_dir(output, tmpdir)
             try:
-                details = build(engine, image, partial, source=source, workdir=scratch)
+                details = build(engine, image, partial, source=source, workdir=scratch,
+                                compression=compression)
             except (RuntimeError, OverlayError) as exc:
                 raise SifError(str(exc), target=target) from None
             check(partial, image.attrs.get("Config"))
@@ -165,6 +171,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="repository of the release tags (default: verl-env)")
     p.add_argument("--force", action="store_true",
                    help="convert an image that has no passing verdict")
+    p.add_argument("--compression", choices=sorted(COMPRESSIONS), default="gzip",
+                   help="squashfs compression (default gzip; none: fastest to write)")
     p.add_argument("--tmpdir", type=Path, default=None,
                    help="scratch space (default: beside the output)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -187,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     except EngineError as exc:
         raise SifError(str(exc).split(": ", 1)[-1], target=target) from None
     report = convert(engine, image, output=output, source=ref, target=target, force=args.force,
-                     tmpdir=args.tmpdir)
+                     compression=args.compression, tmpdir=args.tmpdir)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
