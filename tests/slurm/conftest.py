@@ -59,6 +59,7 @@ class SlurmCluster:
     conf: Path
     env: dict[str, str]
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    enroot_store: Path | None = None  # pyxis clusters: each node's enroot containers
 
     def run(self, *cmd: str, env: dict[str, str] | None = None) -> str:
         """Run a Slurm client command against this cluster, return stdout."""
@@ -185,8 +186,12 @@ def pyxis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     root = tmp_path_factory.mktemp("pyxis")
     tools = enroot.build(root / "build")
     paths = {f"node{i}": enroot.node_path(tools, root / "enroot", f"node{i}") for i in (1, 2)}
-    yield from start_cluster(root / "slurm", plugstack=tools.plugstack_line(root / "pyxis-run"),
-                             node_paths=paths)
+    tasks = enroot.task_bin(tools, root / "enroot")
+    for cluster in start_cluster(root / "slurm", plugstack=tools.plugstack_line(root / "pyxis-run"),
+                                 node_paths=paths):
+        cluster.env["PATH"] = f"{tasks}:{cluster.env['PATH']}"  # what jobs and their tasks see
+        cluster.enroot_store = root / "enroot"
+        yield cluster
 
 
 def start_cluster(root: Path, plugstack: str = "",

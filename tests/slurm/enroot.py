@@ -7,7 +7,13 @@ what was measured building and running them. enroot is ``make install``-ed into 
 prefix, pyxis is built against Debian's Slurm headers (``libslurm-dev``). Each fake node gets a
 small ``enroot`` wrapper first on its slurmd's PATH that gives it its own data and runtime
 directories (two slurmd on one host would otherwise share one container store); pyxis runs
-``enroot`` with slurmd's PATH and drops a job's ``ENROOT_*_PATH`` variables.
+``enroot`` with slurmd's PATH and drops a job's ``ENROOT_*_PATH`` variables. Tasks get a third
+wrapper on their PATH that picks the store by ``$SLURMD_NODENAME``, so that a job's own
+``enroot`` calls (the script's clean-up of its named containers) reach the same store.
+
+pyxis keeps its default ``container_scope=global``: with ``container_scope=job`` its epilog runs
+``enroot list`` with a fixed PATH (``/usr/local/bin:/usr/bin:/bin``) where this private install is
+not, fails, and drains the node; named containers are then removed by the job script itself.
 
 The enroot configuration leaves ``ENROOT_LOGIN_SHELL`` at enroot's default (true), as a cluster
 may: the generated job must turn the login shell off itself.
@@ -56,9 +62,9 @@ class Tools:
     pyxis: Path  # spank_pyxis.so
 
     def plugstack_line(self, runtime: Path) -> str:
-        """plugstack.conf: pyxis required; named containers removed with their job."""
+        """plugstack.conf: pyxis required, its runtime files under ``runtime``."""
         runtime.mkdir(parents=True, exist_ok=True)
-        return f"required {self.pyxis} runtime_path={runtime} container_scope=job\n"
+        return f"required {self.pyxis} runtime_path={runtime}\n"
 
 
 def _make(args: list[str], log: Path) -> None:
@@ -87,22 +93,36 @@ def build(work: Path) -> Tools:
     return Tools(prefix, src / "pyxis" / "spank_pyxis.so")
 
 
-def node_path(tools: Tools, store: Path, node: str) -> str:
-    """A PATH for ``node``'s slurmd: its enroot wrapper first (own container store)."""
-    bindir = store / node / "bin"
+def _wrapper(tools: Tools, bindir: Path, node_dir: str) -> None:
     bindir.mkdir(parents=True)
-    dirs = {name: store / node / name for name in ("data", "run", "cache", "tmp")}
-    for d in dirs.values():
-        d.mkdir(mode=0o1777)
-        d.chmod(0o1777)
     wrapper = bindir / "enroot"
     wrapper.write_text(
         "#!/bin/sh\n"
-        f'export ENROOT_DATA_PATH="{dirs["data"]}/user-$(id -u)"\n'
-        f'export ENROOT_RUNTIME_PATH="{dirs["run"]}/user-$(id -u)"\n'
-        f'export ENROOT_CACHE_PATH="{dirs["cache"]}/user-$(id -u)"\n'
-        f'export ENROOT_TEMP_PATH="{dirs["tmp"]}"\n'
+        f'd="{node_dir}"\n'
+        'export ENROOT_DATA_PATH="$d/data/user-$(id -u)"\n'
+        'export ENROOT_RUNTIME_PATH="$d/run/user-$(id -u)"\n'
+        'export ENROOT_CACHE_PATH="$d/cache/user-$(id -u)"\n'
+        'export ENROOT_TEMP_PATH="$d/tmp"\n'
         "export ENROOT_MAX_PROCESSORS=1\n"
         f'exec "{tools.prefix}/bin/enroot" "$@"\n')
     wrapper.chmod(0o755)
-    return f"{bindir}:{tools.prefix}/bin:{os.environ.get('PATH', '/usr/bin:/bin')}"
+
+
+def node_path(tools: Tools, store: Path, node: str) -> str:
+    """A PATH for ``node``'s slurmd: its enroot wrapper first (own container store)."""
+    for name in ("data", "run", "cache", "tmp"):
+        (store / node / name).mkdir(parents=True, mode=0o1777)
+        (store / node / name).chmod(0o1777)
+    _wrapper(tools, store / node / "bin", str(store / node))
+    return f"{store / node / 'bin'}:{tools.prefix}/bin:{os.environ.get('PATH', '/usr/bin:/bin')}"
+
+
+def task_bin(tools: Tools, store: Path) -> Path:
+    """A directory for the tasks' PATH: ``enroot`` on the store of ``$SLURMD_NODENAME``."""
+    _wrapper(tools, store / "task-bin", f"{store}/${{SLURMD_NODENAME:?}}")
+    return store / "task-bin"
+
+
+def containers(store: Path) -> list[str]:
+    """The enroot containers left in every node's store."""
+    return sorted(str(p.relative_to(store)) for p in store.glob("node*/data/*/*"))

@@ -305,6 +305,19 @@ def test_two_nodes_selftest_ray_and_train_from_the_image(any_bench: Bench) -> No
     print(f"TIMING job wall {wall:.1f}s, Ray 2-node join {joined.group(1)}s")
     assert _leftover_ray(bench) == [], "Ray processes outlived the job"
     assert _image_mounts(bench.image) == []
+    if bench.runtime == "pyxis":  # one named container per node, reused, removed by the job
+        name = f"pyxis_verl-env-{info['JobId']}"
+        for node in ("node1", "node2"):
+            log = (bench.cluster.root / f"slurmd-{node}.log").read_text()
+            assert log.count(f"creating container filesystem: {name}\n") == 1, log[-3000:]
+        assert _containers(bench) == []
+
+
+def _containers(bench: Bench) -> list[str]:
+    from tests.slurm import enroot
+
+    store = bench.cluster.enroot_store
+    return enroot.containers(store) if store else []
 
 
 def test_image_packages_win_over_user_site_and_module_paths(any_bench: Bench) -> None:
