@@ -673,3 +673,26 @@ def test_jobtools_report_lists_failing_checks(tmp_path: Path) -> None:
                                         "  fail env.visible: HIP != CUDA",
                                         "  skip gpu.count: no GPU"]
     assert jobtools.main(["nonsense"]) == 2
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN_JOBS = {
+    "cuda-apptainer": dict(family="cuda", gpus_per_node=8, account="proj42", mem="0"),
+    "rocm-pyxis": dict(family="rocm", runtime="pyxis", gpus_per_node=8, sif=SQSH,
+                       constraint="mi300x", cpu_bind="none"),
+    "cpu-chrun": dict(family="cpu", runtime="ch-run", sif="/shared/images/verl-cpu"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_JOBS))
+def test_golden_job_script(name: str) -> None:
+    """The whole rendered script, one per runtime; regenerate deliberately
+    (UPDATE_GOLDEN=1) and read the diff."""
+    values = dict(GOLDEN_JOBS[name])
+    family = str(values.pop("family"))
+    text = render_sbatch(job_for(family, **values))
+    golden = GOLDEN / f"job-{name}.sbatch"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(text)
+    assert text == golden.read_text(), (
+        f"rendered job script differs from {golden}; if intended: UPDATE_GOLDEN=1 pytest")
