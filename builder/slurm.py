@@ -193,7 +193,7 @@ _SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.:,+=@%/-]+")
 _CONSTRAINT = re.compile(r"[A-Za-z0-9_.:,+=@%/&|()\[\]*!-]+")
 _MEM = re.compile(r"\d+[KMGT]?")
 _CPU_BIND = re.compile(r"[a-z_]+(:[0-9a-fx,]+)?(,[a-z_]+(:[0-9a-fx,]+)?)*")
-_TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|\d+-\d+")
+_TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|INFINITE|UNLIMITED")
 _DIGEST = re.compile(r"@sha256:([0-9a-f]{64})$")
 _REMOTE = ("oras://", "docker://")
 
@@ -328,7 +328,8 @@ def validate(job: SlurmJob) -> None:
     if not _CPU_BIND.fullmatch(job.cpu_bind):
         raise _fail(f"cpu_bind {job.cpu_bind!r} is not a Slurm --cpu-bind value", job)
     if job.time is not None and not _TIME.fullmatch(job.time):
-        raise _fail(f"time {job.time!r} is not a Slurm time (MM, HH:MM:SS or D-HH:MM:SS)", job)
+        raise _fail(f"time {job.time!r} is not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, "
+                    "D-HH:MM, D-HH:MM:SS or UNLIMITED)", job)
     for key in job.env:
         if not _NAME.fullmatch(key):
             raise _fail(f"environment name {key!r} is not a valid shell variable name", job)

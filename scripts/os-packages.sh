@@ -3,11 +3,15 @@
 # Real parts only: Docker Engine, an OCI registry, Slurm, siftool/mksquashfs, shellcheck,
 # debootstrap for the base image, charliecloud (runs a SIF's squashfs), skopeo/umoci, gnupg (the
 # tests check SIF signatures with the real gpg, independently of the PGPy code under test), and
-# Go + sylabs sif sources (the tests build the reference SIF signature verifier from them).
+# Go + sylabs sif sources (the tests build the reference SIF signature verifier from them), and
+# what building enroot and pyxis from source needs (libslurm-dev: Slurm's spank.h).
 set -euo pipefail
 packages=(docker.io docker-registry apache2-utils slurmctld slurmd slurm-client munge shellcheck
           squashfuse squashfs-tools siftool skopeo umoci charliecloud-runtime debootstrap
-          qemu-user-static binfmt-support gnupg openssl golang-go golang-github-sylabs-sif-dev)
+          qemu-user-static binfmt-support gnupg openssl golang-go golang-github-sylabs-sif-dev
+          # enroot and pyxis, built by tests/slurm from their source snapshots (../shared/vendor)
+          gcc make libc6-dev libslurm-dev libcap2-bin curl gawk jq parallel pigz zstd
+          fuse-overlayfs fuse3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
