@@ -1,8 +1,8 @@
 """Fixtures for the Slurm tests: a real two-node Slurm on this host and free port blocks.
 
 The cluster is Debian's slurmctld + two ``slurmd -N nodeI`` on localhost with ``auth/none``
-(research/feasibility.md §2), binding every task to its CPUs (``task/affinity``) as production
-clusters do. ``pyxis_cluster`` is a second one with NVIDIA's pyxis loaded through
+(research/feasibility.md §2), binding every task to the cores of its CPUs (``task/affinity``,
+``TaskPluginParam=Cores``) as production clusters do. ``pyxis_cluster`` is a second one with NVIDIA's pyxis loaded through
 ``plugstack.conf`` and enroot on each slurmd's PATH, both built here from their source snapshots
 (tests/slurm/enroot.py). A real ``TaskProlog`` exports the ``KEY=VALUE`` lines of
 ``<root>/node-env/<node>.env`` into every task on that node (how a site prolog or module setup
@@ -106,6 +106,7 @@ def _write_conf(root: Path, nodes: int, ctld_port: int, node_ports: list[int],
         # every task bound to the CPUs of its step (what a one-task step without -c gets
         # bound to is what the CPU-binding test is about)
         "TaskPlugin=task/affinity",
+        "TaskPluginParam=Cores",  # as many sites: a task is bound to the cores of its CPUs
         "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",
         "MpiDefault=none",
