@@ -696,3 +696,20 @@ def test_golden_job_script(name: str) -> None:
         golden.write_text(text)
     assert text == golden.read_text(), (
         f"rendered job script differs from {golden}; if intended: UPDATE_GOLDEN=1 pytest")
+
+
+def test_installed_cli_writes_every_runtime(tmp_path: Path) -> None:
+    """`build-env slurm` from the installed wheel (its templates are package data), one script
+    per runtime, each passing bash -n."""
+    from tests.conftest import run_build_env
+
+    for runtime, image in (("apptainer", ORAS), ("singularity", ORAS), ("pyxis", SQSH),
+                           ("ch-run", "/shared/images/verl-cpu")):
+        out = tmp_path / f"{runtime}.sbatch"
+        proc = run_build_env("slurm", "--family", "cpu", "--runtime", runtime, "--image", image,
+                             "--train-cmd", "python3 train.py", "--account", "p", "--output",
+                             str(out), timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        text = out.read_text()
+        assert f'RUNTIME="{runtime}"' in text and "#SBATCH --account=p" in text
+        assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
