@@ -210,8 +210,35 @@ def check_shm(path: Path) -> list[Finding]:
     return [Finding("shm.size", OK, msg)]
 
 
+def check_pyxis() -> list[Finding]:
+    """pyxis: srun knows --container-image (the plugin is loaded) and enroot is on PATH."""
+    srun = shutil.which("srun")
+    try:
+        help_text = subprocess.run([srun, "--help"], capture_output=True, text=True,
+                                   timeout=20).stdout if srun else ""
+    except (OSError, subprocess.TimeoutExpired):
+        help_text = ""
+    if "--container-image" not in help_text:
+        return [Finding("runtime", FAIL, "srun has no --container-image: pyxis is not loaded",
+                        "load pyxis in plugstack.conf (or use --runtime apptainer)")]
+    path = shutil.which("enroot")
+    if path is None:
+        return [Finding("runtime", FAIL, "pyxis is loaded but enroot is not on PATH",
+                        "install enroot on every node (pyxis runs it with slurmd's PATH)")]
+    try:
+        proc = subprocess.run([path, "version"], capture_output=True, text=True, timeout=20)
+        version = proc.stdout.strip() if proc.returncode == 0 else ""
+    except (OSError, subprocess.TimeoutExpired):
+        version = ""
+    if not version:
+        return [Finding("runtime", FAIL, f"{path} version failed", "reinstall enroot")]
+    return [Finding("runtime", OK, f"pyxis loaded; {path}: enroot {version}")]
+
+
 def check_runtime(runtime: str) -> list[Finding]:
     """The container runtime is on PATH, and its version."""
+    if runtime == "pyxis":
+        return check_pyxis()
     path = shutil.which(runtime)
     if path is None:
         return [Finding("runtime", FAIL, f"{runtime} not found on PATH",
@@ -301,7 +328,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interface", default="ib0", help="interface Ray/NCCL will use")
     parser.add_argument("--hf-home", default=None, help="HF cache to test (default $HF_HOME)")
     parser.add_argument("--runtime", default="apptainer",
-                        help="container runtime command (apptainer, singularity, ch-run)")
+                        help="container runtime command (apptainer, singularity, ch-run; pyxis: "
+                             "srun --container-image and enroot)")
 
 
 def run(args: argparse.Namespace) -> int:

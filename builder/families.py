@@ -57,6 +57,25 @@ class Family:
     # expression; None: the family runs on no GPU, and a target of it lists none).
     gpu_pattern: str | None = None
 
+    # --- the Slurm job (builder.slurm, templates/job/) -------------------------------------
+    # The GPU selection a launcher may have set, in priority order: the first one set is
+    # exported under every name of ``visible_devices`` (ROCm: Ray wants HIP == CUDA).
+    visible_sources: tuple[str, ...] = ()
+    # Device paths bound into the container in every runtime when the node has them (NVL72:
+    # the IMEX channels that multi-node NVLink needs).
+    node_devices: tuple[str, ...] = ()
+
+    @property
+    def needs_gpus(self) -> bool:
+        """A job of this family must have GPUs in its allocation."""
+        return self.vendor is not None
+
+    @property
+    def pyxis_devices(self) -> tuple[str, ...]:
+        """Device nodes pyxis must mount itself: enroot's hooks inject NVIDIA GPUs (and
+        InfiniBand) but have no AMD hook, so ROCm's /dev/kfd and /dev/dri are mounted."""
+        return self.vendor.devices if self.vendor else ()
+
     @property
     def gpu_probe(self) -> str | None:
         """Whose GPUs a node counts when Slurm does not say (nvidia, amd, None)."""
@@ -79,6 +98,8 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({
                    collective_defaults=MappingProxyType({"NCCL_IB_DISABLE": "0"}), uses_ib=True,
                    # sm_90, sm_100, sm_103; sm_90a / sm_100f: arch- and family-specific code
                    gpu_pattern=r"sm_[1-9][0-9]{1,2}[af]?"),
+                   # GB200/GB300 NVL72: the IMEX channels (never NCCL_CUMEM_ENABLE: NCCL decides)
+                   node_devices=("/dev/nvidia-caps-imex-channels",)),
     # verl's and AMD's MI300 recipes: MSCCL off, no scratch reclaim; Ray refuses
     # ROCR_VISIBLE_DEVICES and must leave HIP_VISIBLE_DEVICES alone.
     "rocm": Family("rocm", AMD, ALL_PHASES, ("--rocm",),
@@ -88,6 +109,8 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({
                        "HSA_NO_SCRATCH_RECLAIM": "1",
                        "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1"}),
                    uses_ib=True, unset=("ROCR_VISIBLE_DEVICES",),
+                   visible_sources=("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                                    "HIP_VISIBLE_DEVICES"),
                    # Ray must not rewrite the visibility variables the launcher set (verl's and
                    # AMD's ROCm images; docs/families.md cites them).
                    image_env=MappingProxyType({

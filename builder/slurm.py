@@ -1,8 +1,10 @@
-"""Render sbatch scripts that run verl on several nodes from a verified Apptainer image.
+"""Render sbatch scripts that run verl on several nodes from a verified image (Apptainer or
+Singularity SIF, an enroot squashfs or registry image through pyxis, or a ch-run directory).
 
 Pure core: this module only turns a :class:`SlurmJob` into shell text (jinja2,
 ``StrictUndefined``); the script itself does the work on the cluster. What the script does,
-stage by stage, is documented in ``docs/slurm.md`` and in the template's header.
+stage by stage, is documented in ``docs/slurm.md`` and in the template's header. The template is
+``templates/job/main.j2`` with one include per stage and one per runtime (``job/runtime/``).
 """
 
 from __future__ import annotations
@@ -24,9 +26,15 @@ from builder.families import FAMILIES, Family
 from builder.files import atomic_write_text
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
-TEMPLATE = "job.sbatch.j2"
+TEMPLATE = "job/main.j2"
 
-RUNTIMES = ("apptainer", "singularity", "ch-run")
+RUNTIMES = ("apptainer", "singularity", "pyxis", "ch-run")
+#: The template part (``job/runtime/<part>.j2``) of each runtime.
+RUNTIME_PARTS = {"apptainer": "apptainer", "singularity": "apptainer", "pyxis": "pyxis",
+                 "ch-run": "chrun"}
+#: The oldest Slurm the script supports: ``srun --overlap`` (steps sharing the Ray steps' CPUs
+#: and GPUs) came with 20.11; checked by the job at setup.
+MIN_SLURM = "20.11"
 #: Where checkpoints go when the user names no --checkpoint-dir (shared, survives the job).
 DEFAULT_CHECKPOINT_DIR = "${SLURM_SUBMIT_DIR}/checkpoints"
 
@@ -39,11 +47,15 @@ FAMILY_NAMES = tuple(FAMILIES)
 
 #: Variables the job script hands to the container explicitly (besides every ``--env`` name),
 #: so that they win over an image ENV of the same name; passed only when set.
-PASSED_PREFIXES = ("NCCL_", "RCCL_", "GLOO_", "HSA_", "TORCH_NCCL_", "UCX_")
+PASSED_PREFIXES = ("NCCL_", "RCCL_", "GLOO_", "HSA_", "TORCH_NCCL_", "UCX_", "SLURM_")
 PASSED_NAMES = ("HF_HOME", "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
                 "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
                 "VERL_ENV_TARGET", "VERL_ENV_FAMILY", "VERL_ENV_CPUS_PER_NODE",
-                "VERL_ENV_GPUS_PER_NODE", "VERL_ENV_JOB_DIR", "PYTHONUNBUFFERED")
+                "VERL_ENV_GPUS_PER_NODE", "VERL_ENV_JOB_DIR", "VERL_ENV_NODE_DEVICES",
+                "PYTHONUNBUFFERED", "PYTHONNOUSERSITE", "LANG", "TZ")
+#: What a runtime that starts from an empty environment needs as well (apptainer sets these
+#: itself and refuses them as APPTAINERENV_*).
+CLEAN_START_NAMES = ("HOME", "USER")
 
 
 @dataclass(frozen=True)
@@ -178,7 +190,10 @@ def _quote_keep_vars(word: str) -> str:
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _VAR_REF = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
 _SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.:,+=@%/-]+")
-_TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|\d+-\d+")
+_CONSTRAINT = re.compile(r"[A-Za-z0-9_.:,+=@%/&|()\[\]*!-]+")
+_MEM = re.compile(r"\d+[KMGT]?")
+_CPU_BIND = re.compile(r"[a-z_]+(:[0-9a-fx,]+)?(,[a-z_]+(:[0-9a-fx,]+)?)*")
+_TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|INFINITE|UNLIMITED")
 _DIGEST = re.compile(r"@sha256:([0-9a-f]{64})$")
 _REMOTE = ("oras://", "docker://")
 
@@ -234,11 +249,18 @@ class SlurmJob:
     time: str | None = None  # None: the partition's default limit
     interface: str = "ib0"
     cache_dir: str = "${HOME}/.cache/verl-env/sif"
-    hf_home: str = "${HOME}/.cache/huggingface"
+    hf_home: str | None = None  # None: the user's HF_HOME, else ${HOME}/.cache/huggingface
     train_cmd: str | None = None  # None: verl's trainer on ``inputs`` (needs data and model)
     inputs: Inputs = field(default_factory=Inputs)
     env: Mapping[str, str] = field(default_factory=dict)  # site NCCL/RCCL overrides, win last
     runtime: str = "apptainer"
+    # site options: a #SBATCH line each, only when given
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    reservation: str | None = None
+    mem: str | None = None  # per node, as --mem takes it (0: all of it)
+    cpu_bind: str = "cores"  # every step's --cpu-bind (it gets its node's CPUs with -c)
     roce: bool = False  # NCCL_IB_HCA also lists RoCE (Ethernet link layer) ports
     ray_ports: RayPorts = field(default_factory=RayPorts)
     port_stride: int = 0  # >0 only when several Slurm nodes share one host (test clusters)
@@ -283,6 +305,7 @@ def validate(job: SlurmJob) -> None:
     if job.trust_key and job.runtime == "ch-run":
         raise _fail("--trust-key checks a SIF (or its registry reference); ch-run runs an "
                     "unpacked directory, which carries no attestations", job)
+    _check_image(job)
     if job.trust_pgp and not job.trust_key:
         raise _fail("--trust-pgp goes with --trust-key", job)
     if job.nodes < 1 or (job.cpus_per_task is not None and job.cpus_per_task < 1):
@@ -294,12 +317,19 @@ def validate(job: SlurmJob) -> None:
             raise _fail(f"a {job.family} job needs gpus_per_node >= 1", job)
         if job.family == "cpu" and job.gpus_per_node > 0:
             raise _fail("a cpu job asks for no GPUs (gpus_per_node must be 0 or unset)", job)
-    for name in ("target", "job_name", "partition", "interface"):
+    for name in ("target", "job_name", "partition", "interface", "account", "qos", "reservation"):
         value = getattr(job, name)
         if value is not None and not _SBATCH_VALUE.fullmatch(value):
             raise _fail(f"{name} {value!r} has characters a Slurm option cannot hold", job)
+    if job.constraint is not None and not _CONSTRAINT.fullmatch(job.constraint):
+        raise _fail(f"constraint {job.constraint!r} is not a Slurm feature expression", job)
+    if job.mem is not None and not _MEM.fullmatch(job.mem):
+        raise _fail(f"mem {job.mem!r} is not a Slurm memory size (e.g. 500G, 0 for all)", job)
+    if not _CPU_BIND.fullmatch(job.cpu_bind):
+        raise _fail(f"cpu_bind {job.cpu_bind!r} is not a Slurm --cpu-bind value", job)
     if job.time is not None and not _TIME.fullmatch(job.time):
-        raise _fail(f"time {job.time!r} is not a Slurm time (MM, HH:MM:SS or D-HH:MM:SS)", job)
+        raise _fail(f"time {job.time!r} is not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, "
+                    "D-HH:MM, D-HH:MM:SS or UNLIMITED)", job)
     for key in job.env:
         if not _NAME.fullmatch(key):
             raise _fail(f"environment name {key!r} is not a valid shell variable name", job)
@@ -320,13 +350,75 @@ def validate(job: SlurmJob) -> None:
         if timeout < 1:
             raise _fail("timeouts must be >= 1 s", job)
     _check_ports(job)
-    for text in (job.cache_dir, job.hf_home, job.runtime, job.ray_tmp_root, job.job_dir,
+    for text in (job.cache_dir, job.hf_home or "", job.runtime, job.ray_tmp_root, job.job_dir,
                  job.selftest_phases or "", job.selftest_args, *job.env.values(), command,
                  *(p for b in job.inputs.all_binds() for p in (b.src, b.dst))):
         try:
             shell_word(text)
         except ValueError as exc:
             raise _fail(str(exc), job) from None
+
+
+def _check_image(job: SlurmJob) -> None:
+    """The image each runtime can run: pyxis an enroot squashfs or a registry image by digest;
+    apptainer and singularity a SIF (path, oras:// or docker://)."""
+    if job.runtime == "pyxis":
+        if job.sif.startswith("oras://"):
+            raise _fail("pyxis (enroot) imports OCI images, not SIF artifacts: pass "
+                        "docker://REGISTRY/IMAGE@sha256:… or an enroot .sqsh (build-env sqsh)",
+                        job)
+        if not job.sif.startswith("docker://") and job.sif.endswith(".sif"):
+            raise _fail(f"pyxis runs an enroot squashfs (.sqsh, from build-env sqsh), not the "
+                        f"SIF {job.sif!r}", job)
+        if job.trust_key:
+            raise _fail("--trust-key checks a SIF and its attestations; with pyxis run "
+                        "build-env trust verify on the image reference before submitting", job)
+        for b in job.inputs.all_binds():
+            if "," in b.src + b.dst or ":" in b.src + b.dst:
+                raise _fail(f"pyxis takes its mounts as one comma- and colon-separated list: "
+                            f"the bind {b.src}:{b.dst} cannot hold ',' or ':'", job)
+    elif job.runtime != "ch-run" and job.sif.endswith(".sqsh"):
+        raise _fail(f"{job.sif!r} is an enroot squashfs: run it with --runtime pyxis (or pass "
+                    f"a SIF to {job.runtime})", job)
+
+
+def pyxis_image(source: str) -> str:
+    """What ``srun --container-image`` takes: a path as it is; ``docker://REG/IMG@sha256:…``
+    in enroot's form ``REG#IMG@sha256:…`` (a first component without ``.`` or ``:`` is a
+    Docker Hub namespace, passed as it is)."""
+    if not source.startswith("docker://"):
+        return source
+    ref = source[len("docker://"):]
+    first, sep, rest = ref.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return f"{first}#{rest}"
+    return ref
+
+
+def sbatch_options(job: SlurmJob) -> list[tuple[str, str | None]]:
+    """The #SBATCH lines beyond nodes and tasks, only for what was asked."""
+    out: list[tuple[str, str | None]] = []
+    for option, value in (("cpus-per-task", job.cpus_per_task),
+                          ("gpus-per-node", job.gpus_per_node), ("mem", job.mem),
+                          ("partition", job.partition), ("account", job.account),
+                          ("qos", job.qos), ("constraint", job.constraint),
+                          ("reservation", job.reservation), ("time", job.time)):
+        if value:
+            out.append((option, str(value)))
+    if job.exclusive:
+        out.append(("exclusive", None))
+    return out
+
+
+def job_devices(job: SlurmJob) -> tuple[str, ...]:
+    """Device paths bound into the container when a node has them. ch-run shares the host's
+    /dev; pyxis leaves NVIDIA GPUs and InfiniBand to enroot's hooks."""
+    profile = FAMILY_PROFILES[job.family]
+    if job.runtime == "ch-run":
+        return ()
+    if job.runtime == "pyxis":
+        return (*profile.pyxis_devices, *profile.node_devices)
+    return ("/dev/infiniband", *profile.node_devices)
 
 
 def training_command(job: SlurmJob) -> str:
@@ -424,10 +516,16 @@ def render_sbatch(job: SlurmJob) -> str:
         path_checks=job.inputs.checks(),
         checkpoint_dir=job.inputs.checkpoint_dir,
         passed_prefixes=PASSED_PREFIXES,
-        passed_names=PASSED_NAMES,
+        passed_names=PASSED_NAMES + (CLEAN_START_NAMES if job.runtime in ("pyxis", "ch-run")
+                                     else ()),
+        sbatch_options=sbatch_options(job),
+        runtime_part=RUNTIME_PARTS[job.runtime],
+        pyxis_image=pyxis_image(job.sif),
+        devices=job_devices(job),
+        min_slurm=MIN_SLURM,
         env_prefix="SINGULARITYENV_" if job.runtime == "singularity" else "APPTAINERENV_",
         selftest_argv=shlex.split(job.selftest_args),
-        sif_name=sif_cache_name(job.sif),
+        sif_name=None if job.runtime == "pyxis" else sif_cache_name(job.sif),
         generator="build-env slurm",
     )
     return _environment().get_template(TEMPLATE).render(**values)
@@ -457,9 +555,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--family", choices=FAMILY_NAMES, help="accelerator family of the target")
     parser.add_argument("--sif", "--image", dest="sif", default=None,
                         help="oras://…@sha256:…, docker://…@sha256:… or a .sif path (apptainer, "
-                             "singularity); an unpacked image directory (ch-run)")
+                             "singularity); docker://…@sha256:… or an enroot .sqsh path "
+                             "(pyxis); an unpacked image directory (ch-run)")
     parser.add_argument("--runtime", choices=RUNTIMES, default=d.runtime,
-                        help="container runtime on the nodes (ch-run: cpu family only)")
+                        help="container runtime on the nodes: apptainer, singularity, pyxis "
+                             "(srun --container-image, enroot underneath) or ch-run (cpu family "
+                             "only)")
     io = parser.add_argument_group("what the trainer reads and writes (bound into every container)")
     io.add_argument("--data", default=None, metavar="DIR",
                     help="directory holding train.parquet and test.parquet (verl's preprocessing "
@@ -481,7 +582,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     alloc.add_argument("--cpus-per-task", type=int, default=None,
                        help="CPUs per node (Ray's --num-cpus otherwise comes from the allocation)")
     alloc.add_argument("--partition", default=None)
-    alloc.add_argument("--time", default=None)
+    alloc.add_argument("--time", default=None, help="time limit (MM, HH:MM:SS, D-HH:MM:SS)")
+    alloc.add_argument("--mem", default=None, help="memory per node (e.g. 500G; 0: all of it)")
+    alloc.add_argument("--account", default=None)
+    alloc.add_argument("--qos", default=None)
+    alloc.add_argument("--constraint", default=None, help="node features (e.g. 'a100&ib')")
+    alloc.add_argument("--reservation", default=None)
+    alloc.add_argument("--cpu-bind", default=d.cpu_bind,
+                       help=f"--cpu-bind of every step (default {d.cpu_bind}); each step asks "
+                            "for all CPUs of its node's allocation")
     alloc.add_argument("--no-exclusive", dest="exclusive", action="store_false",
                        help="share nodes (default: #SBATCH --exclusive, whole nodes)")
     net = parser.add_argument_group("network")
@@ -493,7 +602,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--roce", action="store_true",
                      help="NCCL_IB_HCA also lists RoCE (Ethernet link layer) ports")
     parser.add_argument("--cache-dir", default=d.cache_dir, help="shared SIF cache directory")
-    parser.add_argument("--hf-home", default=d.hf_home, help="shared Hugging Face cache")
+    parser.add_argument("--hf-home", default=None,
+                        help="shared Hugging Face cache (default: the user's $HF_HOME, else "
+                             "$HOME/.cache/huggingface)")
     parser.add_argument("--selftest-phases", default=None, help="phases for the node self-test")
     parser.add_argument("--selftest-args", default="",
                         help="more self-test options (e.g. '--strict --bw-ref FILE')")
@@ -523,6 +634,8 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
         partition=args.partition, time=args.time, interface=args.interface,
         cache_dir=args.cache_dir, hf_home=args.hf_home, train_cmd=args.train_cmd, inputs=inputs,
         env=parse_env(args.env), runtime=args.runtime, roce=args.roce,
+        account=args.account, qos=args.qos, constraint=args.constraint,
+        reservation=args.reservation, mem=args.mem, cpu_bind=args.cpu_bind,
         selftest_phases=args.selftest_phases, selftest_args=args.selftest_args,
         ray_wait_timeout=args.ray_wait_timeout, exclusive=args.exclusive,
         trust_key=_absolute(args.trust_key, "--trust-key") if args.trust_key else None,

@@ -5,10 +5,10 @@ command sees an argparse Namespace."""
 from __future__ import annotations
 
 from builder.commands import (build, check, completion, doctor, init, listing, lock, publish,
-                              render, sif, slurm, trust, verify)
+                              render, sif, slurm, sqsh, trust, verify)
 
-COMMANDS = (build, init, listing, check, lock, render, verify, sif, publish, slurm, doctor, trust,
-            completion)
+COMMANDS = (build, init, listing, check, lock, render, verify, sif, sqsh, publish, slurm, doctor,
+            trust, completion)
 BY_NAME = {m.NAME: m for m in COMMANDS}
 
 __all__ = ["BY_NAME", "COMMANDS"]

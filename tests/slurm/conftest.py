@@ -1,7 +1,10 @@
 """Fixtures for the Slurm tests: a real two-node Slurm on this host and free port blocks.
 
 The cluster is Debian's slurmctld + two ``slurmd -N nodeI`` on localhost with ``auth/none``
-(research/feasibility.md §2). A real ``TaskProlog`` exports the ``KEY=VALUE`` lines of
+(research/feasibility.md §2), binding every task to the cores of its CPUs (``task/affinity``,
+``TaskPluginParam=Cores``) as production clusters do. ``pyxis_cluster`` is a second one with NVIDIA's pyxis loaded through
+``plugstack.conf`` and enroot on each slurmd's PATH, both built here from their source snapshots
+(tests/slurm/enroot.py). A real ``TaskProlog`` exports the ``KEY=VALUE`` lines of
 ``<root>/node-env/<node>.env`` into every task on that node (how a site prolog or module setup
 can leave one node's environment different); tests use it to break one node on purpose. Every
 daemon is started here and stopped here by its PID, also
@@ -56,6 +59,7 @@ class SlurmCluster:
     conf: Path
     env: dict[str, str]
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    enroot_store: Path | None = None  # pyxis clusters: each node's enroot containers
 
     def run(self, *cmd: str, env: dict[str, str] | None = None) -> str:
         """Run a Slurm client command against this cluster, return stdout."""
@@ -88,7 +92,8 @@ class SlurmCluster:
                              f"after {timeout}s (cancelled)")
 
 
-def _write_conf(root: Path, nodes: int, ctld_port: int, node_ports: list[int]) -> Path:
+def _write_conf(root: Path, nodes: int, ctld_port: int, node_ports: list[int],
+                plugstack: str = "") -> Path:
     lines = [
         "ClusterName=verlenvtest",
         "SlurmctldHost=localhost",
@@ -98,7 +103,10 @@ def _write_conf(root: Path, nodes: int, ctld_port: int, node_ports: list[int]) -
         "AuthType=auth/none",
         "CredType=cred/none",
         "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
+        # every task bound to the CPUs of its step (what a one-task step without -c gets
+        # bound to is what the CPU-binding test is about)
+        "TaskPlugin=task/affinity",
+        "TaskPluginParam=Cores",  # as many sites: a task is bound to the cores of its CPUs
         "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",
         "MpiDefault=none",
@@ -120,7 +128,7 @@ def _write_conf(root: Path, nodes: int, ctld_port: int, node_ports: list[int]) -
         lines.append(f"NodeName=node{i} NodeHostname=localhost Port={port} CPUs=2 "
                      "RealMemory=4000 State=UNKNOWN")
     lines.append(f"PartitionName=debug Nodes=node[1-{nodes}] Default=YES MaxTime=INFINITE State=UP")
-    (root / "plugstack.conf").write_text("")
+    (root / "plugstack.conf").write_text(plugstack)
     (root / "node-env").mkdir()
     prolog = root / "taskprolog.sh"
     prolog.write_text("#!/bin/sh\n"
@@ -163,9 +171,37 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     reason = slurm_skip_reason()
     if reason:
         pytest.skip(reason)
-    root = tmp_path_factory.mktemp("slurm")
+    yield from start_cluster(tmp_path_factory.mktemp("slurm"))
+
+
+@pytest.fixture(scope="session")
+def pyxis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """The same two nodes with pyxis in plugstack.conf and enroot (built here from the
+    snapshots in $VERL_ENV_VENDOR_DIR, default ../shared/vendor beside the checkout) on each
+    slurmd's PATH; each node keeps its own enroot containers, as separate hosts would."""
+    from tests.slurm import enroot
+
+    reason = slurm_skip_reason() or enroot.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("pyxis")
+    tools = enroot.build(root / "build")
+    paths = {f"node{i}": enroot.node_path(tools, root / "enroot", f"node{i}") for i in (1, 2)}
+    tasks = enroot.task_bin(tools, root / "enroot")
+    for cluster in start_cluster(root / "slurm", plugstack=tools.plugstack_line(root / "pyxis-run"),
+                                 node_paths=paths):
+        cluster.env["PATH"] = f"{tasks}:{cluster.env['PATH']}"  # what jobs and their tasks see
+        cluster.enroot_store = root / "enroot"
+        yield cluster
+
+
+def start_cluster(root: Path, plugstack: str = "",
+                  node_paths: dict[str, str] | None = None) -> Iterator[SlurmCluster]:
+    """Start slurmctld and two slurmd under ``root``; yield the cluster; stop them by PID.
+    ``node_paths``: a PATH for each slurmd (what pyxis runs enroot with)."""
+    root.mkdir(parents=True, exist_ok=True)
     base = free_port_block(3)
-    conf = _write_conf(root, 2, base, [base + 1, base + 2])
+    conf = _write_conf(root, 2, base, [base + 1, base + 2], plugstack)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     cluster = SlurmCluster(root, conf, env)
     log = open(root / "daemons.out", "wb")
@@ -173,8 +209,11 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         cluster.procs.append(subprocess.Popen(["slurmctld", "-D", "-f", str(conf)], env=env,
                                               stdout=log, stderr=subprocess.STDOUT))
         for i in (1, 2):
+            node_env = dict(env)
+            if node_paths:
+                node_env["PATH"] = node_paths[f"node{i}"]
             cluster.procs.append(subprocess.Popen(["slurmd", "-D", "-f", str(conf), "-N", f"node{i}"],
-                                                  env=env, stdout=log, stderr=subprocess.STDOUT))
+                                                  env=node_env, stdout=log, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 30
         state = ""
         while time.monotonic() < deadline:

@@ -186,6 +186,25 @@ def test_runtime_present_and_missing(standin_runtime: Path, monkeypatch: pytest.
     assert by_id(doctor.check_runtime("no-such-runtime-xyz"), "runtime").status == FAIL
 
 
+def test_runtime_pyxis_needs_the_plugin_and_enroot(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """--runtime pyxis: srun must know --container-image, and enroot must run."""
+    def tool(name: str, body: str) -> None:
+        (tmp_path / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / name).chmod(0o755)
+
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    tool("srun", "echo '      --overlap   share resources'")
+    found = by_id(doctor.check_runtime("pyxis"), "runtime")
+    assert found.status == FAIL and "pyxis is not loaded" in found.message
+    tool("srun", "echo '      --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH'")
+    found = by_id(doctor.check_runtime("pyxis"), "runtime")
+    assert found.status == FAIL and "enroot is not on PATH" in found.message
+    tool("enroot", '[ "$1" = version ] && echo 4.1.2')
+    found = by_id(doctor.check_runtime("pyxis"), "runtime")
+    assert found.status == OK and "enroot 4.1.2" in found.message
+
+
 def test_cpu_limits_from_slurm_and_affinity() -> None:
     total = os.cpu_count() or 1
     env = {"SLURM_CPUS_ON_NODE": str(total)}

@@ -1,4 +1,4 @@
-"""Rendering the sbatch script: shellcheck on every family and several option sets, the
+"""Rendering the sbatch script: shellcheck on every family, runtime and several option sets, the
 contract of SlurmJob/render_sbatch/write_sbatch/CLI, the script's own shell functions run by real
 bash (InfiniBand port selection, allocation counts), and the node side's runtime command line
 recorded by a stand-in runtime (no Slurm needed; tests/slurm/unit_runtime.py)."""
@@ -12,6 +12,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -78,6 +79,37 @@ def test_generated_script_passes_shellcheck(family: str, options: str, tmp_path:
     assert findings == [], "\n".join(f"{f['line']}: SC{f['code']} {f['message']}" for f in findings)
 
 
+PYXIS_SOURCES = {"trusted-remote": f"docker://registry.example.org:5000/verl/cuda@sha256:{DIGEST}",
+                 "docker-source": f"docker://images.example.net/x/verl@sha256:{DIGEST}"}
+
+
+def pyxis_values(options: str) -> dict[str, object]:
+    """An option set as a pyxis job: an enroot squashfs (or a registry image by digest)."""
+    values = dict(OPTION_SETS[options], runtime="pyxis",
+                  sif=PYXIS_SOURCES.get(options, "/shared/images/verl.sqsh"))
+    for refused in ("trust_key", "trust_pgp"):  # pyxis: no SIF attestations to check
+        values.pop(refused, None)
+    if options == "hub-model-binds":  # pyxis mounts are a ','/':'-separated list
+        values["inputs"] = Inputs.from_options(
+            train_files="/shared/d/train.parquet", val_files="/scratch/$USER/val.parquet",
+            model="Qwen/Qwen2.5-0.5B-Instruct", checkpoint_dir="${SCRATCH}/ckpt",
+            binds=["/etc/site.conf:/opt/site.conf:ro", "$HOME/x y"])
+    return values
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None,
+                    reason="shellcheck not installed (apt-get install shellcheck)")
+@pytest.mark.parametrize("options", sorted(OPTION_SETS))
+@pytest.mark.parametrize("family", ["cuda", "rocm", "cpu"])
+def test_pyxis_script_passes_shellcheck(family: str, options: str, tmp_path: Path) -> None:
+    values = pyxis_values(options)
+    if family == "cpu":
+        values.pop("gpus_per_node", None)
+    script = write_sbatch(job_for(family, **values), tmp_path / "job.sbatch")
+    findings = shellcheck(script)
+    assert findings == [], "\n".join(f"{f['line']}: SC{f['code']} {f['message']}" for f in findings)
+
+
 @pytest.mark.skipif(shutil.which("shellcheck") is None,
                     reason="shellcheck not installed (apt-get install shellcheck)")
 @pytest.mark.parametrize("options", sorted(OPTION_SETS))
@@ -92,9 +124,11 @@ def test_chrun_script_passes_shellcheck(options: str, tmp_path: Path) -> None:
 
 def test_family_profiles() -> None:
     cuda, rocm, cpu = (render_sbatch(job_for(f)) for f in ("cuda", "rocm", "cpu"))
-    assert 'RT=("$RUNTIME" exec --nv -B' in cuda and "--rocm" not in cuda
-    assert 'RT=("$RUNTIME" exec --rocm -B' in rocm and "--nv " not in rocm
-    assert 'RT=("$RUNTIME" exec -B' in cpu
+    assert 'RT=("$RUNTIME" exec --cleanenv --nv -B' in cuda and "--rocm" not in cuda
+    assert 'RT=("$RUNTIME" exec --cleanenv --rocm -B' in rocm and "--nv " not in rocm
+    assert 'RT=("$RUNTIME" exec --cleanenv -B' in cpu
+    assert 'DEVICES=("/dev/infiniband" "/dev/nvidia-caps-imex-channels")' in cuda
+    assert 'DEVICES=("/dev/infiniband")' in rocm and 'DEVICES=("/dev/infiniband")' in cpu
     for text in (cuda, rocm):
         for line in ('export_default NCCL_SOCKET_IFNAME "$IFACE"', "export_default NCCL_IB_DISABLE",
                      'export_default NCCL_IB_HCA "$hcas"'):
@@ -108,8 +142,9 @@ def test_family_profiles() -> None:
     assert "/sys/class/kfd" in rocm and "/dev/nvidia" in cuda
     for text in (cuda, rocm, cpu):
         assert 'GLOO_SOCKET_IFNAME "$IFACE"' in text
-        assert "-B /dev/infiniband" in text
         assert "APPTAINERENV_" in text
+        assert "NCCL_CUMEM_ENABLE" not in text  # never forced: NCCL decides
+        assert "export PYTHONNOUSERSITE=1" in text
         assert "#SBATCH --gpus-per-node=" not in text and "#SBATCH --cpus-per-task=" not in text
         assert "#SBATCH --time=" not in text
         assert not re.search(r"SLURM_\w+:-\d", text)  # no invented fallback numbers
@@ -140,10 +175,11 @@ def test_sbatch_lines_only_for_what_was_asked() -> None:
 def test_chrun_profile_and_refusal() -> None:
     text = render_sbatch(job_for("cpu", runtime="ch-run", sif="/shared/img",
                                  env={"NCCL_DEBUG": "INFO"}))
-    assert 'RT=("$RUNTIME" --env-no-expand)' in text
     assert '"--set-env=$VERL_ENV_SIF/ch/environment"' in text
     assert text.index("/ch/environment\"") < text.index('RT+=("--set-env=$name=${!name}")')
     assert "BIND_MODE" not in text and "APPTAINERENV_" not in text and 'RUNTIME="ch-run"' in text
+    assert 'RT=("$RUNTIME" --env-no-expand "--unset-env=*")' in text  # the host's env cleared
+    assert text.index('"--unset-env=*"') < text.index("/ch/environment\"")
     for family in ("cuda", "rocm"):
         with pytest.raises(SlurmError, match=f"ch-run is refused for the {family} family: ch-run "
                                              "does not inject the host's"):
@@ -421,3 +457,259 @@ def test_node_side_exec_through_runtime(family: str, flag: str | None, tmp_path:
         assert seen["HIP_VISIBLE_DEVICES"] == seen["CUDA_VISIBLE_DEVICES"] == "4,5"
     else:
         assert seen["ROCR_VISIBLE_DEVICES"] == "4,5" and "HIP_VISIBLE_DEVICES" not in seen
+
+
+# --------------------------------------------------------------------------- issue 21: pyxis,
+# CPU binding, the clean environment, site options, the Slurm version, NVL72 devices
+
+SQSH = "/shared/images/verl.sqsh"
+
+
+def _srun_calls(text: str) -> list[str]:
+    """Every srun command line of the script (continuation lines joined)."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line.strip() for line in joined.splitlines()
+            if re.search(r"(^|[\s(;])srun ", _code(line))]
+
+
+def _code(line: str) -> str:
+    """A script line without its comment and its double-quoted strings."""
+    return re.sub(r'"[^"]*"', '""', line).split("#")[0]
+
+
+@pytest.mark.parametrize("runtime, sif", [("apptainer", ORAS), ("pyxis", SQSH)])
+def test_every_step_asks_for_its_cpus_and_binds_them(runtime: str, sif: str) -> None:
+    text = render_sbatch(job_for("cuda", runtime=runtime, sif=sif, cpu_bind="threads"))
+    calls = _srun_calls(text)
+    steps = [c for c in calls if not re.search(r"--version|--help|^for tool in", c)]
+    for call in steps:
+        assert "--cpus-per-task=" in call and '--cpu-bind="$CPU_BIND"' in call, call
+    assert 'CPU_BIND="threads"' in text
+    # every other srun goes through step() / every_node() / cstep()
+    assert len(re.findall(r"(^|[\s(;])srun ", "\n".join(
+        _code(line) for line in text.splitlines()), re.M)) == len(calls)
+    assert len(steps) == 4, steps  # step(), every_node(), the Ray wait, the self-test
+
+
+def test_cpu_map_expands_slurm_counts() -> None:
+    """CPUS_OF from SLURM_JOB_CPUS_PER_NODE in node-list order; MIN_CPUS the smallest."""
+    text = render_sbatch(job_for("cpu"))
+    code = ("set -eu\ndeclare -A CPUS_OF=()\nMIN_CPUS=1\nVERL_ENV_CPUS_PER_NODE=8\n"
+            "scontrol() { printf '%s\\n' n1 n2 n3 n4; }\n" + _function(text, "cpu_map") +
+            '\ncpu_map; echo "${CPUS_OF[n1]} ${CPUS_OF[n2]} ${CPUS_OF[n3]} ${CPUS_OF[n4]} $MIN_CPUS"')
+    out = _bash(code, {"SLURM_JOB_CPUS_PER_NODE": "72(x2),36,8", "SLURM_JOB_NODELIST": "x"})
+    assert out == "72 72 36 8 8"
+
+
+def test_site_options_become_sbatch_lines() -> None:
+    text = render_sbatch(job_for("cuda", account="proj42", qos="high", constraint="gb200&nvl72",
+                                 reservation="maint-1", mem="0", time="1-00:00:00"))
+    for line in ("#SBATCH --account=proj42", "#SBATCH --qos=high",
+                 "#SBATCH --constraint=gb200&nvl72", "#SBATCH --reservation=maint-1",
+                 "#SBATCH --mem=0", "#SBATCH --time=1-00:00:00"):
+        assert line in text
+    plain = render_sbatch(job_for("cuda"))
+    for option in ("account", "qos", "constraint", "reservation", "mem"):
+        assert f"#SBATCH --{option}" not in plain
+    for bad, message in ((dict(mem="lots"), "not a Slurm memory size"),
+                         (dict(account="a b"), "account"),
+                         (dict(constraint="a\nb"), "feature expression"),
+                         (dict(cpu_bind="cores; rm"), "--cpu-bind")):
+        with pytest.raises(SlurmError, match=message):
+            job_for("cuda", **bad)
+    args = _parse(["--family", "cuda", "--sif", ORAS, "--account", "p", "--qos", "q",
+                   "--constraint", "c", "--reservation", "r", "--mem", "100G",
+                   "--cpu-bind", "none", "--train-cmd", "true"])
+    job = slurm.job_from_args(args)
+    assert (job.account, job.qos, job.constraint, job.reservation, job.mem, job.cpu_bind) == (
+        "p", "q", "c", "r", "100G", "none")
+
+
+@pytest.mark.parametrize("version, ok", [("slurm 22.05.8", True), ("slurm 20.11.9", True),
+                                         ("slurm 24.11.0-1", True), ("slurm 20.02.7", False),
+                                         ("slurm-wlm 19.05.5", False), ("", False)])
+def test_slurm_version_checked_at_setup(version: str, ok: bool, tmp_path: Path) -> None:
+    text = render_sbatch(job_for("cpu"))
+    (tmp_path / "srun").write_text(f"#!/bin/sh\necho '{version}'\n")
+    (tmp_path / "srun").chmod(0o755)
+    code = ('MIN_SLURM="20.11"\nlog() { echo "$*"; }\nfail() { echo "FAIL $*"; exit 1; }\n'
+            + _function(text, "check_slurm") + "\ncheck_slurm")
+    proc = subprocess.run(["bash", "-c", code], capture_output=True, text=True,
+                          env={"PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert (proc.returncode == 0) == ok, proc.stdout + proc.stderr
+    if not ok:
+        assert "FAIL" in proc.stdout and ("older than 20.11" in proc.stdout
+                                          or "cannot tell the Slurm version" in proc.stdout)
+    assert "Needs Slurm >= 20.11" in text
+
+
+def test_hf_home_kept_unless_given() -> None:
+    kept = render_sbatch(job_for("cuda"))
+    line = next(x for x in kept.splitlines() if x.startswith("export HF_HOME="))
+    assert _bash(f"{line}\necho $HF_HOME", {"HF_HOME": "/scratch/u/hf", "HOME": "/h"}) == \
+        "/scratch/u/hf"
+    assert _bash(f"{line}\necho $HF_HOME", {"HOME": "/h"}) == "/h/.cache/huggingface"
+    given = render_sbatch(job_for("cuda", hf_home="/shared/hf"))
+    line = next(x for x in given.splitlines() if x.startswith("export HF_HOME="))
+    assert _bash(f"{line}\necho $HF_HOME", {"HF_HOME": "/scratch/u/hf"}) == "/shared/hf"
+    assert slurm.job_from_args(_parse(["--family", "cpu", "--sif", ORAS, "--train-cmd",
+                                       "true"])).hf_home is None
+
+
+def test_pyxis_profile_and_refusals() -> None:
+    text = render_sbatch(job_for("cuda", runtime="pyxis", sif=SQSH))
+    assert f'PYXIS_IMAGE="{SQSH}"' in text and 'PYXIS_NAME="verl-env-$SLURM_JOB_ID"' in text
+    for option in ('"--container-image=$PYXIS_IMAGE"', '"--container-name=$PYXIS_NAME"',
+                   '"--container-mounts=', "--container-writable", "--no-container-mount-home",
+                   '"--container-env=$names"'):
+        assert option in text
+    assert "export ENROOT_LOGIN_SHELL=false" in text
+    assert "RT=(env -i)" in text and "</etc/environment" in text
+    assert "apptainer" not in text.split("# ---- settings")[1].split("log()")[0]
+    assert 'DEVICES=("/dev/nvidia-caps-imex-channels")' in text  # GPUs, IB: enroot's hooks
+    rocm = render_sbatch(job_for("rocm", runtime="pyxis", sif=SQSH))
+    assert 'DEVICES=("/dev/kfd" "/dev/dri")' in rocm  # enroot has no AMD hook
+    remote = render_sbatch(job_for("cuda", runtime="pyxis",
+                                   sif=f"docker://registry.example.org:5000/verl/cuda@sha256:{DIGEST}"))
+    assert f'PYXIS_IMAGE="registry.example.org:5000#verl/cuda@sha256:{DIGEST}"' in remote
+    assert slurm.pyxis_image(f"docker://nvidia/verl@sha256:{DIGEST}") == f"nvidia/verl@sha256:{DIGEST}"
+    for bad, message in ((dict(sif=ORAS), "imports OCI images, not SIF"),
+                         (dict(sif="/shared/v.sif"), "not the SIF"),
+                         (dict(sif=SQSH, trust_key="/k.pub"), "trust verify on the image"),
+                         (dict(sif=SQSH, inputs=Inputs.from_options(
+                             data="/d", model="/m", binds=["/a,b:/c"])), "cannot hold")):
+        with pytest.raises(SlurmError, match=message):
+            job_for("cuda", runtime="pyxis", **bad)
+    with pytest.raises(SlurmError, match="enroot squashfs: run it with --runtime pyxis"):
+        job_for("cuda", sif=SQSH)
+
+
+def _overlay_dev(tmp_path: Path) -> str:
+    """Shell that lays a writable overlay over /dev (private mount namespace) with a fake
+    NVL72 IMEX channel tree."""
+    for d in ("u", "w"):
+        (tmp_path / f"ov-{d}").mkdir()
+    return (f"mount -t overlay overlay -o lowerdir=/dev,upperdir={tmp_path}/ov-u,"
+            f"workdir={tmp_path}/ov-w /dev && mkdir /dev/nvidia-caps-imex-channels && "
+            "touch /dev/nvidia-caps-imex-channels/channel0 && ")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare to lay a fake /dev in a private namespace")
+def test_imex_channels_reach_the_container(tmp_path: Path, standin_runtime: Path) -> None:
+    """A node with /dev/nvidia-caps-imex-channels: apptainer binds it, pyxis mounts it, and the
+    self-test step records it; a node without it binds nothing."""
+    inputs = Inputs.from_options(checkpoint_dir=str(tmp_path))
+    script = write_sbatch(job_for("cuda", inputs=inputs, train_cmd="true"), tmp_path / "job.sh")
+    sif = tmp_path / "image.sif"
+    sif.write_text("sif")
+    env = {"PATH": f"{standin_runtime}:{os.environ['PATH']}", "SLURM_JOB_ID": "7",
+           "VERL_ENV_JOB_DIR": str(tmp_path), "VERL_ENV_SIF": str(sif), "HOME": str(tmp_path),
+           "FAKE_RUNTIME_LOG": str(tmp_path / "rt.log"), "HF_HOME": str(tmp_path),
+           "SLURMD_NODENAME": "n1", "VERL_ENV_GPUS_PER_NODE": "4"}
+    run = ["unshare", "-m", "--propagation", "private", "bash", "-c"]
+    proc = subprocess.run(run + [_overlay_dev(tmp_path) + f"bash {script} --node selftest"],
+                          capture_output=True, text=True, env=env)
+    call = (tmp_path / "rt.log").read_text().split()
+    assert ["-B", "/dev/nvidia-caps-imex-channels"] == call[call.index(
+        "/dev/nvidia-caps-imex-channels") - 1:call.index("/dev/nvidia-caps-imex-channels") + 1]
+    assert (tmp_path / "devices-n1.txt").read_text().strip() == "/dev/nvidia-caps-imex-channels"
+    assert "devices in the container: /dev/nvidia-caps-imex-channels" in proc.stderr
+    (tmp_path / "rt.log").unlink()
+    subprocess.run(["bash", str(script), "--node", "selftest"], capture_output=True, env=env)
+    assert "nvidia-caps-imex" not in (tmp_path / "rt.log").read_text()
+    pyxis = render_sbatch(job_for("cuda", runtime="pyxis", sif=SQSH, inputs=inputs,
+                                  train_cmd="true"))
+    code = (_function(pyxis, "present_devices") + "\n" + _function(pyxis, "passed_names") + "\n"
+            + _function(pyxis, "container_opts") +
+            '\nDEVICES=("/dev/nvidia-caps-imex-channels"); BIND_SRC=(); PASS_PREFIXES=(NCCL_)'
+            '\nPASS_NAMES=(HOME); PYXIS_IMAGE=x; PYXIS_NAME=y; VERL_ENV_JOB_DIR=/j; HF_HOME=/h'
+            '\ncontainer_opts; printf "%s\\n" "${PX[@]}"')
+    out = subprocess.run(run + [_overlay_dev(tmp_path / "2") + code] if (tmp_path / "2").mkdir()
+                         is None else [], capture_output=True, text=True, check=True).stdout
+    assert ("--container-mounts=/j:/j,/h:/h,/dev/nvidia-caps-imex-channels:"
+            "/dev/nvidia-caps-imex-channels") in out.splitlines()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare to lay an image's /etc/environment")
+def test_pyxis_step_starts_from_the_image_env_and_the_pass_list(tmp_path: Path) -> None:
+    """Inside the node's container the command gets the image's ENV (/etc/environment as
+    enroot writes it) and the pass-list, nothing else of the job's environment."""
+    script = write_sbatch(job_for("cpu", runtime="pyxis", sif=SQSH, train_cmd="true",
+                                  env={"SITE_X": "1"}), tmp_path / "job.sh")
+    image_env = tmp_path / "environment"
+    image_env.write_text("PATH=/opt/venv/bin:/usr/bin:/bin\nPYTHONPATH=/opt/verl-env\n"
+                         "NCCL_DEBUG=WARN\n")
+    env = {"PATH": os.environ["PATH"], "HOME": "/home/u", "PYTHONPATH": "/modules/shadow",
+           "LD_LIBRARY_PATH": "/modules/lib", "UNRELATED": "x", "NCCL_DEBUG": "INFO",
+           "SITE_X": "1", "SLURM_JOB_ID": "7", "PYTHONNOUSERSITE": "1"}
+    out = subprocess.run(["unshare", "-m", "--propagation", "private", "bash", "-c",
+                          f"mount --bind {image_env} /etc/environment && "
+                          f"bash {script} --node exec env"],
+                         capture_output=True, text=True, env=env, check=True).stdout
+    seen = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    assert seen["PATH"] == "/opt/venv/bin:/usr/bin:/bin"
+    assert seen["PYTHONPATH"] == "/opt/verl-env"  # the image's, not the module's
+    assert seen["NCCL_DEBUG"] == "INFO"  # the site's wins
+    assert seen["SITE_X"] == "1" and seen["HOME"] == "/home/u" and seen["SLURM_JOB_ID"] == "7"
+    assert seen["PYTHONNOUSERSITE"] == "1"
+    assert "UNRELATED" not in seen and "LD_LIBRARY_PATH" not in seen
+
+
+def test_jobtools_report_lists_failing_checks(tmp_path: Path) -> None:
+    from builder.selftest import jobtools
+
+    (tmp_path / "selftest-n1.json").write_text(json.dumps({
+        "overall": "fail", "world_size": 2, "checks": [
+            {"id": "env.visible", "status": "fail", "reason": "HIP != CUDA"},
+            {"id": "imports.verl", "status": "pass"},
+            {"id": "gpu.count", "status": "skip", "required": True, "reason": "no GPU"}]}))
+    proc = subprocess.run([sys.executable, "-m", "builder.selftest.jobtools", "report",
+                           str(tmp_path / "selftest-n1.json"), str(tmp_path / "missing.json")],
+                          capture_output=True, text=True, cwd=Path(slurm.__file__).parents[1])
+    assert proc.returncode == 0
+    assert proc.stdout.splitlines() == ["self-test report selftest-n1.json: fail, world 2, 3 checks",
+                                        "  fail env.visible: HIP != CUDA",
+                                        "  skip gpu.count: no GPU"]
+    assert jobtools.main(["nonsense"]) == 2
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN_JOBS = {
+    "cuda-apptainer": dict(family="cuda", gpus_per_node=8, account="proj42", mem="0"),
+    "rocm-pyxis": dict(family="rocm", runtime="pyxis", gpus_per_node=8, sif=SQSH,
+                       constraint="mi300x", cpu_bind="none"),
+    "cpu-chrun": dict(family="cpu", runtime="ch-run", sif="/shared/images/verl-cpu"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_JOBS))
+def test_golden_job_script(name: str) -> None:
+    """The whole rendered script, one per runtime; regenerate deliberately
+    (UPDATE_GOLDEN=1) and read the diff."""
+    values = dict(GOLDEN_JOBS[name])
+    family = str(values.pop("family"))
+    text = render_sbatch(job_for(family, **values))
+    golden = GOLDEN / f"job-{name}.sbatch"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(text)
+    assert text == golden.read_text(), (
+        f"rendered job script differs from {golden}; if intended: UPDATE_GOLDEN=1 pytest")
+
+
+def test_installed_cli_writes_every_runtime(tmp_path: Path) -> None:
+    """`build-env slurm` from the installed wheel (its templates are package data), one script
+    per runtime, each passing bash -n."""
+    from tests.conftest import run_build_env
+
+    for runtime, image in (("apptainer", ORAS), ("singularity", ORAS), ("pyxis", SQSH),
+                           ("ch-run", "/shared/images/verl-cpu")):
+        out = tmp_path / f"{runtime}.sbatch"
+        proc = run_build_env("slurm", "--family", "cpu", "--runtime", runtime, "--image", image,
+                             "--train-cmd", "python3 train.py", "--account", "p", "--output",
+                             str(out), timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        text = out.read_text()
+        assert f'RUNTIME="{runtime}"' in text and "#SBATCH --account=p" in text
+        assert subprocess.run(["bash", "-n", str(out)]).returncode == 0

@@ -1,12 +1,16 @@
 """The generated script, submitted with real sbatch to a real two-node Slurm on this host, running
-the CPU fixture image through the real ``ch-run`` (Debian charliecloud-runtime).
+the CPU fixture image through the real ``ch-run`` (Debian charliecloud-runtime) and through real
+pyxis + enroot (``srun --container-image``; built from their source snapshots, tests/slurm/enroot.py).
 
 The image is the fixture target built and verified by the pipeline (``cpu_image``), flattened by
 ``docker export`` into a directory on the shared filesystem, with its image ENV written to
-``/ch/environment`` as ``ch-convert`` does. Everything the job runs on the nodes comes from that
+``/ch/environment`` as ``ch-convert`` does; for pyxis it is the enroot squashfs ``build-env sqsh``
+writes. Everything the job runs on the nodes comes from that
 image: the per-node self-test (``python3 -m verl_env_selftest``), Ray (head and worker), and the
 training stand-in below. Every fake node is localhost, so the job uses the loopback interface and
-a per-node port stride.
+a per-node port stride. The cluster binds every task to the cores of its CPUs (task/affinity,
+TaskPluginParam=Cores), so a step that does not ask for its node's CPUs is seen here running on
+one.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from builder.slurm import Inputs, RayPorts, SlurmJob, write_sbatch
+from tests.conftest import run_build_env
 from tests.slurm.conftest import SlurmCluster, free_port_block, processes_mentioning
 
 pytestmark = pytest.mark.slurm
@@ -46,10 +51,15 @@ alive = [n for n in ray.nodes() if n["Alive"]]
 
 @ray.remote(num_cpus=1)
 def node_id():
-    return ray.get_runtime_context().get_node_id()
+    return ray.get_runtime_context().get_node_id(), len(os.sched_getaffinity(0))
 
-ids = ray.get([node_id.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+seen = ray.get([node_id.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
     n["NodeID"], soft=False)).remote() for n in alive])
+ids = [node for node, _ in seen]
+print("TRAIN-CPUS driver=%d ray_workers=%s ray_total=%s" % (
+      len(os.sched_getaffinity(0)), ",".join(str(c) for _, c in seen),
+      ray.cluster_resources().get("CPU")), flush=True)
+print("TRAIN-RAY-FROM %s" % ray.__file__, flush=True)
 ckpt = args["trainer.default_local_dir"]
 with open(os.path.join(ckpt, "global_step_1.txt"), "w") as handle:
     handle.write("step 1\\n")
@@ -98,6 +108,25 @@ def image_dir(cpu_image: dict, docker_host: str) -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def image_sqsh(cpu_image: dict, docker_host: str) -> Iterator[Path]:
+    """The verified fixture image as an enroot squashfs, written by ``build-env sqsh``."""
+    root = Path(tempfile.mkdtemp(prefix="verl-env-sqsh-", dir="/var/tmp"))
+    out = root / "cpu-x86_64.sqsh"
+    try:
+        start = time.monotonic()
+        # uncompressed: gzip of the 2 GB fixture takes minutes on two loaded CPUs
+        proc = run_build_env("sqsh", "--image", cpu_image["image_id"], "--output", str(out),
+                             "--compression", "none", "--json",
+                             env={"DOCKER_HOST": docker_host}, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        print(f"TIMING build-env sqsh of the fixture image: {time.monotonic() - start:.1f}s, "
+              f"{out.stat().st_size / 2**20:.0f} MiB")
+        yield out
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @dataclass
 class Bench:
     """What one test needs to build, submit and judge a job."""
@@ -107,6 +136,7 @@ class Bench:
     ray_tmp: Path
     env: dict[str, str]
     image: Path
+    runtime: str = "ch-run"
 
     def inputs(self, **overrides: object) -> Inputs:
         values: dict[str, object] = dict(
@@ -114,6 +144,8 @@ class Bench:
             checkpoint_dir=str(self.root / "ckpt-${SLURM_JOB_ID}"),
             binds=[f"{self.root / 'scripts'}:/mnt:ro"])
         values.update(overrides)
+        if self.runtime == "pyxis":  # slurmstepd runs the TaskProlog inside the container
+            values["binds"] = [*values["binds"], f"{self.cluster.root}:{self.cluster.root}:ro"]  # type: ignore[misc]
         return Inputs.from_options(**values)  # type: ignore[arg-type]
 
     def job(self, **overrides: object) -> SlurmJob:
@@ -125,7 +157,7 @@ class Bench:
                          dashboard_agent_listen=b + 15, min_worker=b + 20, max_worker=b + 49)
         inputs = self.inputs()
         values: dict[str, object] = dict(
-            target="cpu-x86_64", family="cpu", sif=str(self.image), runtime="ch-run", nodes=2,
+            target="cpu-x86_64", family="cpu", sif=str(self.image), runtime=self.runtime, nodes=2,
             partition="debug", time="10", interface="lo", cache_dir=str(self.root / "sifcache"),
             hf_home=str(self.root / "hf"), ray_ports=ports, port_stride=50,
             ray_tmp_root=str(self.ray_tmp), ray_wait_timeout=240, selftest_port=b + 3,
@@ -160,10 +192,9 @@ class Bench:
         return switch
 
 
-@pytest.fixture(scope="module")
-def bench(slurm_cluster: SlurmCluster, image_dir: Path,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
-    root = tmp_path_factory.mktemp("slurm-e2e")
+def _bench(cluster: SlurmCluster, image: Path, runtime: str,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    root = tmp_path_factory.mktemp(f"slurm-e2e-{runtime}")
     ray_tmp = Path(tempfile.mkdtemp(prefix="vr", dir="/tmp"))  # Ray's socket paths must stay short
     for sub in ("scripts", "data", "model"):
         (root / sub).mkdir()
@@ -172,13 +203,33 @@ def bench(slurm_cluster: SlurmCluster, image_dir: Path,
         (root / "data" / name).write_bytes(b"PAR1 stand-in parquet\n")
     (root / "model" / "config.json").write_text("{}\n")
     # the batch environment: no host Python, Ray or self-test on PATH; all of it is the image's
-    env = {**slurm_cluster.env, "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**cluster.env, "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("PYTHONPATH", None)
     try:
-        yield Bench(slurm_cluster, root, ray_tmp, env, image_dir)
+        yield Bench(cluster, root, ray_tmp, env, image, runtime)
     finally:
         _reap(str(ray_tmp))
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def bench(slurm_cluster: SlurmCluster, image_dir: Path,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    """ch-run on the two-node cluster."""
+    yield from _bench(slurm_cluster, image_dir, "ch-run", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def pyxis_bench(pyxis_cluster: SlurmCluster, image_sqsh: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    """pyxis + enroot on the two-node cluster that loads pyxis."""
+    yield from _bench(pyxis_cluster, image_sqsh, "pyxis", tmp_path_factory)
+
+
+@pytest.fixture(params=["ch-run", "pyxis"])
+def any_bench(request: pytest.FixtureRequest) -> Bench:
+    """The test through each runtime."""
+    return request.getfixturevalue("bench" if request.param == "ch-run" else "pyxis_bench")
 
 
 def _reap(marker: str) -> list[int]:
@@ -206,16 +257,22 @@ def _image_mounts(image: Path) -> list[str]:
             if str(image) in line or "squashfuse" in line]
 
 
-def test_two_nodes_selftest_ray_and_train_from_the_image(bench: Bench) -> None:
-    job = bench.job()
+def test_two_nodes_selftest_ray_and_train_from_the_image(any_bench: Bench) -> None:
+    """The whole job through each runtime, on whole nodes (--exclusive, the generator's default):
+    every step gets both CPUs of its node. The cluster binds each task to the cores of its
+    step's CPUs, so a step without -c runs on one CPU while Ray is told two (the script before
+    issue 21 shows ``TRAIN-CPUS driver=1 ray_workers=1,1 ray_total=4.0`` here)."""
+    bench = any_bench
+    job = bench.job(exclusive=True)
     info, out, wall = bench.submit(job, "ok")
     assert info["JobState"] == "COMPLETED", out
     assert info["ExitCode"] == "0:0"
     stages = re.findall(r"=== stage (\w+) ===", out)
     assert stages == ["setup", "network", "services", "selftest", "training"]
-    # setup: CPUs from the allocation (1 per node: the job asked for none), no GPUs
-    assert "allocation per node: 1 CPUs, 0 GPUs" in out
-    assert "#SBATCH --cpus-per-task" not in (bench.root / "ok.sbatch").read_text()
+    # setup: the Slurm version checked, CPUs from the allocation, no GPUs
+    assert re.search(r"Slurm \d+\.\d+\S* \(>= 20\.11\)", out), out
+    assert "allocation per node: 2 CPUs, 0 GPUs" in out
+    assert "#SBATCH --exclusive" in (bench.root / "ok.sbatch").read_text()
     # network: both fake nodes resolved through scontrol and the chosen interface
     assert "node node1: lo 127.0.0.1" in out and "node node2: lo 127.0.0.1" in out
     # services: Ray from the image on both nodes; the node-manager ports tell the two apart
@@ -223,13 +280,16 @@ def test_two_nodes_selftest_ray_and_train_from_the_image(bench: Bench) -> None:
     assert alive, out
     nm = job.ray_ports.node_manager
     assert {int(alive.group(2)), int(alive.group(4))} == {nm, nm + job.port_stride}
-    assert "ray: cluster CPU=2.0 GPU=0" in out
+    assert "ray: cluster CPU=4.0 GPU=0" in out
+    # every CPU of the allocation reaches Ray's workers and the training step
+    assert "TRAIN-CPUS driver=2 ray_workers=2,2 ray_total=4.0" in out, out
     joined = re.search(r"Ray cluster up: 2 nodes alive (\d+) s", out)
     assert joined
     job_dir = bench.root / f"job-{info['JobId']}"
     for node in ("node1", "node2"):
         log = (job_dir / f"ray-{node}.log").read_text()
         assert "/opt/venv/bin/ray" in log or "Ray runtime started" in log, log[-2000:]
+        assert re.search(rf"{node} step ray \w+: 2 CPUs allocated, 2 usable", log), log[-2000:]
     # self-test: the image's own, on both nodes, one srun step (a collective across the two)
     assert "self-test node1: pass" in out and "self-test node2: pass" in out
     for node in ("node1", "node2"):
@@ -241,13 +301,51 @@ def test_two_nodes_selftest_ray_and_train_from_the_image(bench: Bench) -> None:
     # training: on the head, in the image, against the 2-node cluster; data and model read
     # through their binds, the site's DEBIAN_FRONTEND over the image's ENV, checkpoint written
     assert ("TRAIN-STANDIN alive=2 tasks_on_nodes=2 nnodes=2 gpus=0 frontend=site-wins "
-            "ch=True") in out
+            f"ch={bench.runtime == 'ch-run'}") in out
     ckpt = bench.root / f"ckpt-{info['JobId']}" / "global_step_1.txt"
     assert ckpt.read_text() == "step 1\n"
     assert "result: ok" in out
     print(f"TIMING job wall {wall:.1f}s, Ray 2-node join {joined.group(1)}s")
     assert _leftover_ray(bench) == [], "Ray processes outlived the job"
     assert _image_mounts(bench.image) == []
+    if bench.runtime == "pyxis":  # one named container per node, reused, removed by the job
+        name = f"pyxis_verl-env-{info['JobId']}"
+        for node in ("node1", "node2"):
+            log = (bench.cluster.root / f"slurmd-{node}.log").read_text()
+            assert log.count(f"creating container filesystem: {name}\n") == 1, log[-3000:]
+        assert _containers(bench) == []
+
+
+def _containers(bench: Bench) -> list[str]:
+    from tests.slurm import enroot
+
+    store = bench.cluster.enroot_store
+    return enroot.containers(store) if store else []
+
+
+def test_image_packages_win_over_user_site_and_module_paths(any_bench: Bench) -> None:
+    """A user's ~/.local and a module-loaded PYTHONPATH both hold a ``ray`` that refuses to
+    import: the job still runs the image's own Ray (clean environment, PYTHONNOUSERSITE=1), and
+    the user's HF_HOME is kept (no --hf-home)."""
+    bench = any_bench
+    home, pypath = bench.root / "shadow-home", bench.root / "shadow-pythonpath"
+    sites = [pypath] + [home / ".local" / "lib" / f"python3.{m}" / "site-packages"
+                        for m in range(8, 15)]
+    for site in sites:
+        (site / "ray").mkdir(parents=True, exist_ok=True)
+        (site / "ray" / "__init__.py").write_text(
+            'raise ImportError("SHADOW ray from " + __file__)\n')
+    user_hf = bench.root / "users-own-hf"
+    job = replace(bench.job(nodes=1, inputs=bench.inputs(
+        binds=[f"{bench.root / 'scripts'}:/mnt:ro", f"{home}:{home}"])), hf_home=None)
+    env = dict(bench.env, HOME=str(home), PYTHONPATH=str(pypath), HF_HOME=str(user_hf))
+    info, out, _ = bench.submit(job, "shadow", env=env)
+    assert info["JobState"] == "COMPLETED", out
+    assert "SHADOW" not in out
+    ray_from = re.search(r"TRAIN-RAY-FROM (\S+)", out)
+    assert ray_from and not ray_from.group(1).startswith((str(home), str(pypath))), out
+    assert f"HF cache: {user_hf}" in out
+    assert _leftover_ray(bench) == []
 
 
 def test_missing_data_fails_setup_naming_it(bench: Bench) -> None:
@@ -277,10 +375,11 @@ def test_bind_missing_on_one_node_fails_setup(bench: Bench) -> None:
     assert "result: FAILED at stage setup (exit 10)" in out
 
 
-def test_failing_node_stops_job_before_training(bench: Bench) -> None:
+def test_failing_node_stops_job_before_training(any_bench: Bench) -> None:
     """node2's environment is broken (HIP_VISIBLE_DEVICES != CUDA_VISIBLE_DEVICES, as a bad
     prolog could leave it): the image's self-test fails there, the ranks agree on FAIL, and
     training never starts."""
+    bench = any_bench
     switch = bench.break_node("node2", "HIP_VISIBLE_DEVICES=0\nCUDA_VISIBLE_DEVICES=1\n")
     try:
         info, out, _ = bench.submit(bench.job(), "node2-fails")

@@ -1,0 +1,205 @@
+"""``build-env sqsh``: a verified image as an enroot squashfs (what ``enroot import`` writes), for
+``srun --container-image=IMAGE.sqsh`` (pyxis) and ``enroot create``.
+
+Streamed as the native SIF is (:mod:`builder.sif.native`): the engine's ``docker export`` of a
+container of the image (layers and whiteouts applied) passes through the overlay of
+:mod:`builder.sif.overlay`, here laying enroot's configuration files instead of apptainer's,
+into ``mksquashfs - OUT -tar -all-root``. The files are those ``enroot import`` writes
+(``docker::configure`` in enroot's ``src/docker.sh``): ``/etc/environment`` (the image's ENV, one
+``NAME=VALUE`` a line, which enroot reads at every start), ``/etc/rc`` (working directory,
+entrypoint and command), an empty ``/etc/rc.local`` and ``/etc/fstab`` (the image's volumes).
+
+The file is written under a temporary name beside the output, checked (``unsquashfs``: the
+superblock and the environment read back), then renamed; a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from builder import verdicts
+from builder.engine import Engine, interrupts_raise
+from builder.errors import EngineError, SifError
+from builder.sif import meta as sif_meta
+from builder.sif import native as sif_native
+from builder.sif.overlay import Overlay, OverlayError, Piece, file_entry, header
+
+REPORT_SCHEMA = "verl-env/sqsh-report/v1"
+
+
+def enroot_files(config: dict[str, Any] | None, source: str) -> dict[str, tuple[bytes, int]]:
+    """The files ``enroot import`` writes into a rootfs, for an image ``Config``."""
+    config = config or {}
+    env = "".join(f"{line}\n" for line in config.get("Env") or [])
+    volumes = "".join(f"${{ENROOT_ROOTFS}}{v} {v} none x-create=dir,bind,rw,nosuid,nodev\n"
+                      for v in sorted(config.get("Volumes") or {}))
+    labels = "".join("# {} {}\n".format(k, str(v).replace("\n", " "))
+                     for k, v in sorted((config.get("Labels") or {}).items()))
+    entry = [shlex.quote(w) for w in config.get("Entrypoint") or []]
+    cmd = [shlex.quote(w) for w in config.get("Cmd") or []]
+    if not entry and not cmd:
+        cmd = ["/bin/sh"]
+    workdir = shlex.quote(config.get("WorkingDir") or "/")
+    rc = (f"# enroot-provenance: {source}\n{labels}" + ("\n" if labels else "") +
+          f"mkdir -p {workdir} 2> /dev/null\n"
+          f"cd {workdir} && unset OLDPWD || exit 1\n\n"
+          "if [ -s /etc/rc.local ]; then\n    . /etc/rc.local\nfi\n\n"
+          "if [ $# -gt 0 ]; then\n"
+          f"    exec {' '.join(entry)} \"$@\"\n"
+          "else\n"
+          f"    exec {' '.join(entry + cmd)}\n"
+          "fi\n")
+    rclocal = ("# This file is sourced by /etc/rc when the container starts.\n"
+               "# It can be used to manipulate the entrypoint or the command of the container.\n")
+    return {"etc/environment": (env.encode(), 0o644), "etc/fstab": (volumes.encode(), 0o644),
+            "etc/rc": (rc.encode(), 0o644), "etc/rc.local": (rclocal.encode(), 0o644)}
+
+
+class EnrootOverlay(Overlay):
+    """The SIF overlay's stream, laying enroot's files (replacing the image's own) instead of
+    apptainer's tree."""
+
+    def __init__(self, config: dict[str, Any] | None, source: str, mtime: float) -> None:
+        super().__init__(sif_meta.SifMetadata(), mtime)
+        self.files = enroot_files(config, source)
+        self.links = {}
+        self._watched = {"etc"}
+
+    def _appended(self) -> Iterator[Piece]:
+        if "etc" not in self.kinds:
+            self.kinds["etc"] = tarfile.DIRTYPE
+            self.stats.added.append("etc")
+            yield header("etc", kind=tarfile.DIRTYPE, mode=0o755, mtime=self.mtime)
+        elif self.kinds["etc"] != tarfile.DIRTYPE:
+            raise OverlayError("/etc of the image is not a directory; enroot needs one")
+        for name, (data, mode) in self.files.items():
+            if name not in self.done:
+                self.stats.added.append(name)
+                yield file_entry(name, data, mode, self.mtime)
+        self.stats.arch = self.detect_arch()
+
+
+COMPRESSIONS = {"gzip": ["-comp", "gzip"], "lzo": ["-comp", "lzo"], "zstd": ["-comp", "zstd"],
+                "none": ["-noI", "-noD", "-noF", "-noX"]}
+
+
+def mksquashfs_command(output: Path, compression: str = "gzip") -> list[str]:
+    """``mksquashfs`` reading a tar from stdin, every file owned by root (enroot's
+    ``-all-root``); gzip by default (readable by squashfuse and the kernel everywhere), ``none``
+    the fastest to write (enroot's own default, ``-comp lzo -noD``, leaves data uncompressed)."""
+    return ["mksquashfs", "-", str(output), "-tar", "-noappend", "-all-root",
+            *COMPRESSIONS[compression], "-root-mode", "755", "-quiet", "-no-progress"]
+
+
+def build(engine: Engine, image: Any, output: Path, *, source: str, workdir: Path,
+          compression: str = "gzip") -> dict[str, Any]:
+    """Write the enroot squashfs of a docker SDK ``Image`` to ``output`` (overwritten)."""
+    attrs = image.attrs
+    if attrs.get("Os", "linux") != "linux":
+        raise SifError(f"image OS is {attrs.get('Os')!r}; enroot runs linux images")
+    started = time.monotonic()
+    output.unlink(missing_ok=True)
+    overlay = EnrootOverlay(attrs.get("Config"), f"dockerd://{source}",
+                            datetime.datetime.now().timestamp())
+    with engine.export(image.id) as chunks:
+        sif_native.run_mksquashfs(mksquashfs_command(output, compression), overlay.stream(chunks),
+                                  workdir / "mksquashfs.log")
+    return {"seconds": round(time.monotonic() - started, 1), "arch": overlay.stats.arch,
+            "replaced": overlay.stats.replaced, "added": overlay.stats.added}
+
+
+def check(path: Path, config: dict[str, Any] | None) -> None:
+    """The squashfs reads back (superblock) and carries the image's environment."""
+    proc = subprocess.run(["unsquashfs", "-s", str(path)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SifError(f"unsquashfs -s {path}: {proc.stderr.strip()[-500:]}")
+    proc = subprocess.run(["unsquashfs", "-cat", str(path), "etc/environment"],
+                          capture_output=True)
+    want = enroot_files(config, "")["etc/environment"][0]
+    if proc.returncode != 0 or proc.stdout != want:
+        raise SifError(f"{path}: /etc/environment does not hold the image's ENV "
+                       f"({proc.stderr.decode(errors='replace').strip()[-300:]})")
+
+
+def convert(engine: Engine, image: Any, *, output: Path, source: str,
+            target: str | None = None, force: bool = False, compression: str = "gzip",
+            tmpdir: Path | None = None) -> dict[str, Any]:
+    """Build, check, then atomically place the squashfs. Raises SifError on any failure."""
+    if not force and not verdicts.is_verified(image.id):
+        raise SifError(f"image {source} ({image.id[7:19]}) has no passing verdict; run "
+                       "`build-env verify` on it first, or pass --force", target=target)
+    output = output.absolute()
+    partial = output.parent / f".{output.name}.partial-{os.getpid()}"
+    scratch = None
+    try:
+        with interrupts_raise():
+            scratch = sif_native.scratch_dir(output, tmpdir)
+            try:
+                details = build(engine, image, partial, source=source, workdir=scratch,
+                                compression=compression)
+            except (RuntimeError, OverlayError) as exc:
+                raise SifError(str(exc), target=target) from None
+            check(partial, image.attrs.get("Config"))
+            os.replace(partial, output)
+    finally:
+        partial.unlink(missing_ok=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return {"schema": REPORT_SCHEMA, "target": target, "image_id": image.id, "source": source,
+            "output": str(output), "size": output.stat().st_size, "build": details}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``build-env sqsh`` (``--matrix``/``--snapshot`` are added by the CLI)."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--target", help="convert the release image of this matrix target")
+    src.add_argument("--image", metavar="REF", help="convert this image (reference or ID)")
+    p.add_argument("--output", "-o", type=Path, default=None, metavar="PATH",
+                   help="the .sqsh to write (default: ./<target>.sqsh)")
+    p.add_argument("--tag-prefix", default="verl-env", metavar="REPO",
+                   help="repository of the release tags (default: verl-env)")
+    p.add_argument("--force", action="store_true",
+                   help="convert an image that has no passing verdict")
+    p.add_argument("--compression", choices=sorted(COMPRESSIONS), default="gzip",
+                   help="squashfs compression (default gzip; none: fastest to write)")
+    p.add_argument("--tmpdir", type=Path, default=None,
+                   help="scratch space (default: beside the output)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``build-env sqsh``."""
+    if args.target:
+        from builder.spec import load_matrix
+
+        load_matrix(args.matrix).target(args.target)  # an unknown target is a usage error
+        ref, target = f"{args.tag_prefix}:{args.target}", args.target
+    else:
+        ref, target = args.image, None
+    name = target or ref.split("/")[-1].replace(":", "_").replace("@", "_")
+    output = args.output or Path(f"{name}.sqsh")
+    engine = Engine.connect()
+    try:
+        image = engine.image(ref)
+    except EngineError as exc:
+        raise SifError(str(exc).split(": ", 1)[-1], target=target) from None
+    report = convert(engine, image, output=output, source=ref, target=target, force=args.force,
+                     compression=args.compression, tmpdir=args.tmpdir)
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print(f"{report['output']}: {report['size'] / 2**20:.0f} MiB enroot squashfs from {ref} "
+              f"({report['build']['seconds']:.1f} s); run it with srun --container-image="
+              f"{report['output']} or build-env slurm --runtime pyxis --image {report['output']}")
+    return 0
