@@ -97,7 +97,7 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({
     "cuda": Family("cuda", NVIDIA, ALL_PHASES, ("--nv",), ("CUDA_VISIBLE_DEVICES",), "NCCL",
                    collective_defaults=MappingProxyType({"NCCL_IB_DISABLE": "0"}), uses_ib=True,
                    # sm_90, sm_100, sm_103; sm_90a / sm_100f: arch- and family-specific code
-                   gpu_pattern=r"sm_[1-9][0-9]{1,2}[af]?"),
+                   gpu_pattern=r"sm_[1-9][0-9]{1,2}[af]?",
                    # GB200/GB300 NVL72: the IMEX channels (never NCCL_CUMEM_ENABLE: NCCL decides)
                    node_devices=("/dev/nvidia-caps-imex-channels",)),
     # verl's and AMD's MI300 recipes: MSCCL off, no scratch reclaim; Ray refuses
