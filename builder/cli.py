@@ -81,6 +81,10 @@ def _build_options(p: argparse.ArgumentParser) -> None:
                         "target's family; 0 for an emulated build)")
     p.add_argument("--reverify", action="store_true",
                    help="run the gate again even when the content tag holds a release verdict")
+    p.add_argument("--require", choices=("build", "gpu"), default=None,
+                   help="the verdict level that unlocks tags, SIF and publish: build (default; "
+                        "a GPU family's GPU phases may be pending) or gpu (they passed on GPUs); "
+                        "env VERL_ENV_REQUIRE")
     p.add_argument("--sif", type=Path, default=None, metavar="PATH",
                    help="also convert the verified image to this .sif (a directory for several "
                         "targets: DIR/<target>.sif)")
@@ -181,17 +185,28 @@ def _vendor_note(site: Site, t: Any) -> str:
     return " (vendor base, not yet probed)"
 
 
+def _verdict_json(v: Any) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    return {"image_id": v.image_id, "recorded_at": v.recorded_at, "overall": v.overall,
+            "scope": v.scope, "level": v.level, "gpu": v.gpu.to_dict()}
+
+
 def cmd_list(args: argparse.Namespace) -> int:
+    from builder import verdicts
+
     site = _site(args)
     matrix = site.matrix
+    latest = {n: verdicts.latest_for_target(n) for n in matrix.targets}
     if args.json:
         print(json.dumps({n: {**t.to_dict(), "entry_hash": t.entry_hash,
+                              "verdict": _verdict_json(latest[n]),
                               **({"base_status": _vendor_note(site, t).strip(" ()")}
                                  if t.base.vendor else {})}
                           for n, t in matrix.targets.items()}, indent=2))
         return 0
     cols = ["target", "accel", "arch", "python", "torch", "engine", "ray", "transformers",
-            "tensordict", "verl", "base"]
+            "tensordict", "verl", "verdict", "base"]
     rows = []
     for t in matrix.targets.values():
         def v(name: str) -> str:
@@ -204,11 +219,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         rows.append([t.name, t.accelerator + (f" {t.cuda or t.rocm}" if t.cuda or t.rocm else ""),
                      t.arch, t.python, v("torch"),
                      f"{eng.name} {v(eng.name)}" if eng else "-", v("ray"), v("transformers"),
-                     v("tensordict"), v("verl"), t.base.image + _vendor_note(site, t)])
+                     v("tensordict"), v("verl"), verdicts.short(latest[t.name]),
+                     t.base.image + _vendor_note(site, t)])
     widths = [max(len(str(r[i])) for r in [cols, *rows]) for i in range(len(cols))]
     for r in [cols, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
     print("\n* provided by the base image   (src) built from source   (off) disabled")
+    print("verdict: the newest local one (build: every phase that runs without a GPU passed; "
+          "gpu: the GPU phases too)")
     return 0
 
 
@@ -306,8 +324,11 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     from builder.pipeline import BuildRequest, run_many
 
+    from builder.verdicts import requirement
+
     names = list(_site(args).matrix.targets) if args.all else list(dict.fromkeys(args.targets))
     several = len(names) > 1
+    require = requirement(args.require)
 
     def request(name: str) -> BuildRequest:
         return BuildRequest(
@@ -318,7 +339,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             keep_candidate=args.keep_candidate,
             network=None if args.network == "default" else args.network,
             verify_timeout=args.verify_timeout, gpus=args.gpus, expect_gpus=args.expect_gpus,
-            reverify=args.reverify,
+            reverify=args.reverify, require=require,
             sif=(args.sif / f"{name}.sif" if several else args.sif) if args.sif else None,
             sign_key=args.sign_key, sign_pgp_key=args.sign_pgp_key,
             push=args.push, verbose=args.verbose and not several, quiet=args.json)
@@ -339,6 +360,10 @@ def _summary(names: list[str], outcomes: list[Outcome]) -> None:
     for name, o in zip(names, outcomes):
         r = o.report
         result = r.result if r else "error"
+        verify = (r.stages.get("verify") or {}) if r else {}
+        if result == "pass" and verify.get("level"):
+            result += f" ({verify['level']}" + (", gpu pending)" if verify.get("gpu") == "pending"
+                                                else ")")
         detail = " ".join(r.tags) if r and r.tags else (r.error if r and r.error else o.error)
         rows.append([name, result, (r.image_id or "-")[7:19] if r else "-", detail or "-"])
     widths = [max(len(row[i]) for row in rows) for i in range(3)]

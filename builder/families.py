@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 ALL_PHASES = ("preflight", "env", "imports", "versions", "cpu", "gpu", "collective", "ray")
+# The phases that prove nothing without a GPU: a verdict of a GPU family whose host had none is
+# a *build* verdict with these phases ``pending`` (builder.verdicts).
+GPU_PHASES = ("gpu", "collective")
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,11 @@ class Family:
     image_env: Mapping[str, str] = field(default_factory=dict)
     # verl trainer overrides the family needs, appended to the Slurm job's default command.
     trainer_overrides: tuple[str, ...] = ()
+
+    @property
+    def gpu_phases(self) -> tuple[str, ...]:
+        """The release phases that need this family's GPUs (none for a family without GPUs)."""
+        return tuple(p for p in self.release_phases if p in GPU_PHASES) if self.vendor else ()
 
     @property
     def gpu_probe(self) -> str | None:

@@ -240,7 +240,7 @@ class Attestations:
 
     private: Any  # the ECDSA private key
     keyid: str
-    verdict: dict[str, Any]
+    verdict: verdicts.Verdict
     sbom: dict[str, Any]
     provenance: Any  # builder.trust.statements.ProvenanceInputs
 
@@ -251,7 +251,7 @@ class Attestations:
 
 
 def prepare_attestations(engine: Engine, image: Any, sign_key: Path, report: Path | None,
-                         target: str | None) -> Attestations:
+                         target: str | None, require: str = verdicts.BUILD) -> Attestations:
     """The key, a release verdict of this image, the report describing it, its SBOM: every
     refusal happens here, before the first byte is pushed."""
     from builder.trust.keys import keyid, load_private
@@ -265,7 +265,8 @@ def prepare_attestations(engine: Engine, image: Any, sign_key: Path, report: Pat
         raise PublishError(f"{report}: no build report (needed for the provenance statement; "
                            "--report PATH)", target=target)
     verdict, sbom_doc, provenance = statement_inputs(report, engine=engine, image_id=image.id,
-                                                     what=f"image {image.id[7:19]}")
+                                                     what=f"image {image.id[7:19]}",
+                                                     require=require)
     return Attestations(private, keyid(private.public_key()), verdict, sbom_doc, provenance)
 
 
@@ -286,13 +287,15 @@ def publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | 
             target: str | None, record_path: Path, pins: dict[str, str] | None = None,
             sif_tag: str | None = None, insecure: bool = False,
             attempts: int = 4, sign_key: Path | None = None,
-            report: Path | None = None) -> dict[str, Any]:
+            report: Path | None = None, require: str = verdicts.BUILD) -> dict[str, Any]:
     """Push image (and SIF), read both digests back, with ``sign_key`` push the signed
-    attestations as referrers, write the record. Returns the record."""
+    attestations as referrers, write the record. Returns the record. ``require``: the verdict
+    level the attestations need (the caller has checked the image's verdict)."""
     try:
         return _publish(engine, image, registry, tag=tag, sif=sif, target=target,
                         record_path=record_path, pins=pins, sif_tag=sif_tag,
-                        insecure=insecure, attempts=attempts, sign_key=sign_key, report=report)
+                        insecure=insecure, attempts=attempts, sign_key=sign_key, report=report,
+                        require=require)
     except PublishError as exc:
         exc.target = exc.target or target
         raise
@@ -301,14 +304,14 @@ def publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | 
 def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | None,
              target: str | None, record_path: Path, pins: dict[str, str] | None,
              sif_tag: str | None, insecure: bool, attempts: int, sign_key: Path | None,
-             report: Path | None) -> dict[str, Any]:
+             report: Path | None, require: str) -> dict[str, Any]:
     from builder.trust import statements as st
 
     reg, cred_source = connect(registry, insecure=insecure)
     labels = dict((image.attrs.get("Config") or {}).get("Labels") or {})
     if sif is not None:
         check_sif_matches(sif, labels)
-    signing = (prepare_attestations(engine, image, sign_key, report, target)
+    signing = (prepare_attestations(engine, image, sign_key, report, target, require)
                if sign_key is not None else None)
     check_access(reg, attempts)
     pushed = push_image(engine, image, reg, tag, attempts)
@@ -326,7 +329,7 @@ def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path |
         "registry": f"{reg.host}/{reg.repo}", "credentials": cred_source,
         "image": {"tag": f"{reg.host}/{reg.repo}:{tag}", "digest": digest,
                   "reference": f"{reg.host}/{reg.repo}@{digest}"},
-        "image_digest": digest, "sif": None}
+        "image_digest": digest, "sif": None, "verdict": _verdict_summary(image.id)}
     if sif is not None:
         stag = sif_tag or f"{tag}-sif"
         blob, size = sha256_file(sif), sif.stat().st_size
@@ -349,19 +352,35 @@ def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path |
     return record
 
 
+def _verdict_summary(image_id: str) -> dict[str, Any] | None:
+    """The verdict's level and GPU evidence, for the publish record."""
+    v = verdicts.lookup(image_id)
+    if v is None:
+        return None
+    return {"overall": v.overall, "scope": v.scope, "level": v.level, "gpu": v.gpu.to_dict(),
+            "recorded_at": v.recorded_at}
+
+
+def refusal(image_id: str, require: str) -> str | None:
+    """Why the image may not be published (the one release rule), None when it may."""
+    return verdicts.release_problem(verdicts.lookup(image_id), require)
+
+
 def publish_verified(image_id: str, registry: str, *, target: str, sif: Path | None,
                      pins: dict[str, str], record_path: Path | None = None,
-                     sign_key: Path | None = None, report: Path | None = None
-                     ) -> dict[str, Any]:
+                     sign_key: Path | None = None, report: Path | None = None,
+                     require: str = verdicts.BUILD) -> dict[str, Any]:
     """Pipeline entry (``build-env --target T --push REG [--sif PATH] [--sign-key K]``);
     ``report``: the build's ``report.json`` (provenance of the attestations)."""
     engine = Engine.connect()
     image = engine.image(image_id)
-    if not verdicts.is_verified(image.id):
-        raise PublishError(f"image {image.id[7:19]} has no passing verdict", target=target)
+    problem = refusal(image.id, require)
+    if problem:
+        raise PublishError(f"image {image.id[7:19]} has no passing verdict: {problem}",
+                           target=target)
     return publish(engine, image, registry, tag=target, sif=sif, target=target,
                    record_path=record_path or Path("build") / target / "publish.json",
-                   pins=pins, sign_key=sign_key, report=report)
+                   pins=pins, sign_key=sign_key, report=report, require=require)
 
 
 # --------------------------------------------------------------------------- command line
@@ -388,6 +407,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tries per registry operation on transient errors (default: 4)")
     p.add_argument("--force", action="store_true",
                    help="publish an image that has no passing verdict")
+    p.add_argument("--require", choices=verdicts.LEVELS, default=None,
+                   help="the verdict level the image needs: build (default; GPU phases may be "
+                        f"pending) or gpu (GPU phases proven); env {verdicts.REQUIRE_ENV}")
     p.add_argument("--sign-key", type=Path, default=os.environ.get("VERL_ENV_SIGN_KEY") or None,
                    metavar="PATH", help="sign the verdict, SBOM and provenance statements with "
                    "this ECDSA key and push them as OCI referrers of the image (and the SIF) "
@@ -421,20 +443,28 @@ def run(args: argparse.Namespace) -> int:
         image = engine.image(ref)
     except EngineError as exc:
         raise PublishError(str(exc).split(": ", 1)[-1], target=target) from None
-    if not args.force and not verdicts.is_verified(image.id):
-        raise PublishError(f"image {ref} ({image.id[7:19]}) has no passing verdict; run "
-                           "`build-env verify` first, or pass --force", target=target)
+    require = verdicts.requirement(args.require)
+    problem = refusal(image.id, require)
+    if problem and not args.force:
+        raise PublishError(f"image {ref} ({image.id[7:19]}) has no passing verdict: {problem}; "
+                           "run `build-env verify` first, or pass --force", target=target)
     name = target or re.sub(r"[^A-Za-z0-9_.-]+", "_", ref)
     report = args.report or (Path("build") / target / "report.json" if target else None)
     record = publish(engine, image, args.registry, tag=args.tag or _default_tag(ref, target),
                      sif=args.sif, target=target,
                      record_path=args.record or Path("build") / name / "publish.json",
                      sif_tag=args.sif_tag, insecure=args.insecure, attempts=args.attempts,
-                     sign_key=args.sign_key, report=report if args.sign_key else None)
+                     sign_key=args.sign_key, report=report if args.sign_key else None,
+                     require=require)
     if args.json:
         print(json.dumps(record, indent=2, sort_keys=True))
     else:
         print(f"image  {record['image']['reference']}")
+        v = record.get("verdict") or {}
+        if v:
+            gpu = v.get("gpu") or {}
+            print(f"verdict {v.get('overall')}, {v.get('level') or v.get('scope')} level, gpu: "
+                  f"{gpu.get('status')}" + (f" ({gpu['reason']})" if gpu.get("reason") else ""))
         if record["sif"]:
             print(f"sif    {record['sif']['reference']} ({record['sif']['size'] / 2**20:.0f} MiB)")
         for what, att in sorted((k, v) for k, v in (record.get("attestations") or {}).items()

@@ -36,11 +36,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from builder import verdicts
 from builder.engine import Engine
 from builder.errors import EngineError, VerifyError
 from builder.families import ALL_PHASES, FAMILIES, VENDORS
 from builder.files import atomic_write_text
+from builder.verdicts import PARTIAL, RELEASE, Verdict, record
 
 VERDICTS = {0: "pass", 1: "fail", 2: "incomplete", 3: "error"}
 GATE_SCHEMA = "verl-env/gate/v1"
@@ -101,42 +101,6 @@ class SelftestPlan:
     phases: tuple[str, ...]
     required: tuple[str, ...]
     partial_reason: str | None
-
-
-@dataclass(frozen=True)
-class Verification:
-    image: str
-    exit_code: int
-    report: dict[str, Any]
-    logs: str
-    seconds: float
-
-    @property
-    def overall(self) -> str:
-        return str(self.report.get("overall") or VERDICTS.get(self.exit_code, "error"))
-
-    @property
-    def passed(self) -> bool:
-        return self.exit_code == 0 and self.overall == "pass"
-
-    @property
-    def scope(self) -> str:
-        """``release`` or ``partial`` (see the module doc)."""
-        return str(self.gate.get("scope") or verdicts.PARTIAL)
-
-    @property
-    def release(self) -> bool:
-        """A passing release verdict: what unlocks a tag, a SIF and a publish."""
-        return self.passed and self.scope == verdicts.RELEASE
-
-    @property
-    def gate(self) -> dict[str, Any]:
-        gate = self.report.get("gate")
-        return gate if isinstance(gate, dict) else {}
-
-    def failed_checks(self) -> list[dict[str, Any]]:
-        return [c for c in self.report.get("checks", [])
-                if c.get("status") == "fail" or (c.get("status") == "skip" and c.get("required"))]
 
 
 def selftest_source() -> Path:
@@ -302,7 +266,7 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
                  timeout: float = 900, gpus: str | None = "auto",
                  extra_args: Sequence[str] | None = None, phases: str | None = None,
                  network: str = "none", manifest: dict[str, Any] | None = None,
-                 dev_root: str | None = None, emulated: bool | None = None) -> Verification:
+                 dev_root: str | None = None, emulated: bool | None = None) -> Verdict:
     """Run the self-test in a fresh container of ``image``; never raises for a failed verdict.
 
     ``expect_gpus``: GPUs the self-test must see (None: what the engine's host shows for the
@@ -326,10 +290,10 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
     arch = arch_plan(engine, img, manifest, emulated)
     gate["arch"] = arch
     if arch["refused"]:
-        gate.update(scope=verdicts.RELEASE, partial_reason=None)
+        gate.update(scope=RELEASE, partial_reason=None)
         check = {"id": "gate.arch", "phase": "gate", "status": "fail", "required": True,
                  "applies": True, "value": arch["image"], "reason": arch["refused"]}
-        return Verification(image, 1, {"overall": "fail", "error": arch["refused"],
+        return Verdict(image, 1, {"overall": "fail", "error": arch["refused"],
                                        "checks": [check], "gate": gate}, "", 0.0)
     if arch["emulated"]:
         if arch["image"] != arch["engine_host"]:
@@ -339,14 +303,14 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
         gpu = expected_gpus(engine, img.id, family, expect_gpus=expect_gpus,
                             image_arch=img.attrs.get("Architecture"), dev_root=dev_root)
     except EngineError as exc:
-        gate.update(scope=verdicts.PARTIAL, partial_reason="the GPU expectation is unknown",
+        gate.update(scope=PARTIAL, partial_reason="the GPU expectation is unknown",
                     gpus={"expected": None, "reason": f"could not count the engine host's GPUs: "
                           f"{exc.args[0]}"})
         report = {"overall": "error", "error": f"could not count the engine host's GPUs: "
                   f"{exc.args[0]}", "gate": gate}
-        return Verification(image, 3, report, "", 0.0)
+        return Verdict(image, 3, report, "", 0.0)
     reasons = [r for r in (plan.partial_reason, gpu.narrowed) if r]
-    gate.update(scope=verdicts.PARTIAL if reasons else verdicts.RELEASE,
+    gate.update(scope=PARTIAL if reasons else RELEASE,
                 partial_reason="; ".join(reasons) or None)
     kind = gpu.vendor if gpus == "auto" and (gpu.expected or 0) > 0 else \
         (None if gpus == "auto" else gpus)
@@ -375,7 +339,7 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
         report = {"overall": "fail", "error": f"the engine could not give the container the "
                   f"{kind} GPUs: {exc.args[0]}", "gate": gate}
         gate["gpus"]["in_image"] = {"count": None, "reason": "the container did not start"}
-        return Verification(image, 1, report, "", 0.0)
+        return Verdict(image, 1, report, "", 0.0)
     report: dict[str, Any] = {}
     raw = result.files.get(REPORT)
     if raw:
@@ -395,7 +359,7 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
         code = 3 if code == 0 else code
     gate["gpus"]["in_image"] = _in_image_gpus(report, plan.phases)
     report["gate"] = gate
-    return Verification(image, code, report, result.logs, result.seconds)
+    return Verdict(image, code, report, result.logs, result.seconds)
 
 
 def _in_image_gpus(report: Mapping[str, Any], phases: Sequence[str]) -> dict[str, Any]:
@@ -413,7 +377,7 @@ def _selftest_files() -> list[tuple[str, bytes]]:
             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
 
 
-def summary_lines(v: Verification) -> list[str]:
+def summary_lines(v: Verdict) -> list[str]:
     """One line per check that failed, warned, or was skipped (with the reason); then the
     GPU expectation and, for a partial run, why it is not a release verdict."""
     lines = []
@@ -434,9 +398,10 @@ def summary_lines(v: Verification) -> list[str]:
         seen = gpus.get("in_image") or {}
         lines.append(f"  GPUs expected: {gpus.get('expected')} ({gpus.get('reason')}); in the "
                      f"image: {seen.get('count')} ({seen.get('reason')})")
-    if v.gate and v.scope != verdicts.RELEASE:
-        lines.append(f"  partial verdict, unlocks no tag, SIF or publish: "
-                     f"{v.gate.get('partial_reason')}")
+    if v.gate and v.scope != RELEASE:
+        lines.append(f"  partial verdict, unlocks no tag, SIF or publish: {v.partial_reason}")
+    elif v.level is not None and v.gpu.status != "none":
+        lines.append(f"  {v.level} verdict; gpu: {v.gpu.describe()}")
     return lines
 
 
@@ -501,11 +466,11 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_text(args.report, json.dumps(v.report, indent=2) + "\n")
     # the verdict is about the target the image was built for, unless held to another one
     target = args.target or (image.labels or {}).get("org.verl-env.target")
-    verdicts.record_verification(image.id, v, target=target, tags=list(image.tags))
+    record(image.id, v, target=target, tags=list(image.tags))
     out = sys.stderr if args.json else sys.stdout
     if args.json:
         print(json.dumps(v.report, indent=2, sort_keys=True))
-    print(f"{args.image}: {v.overall} ({v.scope} verdict, {v.seconds:.1f} s)", file=out)
+    print(f"{args.image}: {v.describe()} ({v.seconds:.1f} s)", file=out)
     for line in summary_lines(v):
         print(line, file=out)
     if v.exit_code == 3 and v.logs:
@@ -516,7 +481,7 @@ def run(args: argparse.Namespace) -> int:
     return v.exit_code
 
 
-__all__ = ["ALL_PHASES", "GpuPlan", "RELEASE_PHASES", "SelftestPlan", "Verification",
+__all__ = ["ALL_PHASES", "GpuPlan", "RELEASE_PHASES", "SelftestPlan", "Verdict",
            "add_arguments", "count_gpus", "decide_gpus", "expected_gpus", "family_of",
            "plan_selftest", "run", "selftest_source", "summary_lines", "verify_image",
            "HOST_DEV_ENV"]

@@ -29,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="verdict JSON (default: the local verdict record of the report's image)")
     sg.add_argument("--sbom", type=Path, default=None,
                     help="CycloneDX JSON (default: inventory the report's image in the engine)")
+    _require(sg, "sign")
 
     vf = sub.add_parser("verify", help="check a SIF and its sidecar offline, or an image/SIF "
                         "artifact's attestations in a registry")
@@ -44,6 +45,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     vf.add_argument("--insecure", action="store_true",
                     help="plain HTTP to a non-loopback registry")
     vf.add_argument("--json", action="store_true", help="print the result as JSON")
+    _require(vf, "accept")
+
+
+def _require(p: argparse.ArgumentParser, what: str) -> None:
+    from builder import verdicts
+
+    p.add_argument("--require", choices=verdicts.LEVELS, default=None,
+                   help=f"the verdict level to {what}: build (default; the GPU phases may be "
+                        "pending) or gpu (GPU and collective phases proven on GPUs); env "
+                        f"{verdicts.REQUIRE_ENV}")
+
+
+def _level(args: argparse.Namespace) -> str:
+    from builder import verdicts
+
+    return verdicts.requirement(args.require)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,7 +95,7 @@ def _sign(args: argparse.Namespace) -> int:
     signed = sign_from_report(
         args.sif, args.report, args.key, args.pgp_key,
         verdict=_read_json(args.verdict, "verdict") if args.verdict else None,
-        sbom_doc=_read_json(args.sbom, "SBOM") if args.sbom else None)
+        sbom_doc=_read_json(args.sbom, "SBOM") if args.sbom else None, require=_level(args))
     print(f"{signed.sif}: signed {signed.digest} (key {signed.keyid[:16]}"
           + (f", PGP {signed.pgp_fingerprint}" if signed.pgp_fingerprint else "") + ")")
     print(f"{signed.sidecar}: 3 attestations (verdict, sbom, provenance)")
@@ -95,13 +112,14 @@ def _verify(args: argparse.Namespace) -> int:
             if value is not None:
                 raise TrustError(f"{option} applies to a SIF file, not to a registry reference "
                                  f"({args.sif})")
-        ref = remote.verify_reference(args.sif, args.key, insecure=args.insecure)
+        ref = remote.verify_reference(args.sif, args.key, insecure=args.insecure,
+                                      require=_level(args))
         if args.json:
             print(json.dumps(ref.to_dict(), indent=2, sort_keys=True))
         else:
             print("\n".join(remote.summary_lines(ref)))
         return 0
-    checked = verify_sif(path, args.key, args.pgp, args.sidecar)
+    checked = verify_sif(path, args.key, args.pgp, args.sidecar, require=_level(args))
     if args.json:
         print(json.dumps(checked.to_dict(), indent=2, sort_keys=True))
     else:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder import verdicts
 from builder.errors import PublishError, TrustError
 from builder.registry import Client, Transient, fallback_tag, is_loopback, resolve_credentials
 from builder.trust import dsse, sbom
@@ -26,7 +27,8 @@ from builder.trust import statements as st
 from builder.trust.keys import load_public
 from builder.trust.referrers import (ARTIFACT_TYPE, DSSE_MEDIA, OCI_MANIFEST,
                                      PREDICATE_ANNOTATION, read_subject)
-from builder.trust.verify import _provenance_summary, attested_lines
+from builder.trust.verify import _provenance_summary, attested_lines, verdict_fields
+from builder.verdicts import Verdict
 
 SIF_LAYER_MEDIA = "application/vnd.sylabs.sif.layer.v1.sif"
 _REF = re.compile(r"(?P<host>[A-Za-z0-9.-]+(?::[0-9]+)?|\[[0-9a-fA-F:]+\](?::[0-9]+)?)/"
@@ -80,7 +82,7 @@ class RefChecked:
     source: str  # "referrers API" or "fallback tag sha256-..."
     referrers: list[str] = field(default_factory=list)
     keyids: list[str] = field(default_factory=list)
-    verdict: dict[str, Any] = field(default_factory=dict)
+    verdict: Verdict | None = None
     selftest_version: str | None = None
     pins: dict[str, str] = field(default_factory=dict)
     components: dict[str, int] = field(default_factory=dict)
@@ -90,14 +92,16 @@ class RefChecked:
     def to_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "digest": self.digest, "source": self.source,
                 "referrers": self.referrers, "keyids": self.keyids,
-                "target": self.verdict.get("target"), "overall": self.verdict.get("overall"),
+                **verdict_fields(self.verdict),
                 "selftest_version": self.selftest_version, "pins": self.pins,
                 "components": self.components, "provenance": self.provenance,
                 "sif_blob": self.sif_blob}
 
 
-def verify_reference(text: str, keys: list[Path], *, insecure: bool = False) -> RefChecked:
-    """The registry check (see the module doc)."""
+def verify_reference(text: str, keys: list[Path], *, insecure: bool = False,
+                     require: str = verdicts.BUILD) -> RefChecked:
+    """The registry check (see the module doc); ``require``: the verdict level demanded of
+    every verdict."""
     if not keys:
         raise TrustError("no public key given (--key verl-env.pub)")
     public = [load_public(k) for k in keys]
@@ -105,7 +109,7 @@ def verify_reference(text: str, keys: list[Path], *, insecure: bool = False) -> 
     scheme = "http" if insecure or is_loopback(ref.host) else "https"
     try:
         reg = Client(ref.host, ref.repo, scheme, resolve_credentials(ref.host))
-        return _verify(reg, ref, public)
+        return _verify(reg, ref, public, require)
     except (PublishError, Transient) as exc:
         message = str(exc).removeprefix("publish: ")
         raise TrustError(f"{ref}: registry: {message}") from None
@@ -129,7 +133,7 @@ def _descriptors(reg: Client, ref: Reference, digest: str) -> tuple[list[dict[st
     return listed, f"fallback tag {tag}"
 
 
-def _verify(reg: Client, ref: Reference, public: list[Any]) -> RefChecked:
+def _verify(reg: Client, ref: Reference, public: list[Any], require: str) -> RefChecked:
     subject = read_subject(reg, ref.reference)
     digest = subject.digest
     result = RefChecked(str(ref), digest, "")
@@ -194,10 +198,11 @@ def _verify(reg: Client, ref: Reference, public: list[Any]) -> RefChecked:
     if missing:
         raise TrustError(f"{ref}: no {', '.join(missing)} attestation ({result.source})")
     for predicate in found["verdict"]:
-        problem = st.release_problem(predicate.get("verdict"))
+        verdict = st.read_verdict(predicate, f"{ref}: a verdict attestation")
+        problem = verdicts.release_problem(verdict, require)
         if problem:
             raise TrustError(f"{ref}: not a release verdict: {problem}")
-    result.verdict = found["verdict"][-1]["verdict"]
+        result.verdict = verdict
     result.selftest_version = found["verdict"][-1].get("selftestVersion")
     result.pins = sbom.pins_of(found["sbom"][-1])
     result.components = sbom.counts(found["sbom"][-1])

@@ -20,6 +20,7 @@ from builder import publish
 from builder.registry import Client
 from builder.trust import dsse, keys, referrers
 from builder.trust import statements as st
+from builder.verdicts import Verdict
 from tests.conftest import run_build_env
 from tests.publish.conftest import RegistryServer
 from tests.trust.conftest import (RELEASE_VERDICT, base_sif, keypair, other_keypair,  # noqa: F401
@@ -44,7 +45,8 @@ def _get(registry: RegistryServer, path: str, accept: str = ANY_MANIFEST) -> req
 def _attestations(key: keys.KeyFiles, report_path: Path, sbom: dict[str, Any],
                   verdict: dict[str, Any] | None = None) -> publish.Attestations:
     private = keys.load_private(key.private)
-    return publish.Attestations(private, key.keyid, verdict or RELEASE_VERDICT, sbom,
+    return publish.Attestations(private, key.keyid, Verdict.from_dict(verdict or RELEASE_VERDICT),
+                                sbom,
                                 st.ProvenanceInputs.from_report(report_path))
 
 
