@@ -175,7 +175,8 @@ def convert(engine: Engine, image: Any, *, output: Path, source: str, target: st
             partial.unlink(missing_ok=True)
             details = _build(engine, chosen, image, partial, source, scratch, target, labels)
             converted = time.monotonic() - started
-            verification = verify_sif(partial, run=run, phases=phases, timeout=timeout)
+            verification = verify_sif(partial, run=run, phases=phases, timeout=timeout,
+                                      flags=_runtime_flags(image))
             _accept(verification, run, target)
             os.replace(partial, output)
     finally:
@@ -188,6 +189,15 @@ def convert(engine: Engine, image: Any, *, output: Path, source: str, target: st
             "seconds": {"convert": round(converted, 1),
                         "total": round(time.monotonic() - started, 1)},
             "verification": verification, "verdict": labels}
+
+
+def _runtime_flags(image: Any) -> tuple[str, ...]:
+    """The family's apptainer flags (``--nv``/``--rocm``) from the image's accelerator label."""
+    from builder.families import family
+
+    fam = family(((image.attrs.get("Config") or {}).get("Labels") or {}).get(
+        "org.verl-env.accelerator"))
+    return fam.apptainer_flags if fam else ()
 
 
 def _accept(verification: dict[str, Any], run: bool, target: str | None) -> None:
