@@ -71,7 +71,7 @@ def test_cpu_image_to_sif_runs_its_selftest(cpu_image: dict, tmp_path: Path,
     gate = json.loads(gate_report.read_text())["gate"]
     assert gate["family"] == "cpu" and gate["scope"] == "release"
     assert gate["runtime"] in ("ch-run", "apptainer", "singularity")
-    assert gate["phases"] == gate["required_phases"]
+    assert set(gate["required_phases"]) <= set(gate["phases"])  # every phase ran
     assert gate["gpus"]["expected"] == 0 and gate["runtime_flags"] == []
     assert gate["subject"]["target"] == "cpu-x86_64"
     assert gate["subject"]["digest"].startswith("sha256:")
