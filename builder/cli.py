@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from builder.pipeline import Outcome
 
 SUBCOMMANDS = ("build", "init", "list", "check", "lock", "render", "verify", "sif", "publish",
-               "slurm", "doctor", "trust")
+               "slurm", "doctor", "trust", "cluster", "status")
 
 # One convention for every subcommand: --matrix/--snapshot name the site, --target a matrix
 # target, --json prints machine-readable output on stdout, paths are options, not positionals
@@ -152,7 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    ("publish", "builder.publish", "push image and SIF"),
                                    ("slurm", "builder.slurm", "write an sbatch script"),
                                    ("doctor", "builder.doctor", "pre-flight a cluster node"),
-                                   ("trust", "builder.trust.cli", "sign and check attestations")):
+                                   ("trust", "builder.trust.cli", "sign and check attestations"),
+                                   ("cluster", "builder.cluster",
+                                    "collect (and sign) a Slurm job's cluster verdict"),
+                                   ("status", "builder.status",
+                                    "every verdict that travels with a SIF, newest first")):
         mod = importlib.import_module(module)
         sp = sub.add_parser(name, help=helptext)
         if name in ("sif", "publish", "slurm"):

@@ -139,12 +139,20 @@ def gpu_evidence(report: Mapping[str, Any], family: str | None) -> GpuEvidence:
             return GpuEvidence(PENDING, f"{what} did not pass: "
                                         f"{check.get('status', 'absent')} {check.get('reason') or ''}"
                                .rstrip())
+    return gpu_facts(report, fam.name, int(count.get("value") or expected))
+
+
+def gpu_facts(report: Mapping[str, Any], family: str, count: int | None) -> GpuEvidence:
+    """The GPU facts a report's check values and platform section record (``proven``: the
+    caller has decided that the GPU phases passed)."""
+    fam = family_of_name(family)
+    checks = _checks(report)
     platform = report.get("platform") if isinstance(report.get("platform"), dict) else {}
     models = tuple(str(g.get("name")) for g in platform.get("gpus") or ()
                    if isinstance(g, dict) and g.get("name"))
     driver_value = checks.get("gpu.driver", {}).get("value")
     driver_value = driver_value if isinstance(driver_value, dict) else {}
-    if fam.vendor is not None and fam.vendor.name == "amd":
+    if fam is not None and fam.vendor is not None and fam.vendor.name == "amd":
         runtime = f"HIP {driver_value['hip']}" if driver_value.get("hip") else None
         driver = driver_value.get("amdgpu") or platform.get("driver")
     else:
@@ -155,12 +163,12 @@ def gpu_evidence(report: Mapping[str, Any], family: str | None) -> GpuEvidence:
     version = lib_value.get("version") if isinstance(lib_value, dict) else None
     versions = report.get("versions") if isinstance(report.get("versions"), dict) else {}
     version = version or versions.get("nccl_loaded")
-    library = f"{fam.comm_library or 'NCCL'} {version}" if version else None
+    library = f"{(fam.comm_library if fam else None) or 'NCCL'} {version}" if version else None
     busbw = checks.get("collective.busbw", {})
     bw = busbw.get("value")
     transport = checks.get("collective.transport", {}).get("value") or report.get("transport")
     hosts = tuple(str(h) for h in report.get("hosts") or () if h)
-    return GpuEvidence(PROVEN, "", count=int(count.get("value") or expected), models=models,
+    return GpuEvidence(PROVEN, "", count=count, models=models,
                        driver=str(driver) if driver else None, runtime=runtime, library=library,
                        transport=str(transport) if transport else None,
                        busbw_gbps=float(bw) if isinstance(bw, (int, float)) else None,
