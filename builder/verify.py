@@ -604,12 +604,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _is_sif(text: str) -> bool:
+    from builder.sif import format as sif_format
+
     path = Path(text)
-    if not path.is_file():
-        return False
-    with open(path, "rb") as f:
-        head = f.read(64)
-    return b"SIF_MAGIC" in head or path.suffix == ".sif"
+    return path.is_file() and (path.suffix == ".sif" or sif_format.is_sif(path))
 
 
 def run_sif(args: argparse.Namespace) -> int:

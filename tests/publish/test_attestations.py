@@ -283,6 +283,7 @@ def test_publish_signs_the_image_and_trust_verify_reads_the_registry(
         check = _verify(ref, keypair.public)
         assert check.returncode == 0, check.stdout + check.stderr
         assert "verdict: pass (target cpu-x86_64" in check.stdout
+        assert "level: build" in check.stdout
         assert "pins: " in check.stdout and "(none recorded)" not in check.stdout
     wrong = _verify(f"{registry.host}/{REPO}@{digest}", other_keypair.public)
     assert wrong.returncode == 1 and "signed by unknown key(s)" in wrong.stderr
