@@ -160,9 +160,9 @@ def _node_gpu(report: Mapping[str, Any], family: str | None) -> dict[str, Any]:
             if k in ("status", "count", "models", "driver", "runtime", "library")}
 
 
-def _inter_node(reports: list[Mapping[str, Any]]) -> tuple[dict[str, Any], int | None]:
-    world = max((r.get("world_size") for r in reports if isinstance(r.get("world_size"), int)),
-                default=None)
+def _inter_node(reports: list[dict[str, Any]]) -> tuple[dict[str, Any], int | None]:
+    sizes = [int(r["world_size"]) for r in reports if isinstance(r.get("world_size"), int)]
+    world = max(sizes) if sizes else None
     checks: dict[str, Any] = {}
     info: dict[str, Any] = {}
     for r in reports:

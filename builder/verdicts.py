@@ -105,6 +105,10 @@ class GpuEvidence:
         return "proven on " + ", ".join(parts)
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _checks(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     checks = report.get("checks")
     return {c["id"]: c for c in checks if isinstance(c, dict) and "id" in c} \
@@ -118,8 +122,8 @@ def gpu_evidence(report: Mapping[str, Any], family: str | None) -> GpuEvidence:
     fam = family_of_name(family)
     if fam is not None and not fam.gpu_phases:
         return GpuEvidence(NONE, f"target family {fam.name} has no GPUs")
-    gate = report.get("gate") if isinstance(report.get("gate"), dict) else {}
-    gpus = gate.get("gpus") if isinstance(gate.get("gpus"), dict) else {}
+    gate = _dict(report.get("gate"))
+    gpus = _dict(gate.get("gpus"))
     checks = _checks(report)
     if fam is None:
         return GpuEvidence(PENDING, "the target family is unknown: no GPU phase set to prove")
@@ -147,7 +151,7 @@ def gpu_facts(report: Mapping[str, Any], family: str, count: int | None) -> GpuE
     caller has decided that the GPU phases passed)."""
     fam = family_of_name(family)
     checks = _checks(report)
-    platform = report.get("platform") if isinstance(report.get("platform"), dict) else {}
+    platform = _dict(report.get("platform"))
     models = tuple(str(g.get("name")) for g in platform.get("gpus") or ()
                    if isinstance(g, dict) and g.get("name"))
     driver_value = checks.get("gpu.driver", {}).get("value")
@@ -161,7 +165,7 @@ def gpu_facts(report: Mapping[str, Any], family: str, count: int | None) -> GpuE
         driver = driver_value.get("driver") or platform.get("driver")
     lib_value = checks.get("gpu.nccl_library", {}).get("value")
     version = lib_value.get("version") if isinstance(lib_value, dict) else None
-    versions = report.get("versions") if isinstance(report.get("versions"), dict) else {}
+    versions = _dict(report.get("versions"))
     version = version or versions.get("nccl_loaded")
     library = f"{(fam.comm_library if fam else None) or 'NCCL'} {version}" if version else None
     busbw = checks.get("collective.busbw", {})
