@@ -287,15 +287,18 @@ def publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | 
             target: str | None, record_path: Path, pins: dict[str, str] | None = None,
             sif_tag: str | None = None, insecure: bool = False,
             attempts: int = 4, sign_key: Path | None = None,
-            report: Path | None = None, require: str = verdicts.BUILD) -> dict[str, Any]:
+            report: Path | None = None, require: str = verdicts.BUILD,
+            attach: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Push image (and SIF), read both digests back, with ``sign_key`` push the signed
     attestations as referrers, write the record. Returns the record. ``require``: the verdict
-    level the attestations need (the caller has checked the image's verdict)."""
+    level the attestations need (the caller has checked the image's verdict). ``attach``:
+    cluster verdicts (``build-env cluster``) about ``sif``, signed with ``sign_key`` and pushed
+    as referrers of the image and of the SIF artifact."""
     try:
         return _publish(engine, image, registry, tag=tag, sif=sif, target=target,
                         record_path=record_path, pins=pins, sif_tag=sif_tag,
                         insecure=insecure, attempts=attempts, sign_key=sign_key, report=report,
-                        require=require)
+                        require=require, attach=attach)
     except PublishError as exc:
         exc.target = exc.target or target
         raise
@@ -304,9 +307,10 @@ def publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | 
 def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | None,
              target: str | None, record_path: Path, pins: dict[str, str] | None,
              sif_tag: str | None, insecure: bool, attempts: int, sign_key: Path | None,
-             report: Path | None, require: str) -> dict[str, Any]:
+             report: Path | None, require: str, attach: tuple[Path, ...]) -> dict[str, Any]:
     from builder.trust import statements as st
 
+    clusters = _clusters_to_attach(attach, sif, sign_key)
     reg, cred_source = connect(registry, insecure=insecure)
     labels = dict((image.attrs.get("Config") or {}).get("Labels") or {})
     if sif is not None:
@@ -345,11 +349,71 @@ def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path |
                 [st.subject(f"oras://{reg.host}/{reg.repo}", sif_digest),
                  st.subject(sif.name, blob)], attempts)
     record["attestations"] = attestations
+    if clusters:
+        assert sign_key is not None and sif is not None
+        record["clusters"] = _attach_clusters(reg, clusters, sign_key, digest,
+                                              record["sif"], sif.name, attempts)
     record["published_at"] = datetime.datetime.now(datetime.timezone.utc).strftime(
         "%Y-%m-%dT%H:%M:%SZ")
     write_record(record_path, record)
     record["record"] = str(record_path)
     return record
+
+
+def _clusters_to_attach(files: tuple[Path, ...], sif: Path | None,
+                        sign_key: Path | None) -> list[Any]:
+    """The cluster verdicts of ``--attach``, each about this SIF: checked before any push."""
+    if not files:
+        return []
+    from builder.cluster import file_digest, read
+    from builder.errors import ClusterError
+
+    if sign_key is None or sif is None:
+        raise PublishError("--attach signs cluster verdicts about the SIF: give --sign-key and "
+                           "--sif")
+    digest = file_digest(sif)
+    out = []
+    for path in files:
+        try:
+            verdict = read(path)
+        except ClusterError as exc:
+            raise PublishError(str(exc).removeprefix("cluster: ")) from None
+        if verdict.subject.get("digest") != digest:
+            raise PublishError(f"{path}: the cluster verdict is about "
+                               f"{verdict.subject.get('digest')}, not {sif} ({digest})")
+        out.append(verdict)
+    return out
+
+
+def _attach_clusters(reg: Client, clusters: list[Any], sign_key: Path, image_digest: str,
+                     sif_record: dict[str, Any], sif_name: str, attempts: int
+                     ) -> list[dict[str, Any]]:
+    """Each cluster verdict signed about the image manifest, the SIF artifact and the SIF file,
+    and pushed as a referrer of both manifests (its own kind: several live side by side)."""
+    from builder.trust import referrers
+    from builder.trust import statements as st
+    from builder.trust.cluster import envelope, referrer_kind
+    from builder.trust.keys import load_private
+
+    private = load_private(sign_key)
+    subjects = [st.subject(f"{reg.host}/{reg.repo}", image_digest),
+                st.subject(f"oras://{reg.host}/{reg.repo}", sif_record["digest"]),
+                st.subject(sif_name, sif_record["blob_digest"])]
+    out = []
+    for verdict in clusters:
+        env = envelope(subjects, verdict, private)
+        kind = referrer_kind(verdict)
+        pushed = {}
+        for what, digest in (("image", image_digest), ("sif", sif_record["digest"])):
+            subject = retrying(lambda d=digest: referrers.read_subject(reg, d),
+                               f"read back {reg.repo}@{digest}", attempts)
+            pushed[what] = retrying(
+                lambda s=subject: referrers.attach(reg, s, [env], kind=kind, cosign=False),
+                f"cluster verdict of {reg.repo}@{digest}", attempts)
+        out.append({"cluster": verdict.cluster, "job": verdict.job, "overall": verdict.overall,
+                    "level": verdict.level, "recorded_at": verdict.recorded_at, "kind": kind,
+                    "referrers": pushed})
+    return out
 
 
 def _verdict_summary(image_id: str) -> dict[str, Any] | None:
@@ -417,6 +481,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", type=Path, default=None, metavar="PATH",
                    help="the build's report.json, for the provenance statement (default: "
                         "build/<target>/report.json)")
+    p.add_argument("--attach", type=Path, action="append", default=[], metavar="FILE",
+                   help="a cluster verdict (`build-env cluster`) about --sif: signed with "
+                        "--sign-key and pushed as a referrer of the image and the SIF; repeat "
+                        "for several")
     p.add_argument("--json", action="store_true", help="print the record as JSON")
 
 
@@ -455,7 +523,7 @@ def run(args: argparse.Namespace) -> int:
                      record_path=args.record or Path("build") / name / "publish.json",
                      sif_tag=args.sif_tag, insecure=args.insecure, attempts=args.attempts,
                      sign_key=args.sign_key, report=report if args.sign_key else None,
-                     require=require)
+                     require=require, attach=tuple(args.attach))
     if args.json:
         print(json.dumps(record, indent=2, sort_keys=True))
     else:
@@ -472,5 +540,8 @@ def run(args: argparse.Namespace) -> int:
             where = att["fallback_index"] or "referrers API"
             print(f"signed {what}: {len(att['referrers'])} referrers of {att['subject'][:19]} "
                   f"({where}; cosign {att['cosign_tag'][:19]}...)")
+        for c in record.get("clusters") or []:
+            print(f"attached cluster verdict {c['cluster']} ({c['overall']}, {c['level']} "
+                  f"level, job {c['job']})")
         print(f"record {record['record']}")
     return 0

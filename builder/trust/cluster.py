@@ -23,7 +23,25 @@ from builder.trust import dsse
 from builder.trust import statements as st
 from builder.trust.keys import keyid, load_private, load_public
 
-CLUSTER_TYPE = "https://verl-env.dev/cluster-verification/v1"
+CLUSTER_TYPE = st.CLUSTER_TYPE
+
+
+def envelope(subjects: list[dict[str, Any]], verdict: ClusterVerdict, private: Any
+             ) -> dict[str, Any]:
+    """The signed DSSE envelope of ``verdict``'s statement about ``subjects``."""
+    stmt = st.statement(subjects, CLUSTER_TYPE,
+                        {"clusterVerdict": verdict.to_dict(), "builderVersion": __version__})
+    return dsse.sign(st.to_bytes(stmt), private)
+
+
+def referrer_kind(verdict: ClusterVerdict) -> str:
+    """The referrer's own kind (its tag suffix): one per cluster and job."""
+    import hashlib
+    import re
+
+    name = re.sub(r"[^a-z0-9]+", "-", verdict.cluster.lower()).strip("-")[:40] or "cluster"
+    key = hashlib.sha256(f"{verdict.cluster}\0{verdict.job}\0{verdict.recorded_at}".encode())
+    return f"cluster-{name}-{key.hexdigest()[:12]}"
 
 
 def clusters_sidecar(sif: Path) -> Path:
@@ -41,10 +59,8 @@ def sign_cluster(sif: Path, verdict: ClusterVerdict, key: Path) -> tuple[Path, s
         raise TrustError(f"{sif}: refusing to sign: the cluster verdict is about "
                          f"{verdict.subject.get('digest')}, not this file ({digest})")
     private = load_private(key)
-    stmt = st.statement([st.subject(sif.name, digest)], CLUSTER_TYPE,
-                        {"clusterVerdict": verdict.to_dict(), "builderVersion": __version__})
-    line = json.dumps(dsse.sign(st.to_bytes(stmt), private), sort_keys=True,
-                      separators=(",", ":"))
+    line = json.dumps(envelope([st.subject(sif.name, digest)], verdict, private),
+                      sort_keys=True, separators=(",", ":"))
     sidecar = clusters_sidecar(sif)
     old = sidecar.read_text() if sidecar.exists() else ""
     atomic_write_text(sidecar, old + ("" if not old or old.endswith("\n") else "\n") + line + "\n")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import verdicts
+from builder.cluster import ClusterVerdict
 from builder.errors import PublishError, TrustError
 from builder.registry import Client, Transient, fallback_tag, is_loopback, resolve_credentials
 from builder.trust import dsse, sbom
@@ -88,6 +89,7 @@ class RefChecked:
     components: dict[str, int] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
     sif_blob: str | None = None
+    clusters: list[ClusterVerdict] = field(default_factory=list)  # newest first
 
     def to_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "digest": self.digest, "source": self.source,
@@ -95,7 +97,8 @@ class RefChecked:
                 **verdict_fields(self.verdict),
                 "selftest_version": self.selftest_version, "pins": self.pins,
                 "components": self.components, "provenance": self.provenance,
-                "sif_blob": self.sif_blob}
+                "sif_blob": self.sif_blob,
+                "clusters": [c.to_dict() for c in self.clusters]}
 
 
 def verify_reference(text: str, keys: list[Path], *, insecure: bool = False,
@@ -191,7 +194,10 @@ def _verify(reg: Client, ref: Reference, public: list[Any], require: str) -> Ref
                              f"{sif_blob} of this artifact")
         if not isinstance(stmt.get("predicate"), dict):
             raise TrustError(f"{where}: the {kind} statement has no predicate object")
-        found.setdefault(kind, []).append(stmt["predicate"])
+        if kind == "cluster":
+            result.clusters.append(_cluster(stmt, names, where))
+        else:
+            found.setdefault(kind, []).append(stmt["predicate"])
         result.referrers.append(rdigest)
         result.keyids.append(verified.keyid)
     missing = [k for k in ("verdict", "sbom", "provenance") if k not in found]
@@ -207,7 +213,22 @@ def _verify(reg: Client, ref: Reference, public: list[Any], require: str) -> Ref
     result.pins = sbom.pins_of(found["sbom"][-1])
     result.components = sbom.counts(found["sbom"][-1])
     result.provenance = _provenance_summary(found["provenance"][-1])
+    result.clusters.sort(key=lambda c: c.recorded_at, reverse=True)
     return result
+
+
+def _cluster(stmt: dict[str, Any], names: list[str], where: str) -> ClusterVerdict:
+    """A cluster verdict attached to the image: it must name the SIF file the statement also
+    names (the image it ran is the one this manifest describes)."""
+    try:
+        verdict = ClusterVerdict.from_dict(stmt["predicate"].get("clusterVerdict"))
+    except ValueError as exc:
+        raise TrustError(f"{where}: {exc}") from None
+    about = str(verdict.subject.get("digest", "")).split(":", 1)[-1]
+    if about not in names:
+        raise TrustError(f"{where}: the cluster verdict is about sha256:{about[:12]}, which the "
+                         "signed statement does not name")
+    return verdict
 
 
 def _subject_digests(stmt: dict[str, Any]) -> list[str]:
@@ -233,4 +254,6 @@ def summary_lines(c: RefChecked) -> list[str]:
              f"  attestations: {len(c.referrers)} referrers ({c.source})", *attested_lines(c)]
     if c.sif_blob:
         lines.append(f"  SIF file: {c.sif_blob}")
+    for cv in c.clusters:
+        lines.append(f"  cluster verdict {cv.recorded_at}: {cv.describe()}")
     return lines

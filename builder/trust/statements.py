@@ -21,7 +21,9 @@ SBOM_TYPE = "https://cyclonedx.org/bom"
 PROVENANCE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://verl-env.dev/build/v1"
 BUILDER_ID = "https://verl-env.dev/build-env"
-KINDS = {VERDICT_TYPE: "verdict", SBOM_TYPE: "sbom", PROVENANCE_TYPE: "provenance"}
+CLUSTER_TYPE = "https://verl-env.dev/cluster-verification/v1"
+KINDS = {VERDICT_TYPE: "verdict", SBOM_TYPE: "sbom", PROVENANCE_TYPE: "provenance",
+         CLUSTER_TYPE: "cluster"}
 
 
 def subject(name: str, digest: str) -> dict[str, Any]:
