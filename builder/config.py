@@ -7,6 +7,7 @@ command line win over it; it wins over the built-in defaults.
     sign_key = "keys/verl-env.key"             # --sign-key (relative to this file)
     index_url = "https://pypi.mirror.example/simple"   # --index-url
     ca_bundle = "/etc/ssl/certs/site-ca.pem"   # --ca-bundle
+    require = "gpu"                            # --require: the verdict level a release needs
     [slurm]                                    # any `build-env slurm` option, by its name
     partition = "gpu"
     account = "rl-team"
@@ -30,6 +31,7 @@ KEYS: dict[str, tuple[type, tuple[str, ...], bool]] = {
     "sign_key": (str, ("sign_key",), True),
     "index_url": (str, ("index_url",), False),
     "ca_bundle": (str, ("ca_bundle",), True),
+    "require": (str, ("require",), False),
 }
 SECTIONS = {"slurm"}  # per-command tables: their keys are that command's option names
 

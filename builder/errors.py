@@ -86,3 +86,10 @@ class TrustError(BuildEnvError):
 
     stage = "trust"
     exit_code = 1
+
+
+class ClusterError(BuildEnvError):
+    """A job directory, or a cluster verdict, that cannot be read or signed: names the path."""
+
+    stage = "cluster"
+    exit_code = 1

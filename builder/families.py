@@ -15,6 +15,9 @@ from types import MappingProxyType
 
 ALL_PHASES = ("preflight", "env", "imports", "versions", "coverage", "cpu", "gpu", "collective",
               "ray")
+# The phases that prove nothing without a GPU: a verdict of a GPU family whose host had none is
+# a *build* verdict with these phases ``pending`` (builder.verdicts).
+GPU_PHASES = ("gpu", "collective")
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,11 @@ class Family:
         """Device nodes pyxis must mount itself: enroot's hooks inject NVIDIA GPUs (and
         InfiniBand) but have no AMD hook, so ROCm's /dev/kfd and /dev/dri are mounted."""
         return self.vendor.devices if self.vendor else ()
+
+    @property
+    def gpu_phases(self) -> tuple[str, ...]:
+        """The release phases that need this family's GPUs (none for a family without GPUs)."""
+        return tuple(p for p in self.release_phases if p in GPU_PHASES) if self.vendor else ()
 
     @property
     def gpu_probe(self) -> str | None:

@@ -23,7 +23,8 @@ from builder.files import atomic_write_text
 from builder.engine import BuildProgress, Engine, interrupts_raise
 from builder.naming import Names, content_hash, names
 from builder.spec import Target
-from builder.verify import Verification, summary_lines, verify_image
+from builder.verdicts import Verdict
+from builder.verify import summary_lines, verify_image
 
 REPORT_SCHEMA = "verl-env/build-report/v1"
 
@@ -47,6 +48,7 @@ class BuildRequest:
     gpus: str = "auto"
     expect_gpus: int | None = None
     reverify: bool = False
+    require: str = "build"  # the verdict level that unlocks tags, SIF and publish (build | gpu)
     sif: Path | None = None
     sign_key: Path | None = None  # ECDSA P-256 (PKCS#8 PEM): attestations beside the SIF
     sign_pgp_key: Path | None = None  # OpenPGP key: the SIF's own signature
@@ -231,7 +233,8 @@ def run(req: BuildRequest) -> Outcome:
                 report.image_id = image_id
                 report.stages["build"] = {"seconds": 0.0, "reused": tags.content}
                 known = verdicts.lookup(image_id)
-                if known and verdicts.is_verified(image_id) and not req.reverify:
+                if known and verdicts.release_problem(known, req.require) is None \
+                        and not req.reverify:
                     return _reuse(engine, report, report_path, console, tags, known, req, target)
                 console.stage("build", "reuse", f"{tags.content} exists ({image_id[7:19]}); "
                               "verifying it")
@@ -252,11 +255,14 @@ def run(req: BuildRequest) -> Outcome:
                              expect_gpus=req.expect_gpus)
             report.verification = v.report
             report.stages["verify"] = {"seconds": round(v.seconds, 1), "overall": v.overall,
-                                       "exit_code": v.exit_code, "scope": v.scope}
-            verdicts.record_verification(image_id, v, target=target.name)
-            if not v.release:
-                return _refuse(engine, report, report_path, console, v, req, target, built)
-            console.stage("verify", "pass", f"{v.seconds:.1f} s" + _skips(v))
+                                       "exit_code": v.exit_code, "scope": v.scope,
+                                       "level": v.level, "gpu": v.gpu.status}
+            verdicts.record(image_id, v, target=target.name)
+            problem = verdicts.release_problem(v, req.require)
+            if problem is not None:
+                return _refuse(engine, report, report_path, console, v, req, target, built,
+                               problem)
+            console.stage("verify", "pass", f"{v.seconds:.1f} s, {_level(v)}" + _skips(v))
 
             engine.tag_once(image_id, tags.content)
             for ref in tags.release:
@@ -264,7 +270,7 @@ def run(req: BuildRequest) -> Outcome:
             report.tags = list(tags.all)
             report.result = "pass"
             console.stage("tag", "ok", "  ".join(report.tags))
-            verdicts.record_verification(image_id, v, target=target.name, tags=report.tags)
+            verdicts.record(image_id, v, target=target.name, tags=report.tags)
     except KeyboardInterrupt:
         report.result, report.error = "interrupted", "interrupted by a signal"
         if image_id and built:
@@ -285,7 +291,7 @@ def run(req: BuildRequest) -> Outcome:
 
 
 def _reuse(engine: Engine, report: Report, report_path: Path, console: Console, tags: Names,
-           known: dict[str, Any], req: BuildRequest, target: Target) -> Outcome:
+           known: Verdict, req: BuildRequest, target: Target) -> Outcome:
     """The content tag exists and holds a release verdict: nothing is built or re-verified."""
     assert report.image_id is not None
     for ref in tags.release:
@@ -293,22 +299,30 @@ def _reuse(engine: Engine, report: Report, report_path: Path, console: Console, 
     report.tags = list(tags.all)
     report.result = "pass"
     report.reused = True
-    report.verification = known.get("report")
-    when = known.get("recorded_at") or "earlier"
-    report.stages["verify"] = {"seconds": 0.0, "overall": known.get("overall"), "reused": when}
-    console.stage("verify", "pass", f"{tags.content} was verified {when}; not rebuilt, not "
-                  "re-verified (--reverify to run the gate again)")
+    report.verification = known.report
+    when = known.recorded_at or "earlier"
+    report.stages["verify"] = {"seconds": 0.0, "overall": known.overall, "reused": when,
+                               "scope": known.scope, "level": known.level,
+                               "gpu": known.gpu.status}
+    console.stage("verify", "pass", f"{tags.content} was verified {when} ({_level(known)}); "
+                  "not rebuilt, not re-verified (--reverify to run the gate again)")
     report.write(report_path)
     return _extend(req, target, report.image_id, report, report_path, console)
 
 
-def _skips(v: Verification) -> str:
+def _level(v: Verdict) -> str:
+    """``build verdict, gpu: pending (why)`` / ``gpu verdict, ...`` for the stage line."""
+    return v.describe().removeprefix(f"{v.overall}, ")
+
+
+def _skips(v: Verdict) -> str:
     skipped = [c for c in v.report.get("checks", []) if c.get("status") == "skip"]
     return f", {len(skipped)} checks skipped (see report)" if skipped else ""
 
 
 def _refuse(engine: Engine, report: Report, report_path: Path, console: Console,
-            v: Verification, req: BuildRequest, target: Target, built: bool) -> Outcome:
+            v: Verdict, req: BuildRequest, target: Target, built: bool,
+            problem: str) -> Outcome:
     report.result = v.overall if v.overall in ("fail", "incomplete") else "fail"
     assert report.image_id is not None
     if req.keep_candidate:
@@ -318,8 +332,7 @@ def _refuse(engine: Engine, report: Report, report_path: Path, console: Console,
     elif built:
         engine.remove_candidate(report.image_id)
     report.write(report_path)
-    why = "" if v.overall != "pass" else (
-        f" (a {v.scope} verdict: {v.gate.get('partial_reason') or 'not the full phase set'})")
+    why = "" if v.overall != "pass" else f" ({problem})"
     console.stage("verify", v.overall, f"{v.seconds:.1f} s{why}; no release tag applied; "
                   f"report: {report_path}")
     for line in summary_lines(v):
@@ -345,13 +358,15 @@ def _sif_and_push(req: BuildRequest, target: Target, image_id: str, report: Repo
     if req.sif:
         from builder import sif
 
-        sif_path = sif.convert_verified(image_id, req.sif, target=target.name)
+        sif_path = sif.convert_verified(image_id, req.sif, target=target.name,
+                                        require=req.require)
         report.stages["sif"] = {"path": str(sif_path)}
         console.stage("sif", "ok", str(sif_path))
         if req.sign_key:
             from builder.trust.sign import sign_from_report
 
-            signed = sign_from_report(sif_path, report_path, req.sign_key, req.sign_pgp_key)
+            signed = sign_from_report(sif_path, report_path, req.sign_key, req.sign_pgp_key,
+                                      require=req.require)
             report.stages["sif"].update(sidecar=str(signed.sidecar), digest=signed.digest,
                                         keyid=signed.keyid, pgp=signed.pgp_fingerprint)
             console.stage("sign", "ok", f"{signed.sidecar} (key {signed.keyid[:16]})")
@@ -361,7 +376,8 @@ def _sif_and_push(req: BuildRequest, target: Target, image_id: str, report: Repo
         record = publish.publish_verified(image_id, req.push, target=target.name,
                                           sif=req.sif, pins=report.pins,
                                           record_path=report_path.parent / "publish.json",
-                                          sign_key=req.sign_key, report=report_path)
+                                          sign_key=req.sign_key, report=report_path,
+                                          require=req.require)
         report.stages["publish"] = record
         signed = " (attestations pushed as referrers)" if record.get("attestations") else ""
         console.stage("publish", "ok", str(record.get("image_digest", "")) + signed)

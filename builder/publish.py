@@ -240,7 +240,7 @@ class Attestations:
 
     private: Any  # the ECDSA private key
     keyid: str
-    verdict: dict[str, Any]
+    verdict: verdicts.Verdict
     sbom: dict[str, Any]
     provenance: Any  # builder.trust.statements.ProvenanceInputs
 
@@ -251,7 +251,7 @@ class Attestations:
 
 
 def prepare_attestations(engine: Engine, image: Any, sign_key: Path, report: Path | None,
-                         target: str | None) -> Attestations:
+                         target: str | None, require: str = verdicts.BUILD) -> Attestations:
     """The key, a release verdict of this image, the report describing it, its SBOM: every
     refusal happens here, before the first byte is pushed."""
     from builder.trust.keys import keyid, load_private
@@ -265,7 +265,8 @@ def prepare_attestations(engine: Engine, image: Any, sign_key: Path, report: Pat
         raise PublishError(f"{report}: no build report (needed for the provenance statement; "
                            "--report PATH)", target=target)
     verdict, sbom_doc, provenance = statement_inputs(report, engine=engine, image_id=image.id,
-                                                     what=f"image {image.id[7:19]}")
+                                                     what=f"image {image.id[7:19]}",
+                                                     require=require)
     return Attestations(private, keyid(private.public_key()), verdict, sbom_doc, provenance)
 
 
@@ -286,13 +287,18 @@ def publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | 
             target: str | None, record_path: Path, pins: dict[str, str] | None = None,
             sif_tag: str | None = None, insecure: bool = False,
             attempts: int = 4, sign_key: Path | None = None,
-            report: Path | None = None) -> dict[str, Any]:
+            report: Path | None = None, require: str = verdicts.BUILD,
+            attach: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Push image (and SIF), read both digests back, with ``sign_key`` push the signed
-    attestations as referrers, write the record. Returns the record."""
+    attestations as referrers, write the record. Returns the record. ``require``: the verdict
+    level the attestations need (the caller has checked the image's verdict). ``attach``:
+    cluster verdicts (``build-env cluster``) about ``sif``, signed with ``sign_key`` and pushed
+    as referrers of the image and of the SIF artifact."""
     try:
         return _publish(engine, image, registry, tag=tag, sif=sif, target=target,
                         record_path=record_path, pins=pins, sif_tag=sif_tag,
-                        insecure=insecure, attempts=attempts, sign_key=sign_key, report=report)
+                        insecure=insecure, attempts=attempts, sign_key=sign_key, report=report,
+                        require=require, attach=attach)
     except PublishError as exc:
         exc.target = exc.target or target
         raise
@@ -301,14 +307,15 @@ def publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | 
 def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | None,
              target: str | None, record_path: Path, pins: dict[str, str] | None,
              sif_tag: str | None, insecure: bool, attempts: int, sign_key: Path | None,
-             report: Path | None) -> dict[str, Any]:
+             report: Path | None, require: str, attach: tuple[Path, ...]) -> dict[str, Any]:
     from builder.trust import statements as st
 
+    clusters = _clusters_to_attach(attach, sif, sign_key)
     reg, cred_source = connect(registry, insecure=insecure)
     labels = dict((image.attrs.get("Config") or {}).get("Labels") or {})
     if sif is not None:
         check_sif_matches(sif, labels)
-    signing = (prepare_attestations(engine, image, sign_key, report, target)
+    signing = (prepare_attestations(engine, image, sign_key, report, target, require)
                if sign_key is not None else None)
     check_access(reg, attempts)
     pushed = push_image(engine, image, reg, tag, attempts)
@@ -326,7 +333,7 @@ def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path |
         "registry": f"{reg.host}/{reg.repo}", "credentials": cred_source,
         "image": {"tag": f"{reg.host}/{reg.repo}:{tag}", "digest": digest,
                   "reference": f"{reg.host}/{reg.repo}@{digest}"},
-        "image_digest": digest, "sif": None}
+        "image_digest": digest, "sif": None, "verdict": _verdict_summary(image.id)}
     if sif is not None:
         stag = sif_tag or f"{tag}-sif"
         blob, size = sha256_file(sif), sif.stat().st_size
@@ -342,6 +349,10 @@ def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path |
                 [st.subject(f"oras://{reg.host}/{reg.repo}", sif_digest),
                  st.subject(sif.name, blob)], attempts)
     record["attestations"] = attestations
+    if clusters:
+        assert sign_key is not None and sif is not None
+        record["clusters"] = _attach_clusters(reg, clusters, sign_key, digest,
+                                              record["sif"], sif.name, attempts)
     record["published_at"] = datetime.datetime.now(datetime.timezone.utc).strftime(
         "%Y-%m-%dT%H:%M:%SZ")
     write_record(record_path, record)
@@ -349,19 +360,91 @@ def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path |
     return record
 
 
+def _clusters_to_attach(files: tuple[Path, ...], sif: Path | None,
+                        sign_key: Path | None) -> list[Any]:
+    """The cluster verdicts of ``--attach``, each about this SIF: checked before any push."""
+    if not files:
+        return []
+    from builder.cluster import file_digest, read
+    from builder.errors import ClusterError
+
+    if sign_key is None or sif is None:
+        raise PublishError("--attach signs cluster verdicts about the SIF: give --sign-key and "
+                           "--sif")
+    digest = file_digest(sif)
+    out = []
+    for path in files:
+        try:
+            verdict = read(path)
+        except ClusterError as exc:
+            raise PublishError(str(exc).removeprefix("cluster: ")) from None
+        if verdict.subject.get("digest") != digest:
+            raise PublishError(f"{path}: the cluster verdict is about "
+                               f"{verdict.subject.get('digest')}, not {sif} ({digest})")
+        out.append(verdict)
+    return out
+
+
+def _attach_clusters(reg: Client, clusters: list[Any], sign_key: Path, image_digest: str,
+                     sif_record: dict[str, Any], sif_name: str, attempts: int
+                     ) -> list[dict[str, Any]]:
+    """Each cluster verdict signed about the image manifest, the SIF artifact and the SIF file,
+    and pushed as a referrer of both manifests (its own kind: several live side by side)."""
+    from builder.trust import referrers
+    from builder.trust import statements as st
+    from builder.trust.cluster import envelope, referrer_kind
+    from builder.trust.keys import load_private
+
+    private = load_private(sign_key)
+    subjects = [st.subject(f"{reg.host}/{reg.repo}", image_digest),
+                st.subject(f"oras://{reg.host}/{reg.repo}", sif_record["digest"]),
+                st.subject(sif_name, sif_record["blob_digest"])]
+    out = []
+    for verdict in clusters:
+        env = envelope(subjects, verdict, private)
+        kind = referrer_kind(verdict)
+        pushed = {}
+        for what, digest in (("image", image_digest), ("sif", sif_record["digest"])):
+            subject = retrying(lambda d=digest: referrers.read_subject(reg, d),
+                               f"read back {reg.repo}@{digest}", attempts)
+            pushed[what] = retrying(
+                lambda s=subject: referrers.attach(reg, s, [env], kind=kind, cosign=False),
+                f"cluster verdict of {reg.repo}@{digest}", attempts)
+        out.append({"cluster": verdict.cluster, "job": verdict.job, "overall": verdict.overall,
+                    "level": verdict.level, "recorded_at": verdict.recorded_at, "kind": kind,
+                    "referrers": pushed})
+    return out
+
+
+def _verdict_summary(image_id: str) -> dict[str, Any] | None:
+    """The verdict's level and GPU evidence, for the publish record."""
+    v = verdicts.lookup(image_id)
+    if v is None:
+        return None
+    return {"overall": v.overall, "scope": v.scope, "level": v.level, "gpu": v.gpu.to_dict(),
+            "recorded_at": v.recorded_at}
+
+
+def refusal(image_id: str, require: str) -> str | None:
+    """Why the image may not be published (the one release rule), None when it may."""
+    return verdicts.release_problem(verdicts.lookup(image_id), require)
+
+
 def publish_verified(image_id: str, registry: str, *, target: str, sif: Path | None,
                      pins: dict[str, str], record_path: Path | None = None,
-                     sign_key: Path | None = None, report: Path | None = None
-                     ) -> dict[str, Any]:
+                     sign_key: Path | None = None, report: Path | None = None,
+                     require: str = verdicts.BUILD) -> dict[str, Any]:
     """Pipeline entry (``build-env --target T --push REG [--sif PATH] [--sign-key K]``);
     ``report``: the build's ``report.json`` (provenance of the attestations)."""
     engine = Engine.connect()
     image = engine.image(image_id)
-    if not verdicts.is_verified(image.id):
-        raise PublishError(f"image {image.id[7:19]} has no passing verdict", target=target)
+    problem = refusal(image.id, require)
+    if problem:
+        raise PublishError(f"image {image.id[7:19]} has no passing verdict: {problem}",
+                           target=target)
     return publish(engine, image, registry, tag=target, sif=sif, target=target,
                    record_path=record_path or Path("build") / target / "publish.json",
-                   pins=pins, sign_key=sign_key, report=report)
+                   pins=pins, sign_key=sign_key, report=report, require=require)
 
 
 # --------------------------------------------------------------------------- command line
@@ -388,6 +471,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tries per registry operation on transient errors (default: 4)")
     p.add_argument("--force", action="store_true",
                    help="publish an image that has no passing verdict")
+    p.add_argument("--require", choices=verdicts.LEVELS, default=None,
+                   help="the verdict level the image needs: build (default; GPU phases may be "
+                        f"pending) or gpu (GPU phases proven); env {verdicts.REQUIRE_ENV}")
     p.add_argument("--sign-key", type=Path, default=os.environ.get("VERL_ENV_SIGN_KEY") or None,
                    metavar="PATH", help="sign the verdict, SBOM and provenance statements with "
                    "this ECDSA key and push them as OCI referrers of the image (and the SIF) "
@@ -395,6 +481,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", type=Path, default=None, metavar="PATH",
                    help="the build's report.json, for the provenance statement (default: "
                         "build/<target>/report.json)")
+    p.add_argument("--attach", type=Path, action="append", default=[], metavar="FILE",
+                   help="a cluster verdict (`build-env cluster`) about --sif: signed with "
+                        "--sign-key and pushed as a referrer of the image and the SIF; repeat "
+                        "for several")
     p.add_argument("--json", action="store_true", help="print the record as JSON")
 
 
@@ -421,20 +511,28 @@ def run(args: argparse.Namespace) -> int:
         image = engine.image(ref)
     except EngineError as exc:
         raise PublishError(str(exc).split(": ", 1)[-1], target=target) from None
-    if not args.force and not verdicts.is_verified(image.id):
-        raise PublishError(f"image {ref} ({image.id[7:19]}) has no passing verdict; run "
-                           "`build-env verify` first, or pass --force", target=target)
+    require = verdicts.requirement(args.require)
+    problem = refusal(image.id, require)
+    if problem and not args.force:
+        raise PublishError(f"image {ref} ({image.id[7:19]}) has no passing verdict: {problem}; "
+                           "run `build-env verify` first, or pass --force", target=target)
     name = target or re.sub(r"[^A-Za-z0-9_.-]+", "_", ref)
     report = args.report or (Path("build") / target / "report.json" if target else None)
     record = publish(engine, image, args.registry, tag=args.tag or _default_tag(ref, target),
                      sif=args.sif, target=target,
                      record_path=args.record or Path("build") / name / "publish.json",
                      sif_tag=args.sif_tag, insecure=args.insecure, attempts=args.attempts,
-                     sign_key=args.sign_key, report=report if args.sign_key else None)
+                     sign_key=args.sign_key, report=report if args.sign_key else None,
+                     require=require, attach=tuple(args.attach))
     if args.json:
         print(json.dumps(record, indent=2, sort_keys=True))
     else:
         print(f"image  {record['image']['reference']}")
+        v = record.get("verdict") or {}
+        if v:
+            gpu = v.get("gpu") or {}
+            print(f"verdict {v.get('overall')}, {v.get('level') or v.get('scope')} level, gpu: "
+                  f"{gpu.get('status')}" + (f" ({gpu['reason']})" if gpu.get("reason") else ""))
         if record["sif"]:
             print(f"sif    {record['sif']['reference']} ({record['sif']['size'] / 2**20:.0f} MiB)")
         for what, att in sorted((k, v) for k, v in (record.get("attestations") or {}).items()
@@ -442,5 +540,8 @@ def run(args: argparse.Namespace) -> int:
             where = att["fallback_index"] or "referrers API"
             print(f"signed {what}: {len(att['referrers'])} referrers of {att['subject'][:19]} "
                   f"({where}; cosign {att['cosign_tag'][:19]}...)")
+        for c in record.get("clusters") or []:
+            print(f"attached cluster verdict {c['cluster']} ({c['overall']}, {c['level']} "
+                  f"level, job {c['job']})")
         print(f"record {record['record']}")
     return 0

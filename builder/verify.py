@@ -36,11 +36,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from builder import verdicts
 from builder.engine import Engine
 from builder.errors import EngineError, VerifyError
 from builder.families import ALL_PHASES, FAMILIES, VENDORS
 from builder.files import atomic_write_text
+from builder.verdicts import PARTIAL, RELEASE, Verdict, record
 
 VERDICTS = {0: "pass", 1: "fail", 2: "incomplete", 3: "error"}
 GATE_SCHEMA = "verl-env/gate/v1"
@@ -101,42 +101,6 @@ class SelftestPlan:
     phases: tuple[str, ...]
     required: tuple[str, ...]
     partial_reason: str | None
-
-
-@dataclass(frozen=True)
-class Verification:
-    image: str
-    exit_code: int
-    report: dict[str, Any]
-    logs: str
-    seconds: float
-
-    @property
-    def overall(self) -> str:
-        return str(self.report.get("overall") or VERDICTS.get(self.exit_code, "error"))
-
-    @property
-    def passed(self) -> bool:
-        return self.exit_code == 0 and self.overall == "pass"
-
-    @property
-    def scope(self) -> str:
-        """``release`` or ``partial`` (see the module doc)."""
-        return str(self.gate.get("scope") or verdicts.PARTIAL)
-
-    @property
-    def release(self) -> bool:
-        """A passing release verdict: what unlocks a tag, a SIF and a publish."""
-        return self.passed and self.scope == verdicts.RELEASE
-
-    @property
-    def gate(self) -> dict[str, Any]:
-        gate = self.report.get("gate")
-        return gate if isinstance(gate, dict) else {}
-
-    def failed_checks(self) -> list[dict[str, Any]]:
-        return [c for c in self.report.get("checks", [])
-                if c.get("status") == "fail" or (c.get("status") == "skip" and c.get("required"))]
 
 
 def selftest_source() -> Path:
@@ -302,7 +266,7 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
                  timeout: float = 900, gpus: str | None = "auto",
                  extra_args: Sequence[str] | None = None, phases: str | None = None,
                  network: str = "none", manifest: dict[str, Any] | None = None,
-                 dev_root: str | None = None, emulated: bool | None = None) -> Verification:
+                 dev_root: str | None = None, emulated: bool | None = None) -> Verdict:
     """Run the self-test in a fresh container of ``image``; never raises for a failed verdict.
 
     ``expect_gpus``: GPUs the self-test must see (None: what the engine's host shows for the
@@ -326,10 +290,10 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
     arch = arch_plan(engine, img, manifest, emulated)
     gate["arch"] = arch
     if arch["refused"]:
-        gate.update(scope=verdicts.RELEASE, partial_reason=None)
+        gate.update(scope=RELEASE, partial_reason=None)
         check = {"id": "gate.arch", "phase": "gate", "status": "fail", "required": True,
                  "applies": True, "value": arch["image"], "reason": arch["refused"]}
-        return Verification(image, 1, {"overall": "fail", "error": arch["refused"],
+        return Verdict(image, 1, {"overall": "fail", "error": arch["refused"],
                                        "checks": [check], "gate": gate}, "", 0.0)
     if arch["emulated"]:
         if arch["image"] != arch["engine_host"]:
@@ -339,14 +303,14 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
         gpu = expected_gpus(engine, img.id, family, expect_gpus=expect_gpus,
                             image_arch=img.attrs.get("Architecture"), dev_root=dev_root)
     except EngineError as exc:
-        gate.update(scope=verdicts.PARTIAL, partial_reason="the GPU expectation is unknown",
+        gate.update(scope=PARTIAL, partial_reason="the GPU expectation is unknown",
                     gpus={"expected": None, "reason": f"could not count the engine host's GPUs: "
                           f"{exc.args[0]}"})
         report = {"overall": "error", "error": f"could not count the engine host's GPUs: "
                   f"{exc.args[0]}", "gate": gate}
-        return Verification(image, 3, report, "", 0.0)
+        return Verdict(image, 3, report, "", 0.0)
     reasons = [r for r in (plan.partial_reason, gpu.narrowed) if r]
-    gate.update(scope=verdicts.PARTIAL if reasons else verdicts.RELEASE,
+    gate.update(scope=PARTIAL if reasons else RELEASE,
                 partial_reason="; ".join(reasons) or None)
     kind = gpu.vendor if gpus == "auto" and (gpu.expected or 0) > 0 else \
         (None if gpus == "auto" else gpus)
@@ -375,7 +339,7 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
         report = {"overall": "fail", "error": f"the engine could not give the container the "
                   f"{kind} GPUs: {exc.args[0]}", "gate": gate}
         gate["gpus"]["in_image"] = {"count": None, "reason": "the container did not start"}
-        return Verification(image, 1, report, "", 0.0)
+        return Verdict(image, 1, report, "", 0.0)
     report: dict[str, Any] = {}
     raw = result.files.get(REPORT)
     if raw:
@@ -395,7 +359,160 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
         code = 3 if code == 0 else code
     gate["gpus"]["in_image"] = _in_image_gpus(report, plan.phases)
     report["gate"] = gate
-    return Verification(image, code, report, result.logs, result.seconds)
+    return Verdict(image, code, report, result.logs, result.seconds)
+
+
+# --------------------------------------------------------------------------- from a SIF
+
+SLURM_GPU_VARS = ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")
+
+
+def node_gpus(vendor: str, environ: Mapping[str, str], devices: Sequence[str] | None,
+              dev_root: str = "/dev") -> tuple[int, str, str]:
+    """(count, source, reason): the GPUs this node gives the job: Slurm's count for the node
+    (``SLURM_GPUS_ON_NODE``, else ``SLURM_GPUS_PER_NODE``, ``type:N`` read as N), else the
+    devices the node shows (the image gate's count)."""
+    for var in SLURM_GPU_VARS:
+        raw = (environ.get(var) or "").strip()
+        if raw:
+            text = raw.rsplit(":", 1)[-1].split("(", 1)[0]
+            if text.isdigit():
+                return int(text), "slurm", f"{var}={raw}: Slurm gave this node {int(text)} GPU(s)"
+    n = count_gpus(vendor, devices or ())
+    return n, "node devices", f"the node shows {n} {vendor} GPU(s) under {dev_root}"
+
+
+def _list_devices(vendor: str, dev_root: str) -> list[str]:
+    root = Path(dev_root)
+    found = []
+    for pattern in DEVICE_GLOBS[vendor]:
+        found += [str(p.relative_to(root)) for p in root.glob(pattern)]
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class SifGatePlan:
+    """How a SIF is gated on this node: the runtime, its flags and the GPU expectation."""
+
+    family: str | None
+    runtime: tuple[str, str] | None  # (name, path)
+    flags: tuple[str, ...]
+    env: dict[str, str]  # what crosses --cleanenv: the family's GPU visibility variables
+    gpus: dict[str, Any]
+    refused: str | None  # why it cannot run here (a fail verdict, never a skip)
+
+
+def plan_sif_gate(family: str | None, *, runtime: tuple[str, str] | None,
+                  expect_gpus: int | None, environ: Mapping[str, str],
+                  devices: Sequence[str] | None, dev_root: str = "/dev") -> SifGatePlan:
+    """Pure: the runtime flags (:mod:`builder.families`), the GPU expectation from the node and
+    whether this runtime can honour it (fails closed: GPUs expected and a runtime that cannot
+    hand them in is a refusal)."""
+    fam = FAMILIES.get(family or "")
+    vendor = fam.vendor.name if fam and fam.vendor else None
+    gpus: dict[str, Any] = {"vendor": vendor, "dev_root": dev_root}
+    if vendor is None:
+        expected: int | None = 0 if fam else None
+        gpus.update(expected=expected, source="cpu target" if fam else "unknown family",
+                    reason=f"target family {family} has no GPUs" if fam else
+                    "the SIF names no target family (no org.verl-env.accelerator label): the "
+                    "self-test decides from what it sees")
+    else:
+        count, source, reason = node_gpus(vendor, environ, devices, dev_root)
+        gpus.update(node_count=count, node_source=source)
+        if expect_gpus is not None:
+            gpus.update(expected=expect_gpus, source="--expect-gpus",
+                        reason=f"--expect-gpus {expect_gpus}")
+            if expect_gpus < count:
+                gpus["narrowed"] = f"--expect-gpus {expect_gpus} while {reason}"
+        else:
+            gpus.update(expected=count, source=source, reason=reason)
+    flags = fam.apptainer_flags if fam else ()
+    env = {k: environ[k] for k in (fam.visible_devices if fam else ()) if environ.get(k)}
+    refused = None
+    if runtime is None:
+        refused = ("no container runtime to run the SIF (apptainer or singularity; ch-run for "
+                   "cpu images)")
+    elif runtime[0] == "ch-run" and flags and (gpus.get("expected") or 0) > 0:
+        refused = (f"{gpus['expected']} GPU(s) expected, but ch-run cannot hand them in: "
+                   f"{fam.chrun_refusal if fam else ''}")
+    if runtime is not None and runtime[0] == "ch-run":
+        flags = ()  # ch-run takes no --nv/--rocm; with no GPU expected the GPU phases pend
+    return SifGatePlan(family if fam else None, runtime, flags, env, gpus, refused)
+
+
+def verify_sif_image(path: Path, *, expect_gpus: int | None = None, timeout: float = 900,
+                     extra_args: Sequence[str] | None = None, phases: str | None = None,
+                     runtime: str | None = None, environ: Mapping[str, str] | None = None,
+                     dev_root: str | None = None) -> Verdict:
+    """The gate on a SIF, on the node that runs it: every phase of the family (a narrower run
+    is partial, as for an image), with the family's runtime flags (``--nv``/``--rocm``), the
+    GPU expectation from the node (Slurm's count, else its devices; ``--expect-gpus``), failing
+    closed like the image gate. Raises VerifyError for bad arguments or a file that is not a
+    SIF; every other problem is a fail or error verdict."""
+    from builder.sif import format as sif_format
+    from builder.sif import verify as sif_verify
+
+    environ = os.environ if environ is None else environ
+    dev_root = dev_root or host_dev_root()
+    try:
+        labels = sif_verify.sif_labels(path)
+    except (OSError, sif_format.SifFormatError) as exc:
+        raise VerifyError(f"{path}: not a readable SIF ({exc})") from None
+    family = labels.get("org.verl-env.accelerator")
+    family = family if family in RELEASE_PHASES else None
+    plan = plan_selftest(family, extra_args or (), phases)
+    chosen = sif_verify.pick_runtime(runtime)
+    if runtime and chosen is None:
+        raise VerifyError(f"--runtime {runtime}: not installed on this node")
+    fam = FAMILIES.get(family or "")
+    devices = _list_devices(fam.vendor.name, dev_root) if fam and fam.vendor else None
+    sg = plan_sif_gate(family, runtime=chosen, expect_gpus=expect_gpus, environ=environ,
+                       devices=devices, dev_root=dev_root)
+    digest = "sha256:" + _sha256(path)
+    reasons = [r for r in (plan.partial_reason, sg.gpus.get("narrowed")) if r]
+    gate: dict[str, Any] = {
+        "schema": GATE_SCHEMA, "subject": {"sif": str(path), "digest": digest,
+                                           "target": labels.get("org.verl-env.target")},
+        "family": family, "phases": list(plan.phases), "required_phases": list(plan.required),
+        "selftest_args": list(plan.args), "runtime": sg.runtime[0] if sg.runtime else None,
+        "runtime_flags": list(sg.flags), "passed_env": sorted(sg.env), "gpus": sg.gpus,
+        "scope": PARTIAL if reasons else RELEASE, "partial_reason": "; ".join(reasons) or None}
+    if sg.refused:
+        check = {"id": "gate.runtime", "phase": "gate", "status": "fail", "required": True,
+                 "value": gate["runtime"], "reason": sg.refused}
+        return Verdict(str(path), 1, {"overall": "fail", "error": sg.refused, "checks": [check],
+                                      "gate": gate})
+    args = list(plan.args)
+    if sg.gpus.get("expected") is not None:
+        args += ["--expect-gpus", str(sg.gpus["expected"])]
+    run = sif_verify.run_in_sif(path, args, timeout=timeout, runtime=sg.runtime, flags=sg.flags,
+                                env=sg.env)
+    gate["command"] = run.command
+    report = dict(run.report)
+    if run.exit_code is None:
+        code = 3
+        report.setdefault("overall", "error")
+        report.setdefault("error", f"self-test killed after {timeout:.0f} s")
+    else:
+        code = run.exit_code if run.exit_code in VERDICTS else 3
+    if not run.report:
+        report = {"overall": "error", "error": "the self-test wrote no report",
+                  "log_tail": run.logs[-2000:]}
+        code = 3 if code == 0 else code
+    gate["gpus"]["in_image"] = _in_image_gpus(report, plan.phases)
+    report["gate"] = gate
+    return Verdict(str(path), code, report, run.logs, run.seconds)
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _in_image_gpus(report: Mapping[str, Any], phases: Sequence[str]) -> dict[str, Any]:
@@ -413,7 +530,7 @@ def _selftest_files() -> list[tuple[str, bytes]]:
             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
 
 
-def summary_lines(v: Verification) -> list[str]:
+def summary_lines(v: Verdict) -> list[str]:
     """One line per check that failed, warned, or was skipped (with the reason); then the
     GPU expectation and, for a partial run, why it is not a release verdict."""
     lines = []
@@ -434,9 +551,10 @@ def summary_lines(v: Verification) -> list[str]:
         seen = gpus.get("in_image") or {}
         lines.append(f"  GPUs expected: {gpus.get('expected')} ({gpus.get('reason')}); in the "
                      f"image: {seen.get('count')} ({seen.get('reason')})")
-    if v.gate and v.scope != verdicts.RELEASE:
-        lines.append(f"  partial verdict, unlocks no tag, SIF or publish: "
-                     f"{v.gate.get('partial_reason')}")
+    if v.gate and v.scope != RELEASE:
+        lines.append(f"  partial verdict, unlocks no tag, SIF or publish: {v.partial_reason}")
+    elif v.level is not None and v.gpu.status != "none":
+        lines.append(f"  {v.level} verdict; gpu: {v.gpu.describe()}")
     return lines
 
 
@@ -454,7 +572,9 @@ def _count(text: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("image", help="image reference or ID")
+    p.add_argument("image", metavar="IMAGE_OR_SIF",
+                   help="image reference or ID, or a .sif file (run here, on this node, with the "
+                        "family's --nv/--rocm and the node's GPUs)")
     p.add_argument("--report", type=Path, default=None, metavar="PATH",
                    help="write the self-test report (with the gate section) here")
     p.add_argument("--json", action="store_true",
@@ -474,12 +594,57 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the self-test as under QEMU emulation (timeouts x"
                         f"{EMULATION_FACTOR:g}); default: when the image's architecture is not "
                         "the engine host's")
+    p.add_argument("--runtime", choices=("apptainer", "singularity", "ch-run"), default=None,
+                   help="for a SIF: the runtime that runs it (default: apptainer, singularity, "
+                        "then ch-run, which can run cpu images and GPU images where no GPU is "
+                        "expected)")
     p.add_argument("--selftest-args", default="", metavar="ARGS",
                    help="extra self-test arguments, one string (e.g. '--strict'); arguments that "
                         "narrow or relax the run make the verdict partial")
 
 
+def _is_sif(text: str) -> bool:
+    from builder.sif import format as sif_format
+
+    path = Path(text)
+    return path.is_file() and (path.suffix == ".sif" or sif_format.is_sif(path))
+
+
+def run_sif(args: argparse.Namespace) -> int:
+    """``build-env verify FILE.sif``: the gate on this node (see :func:`verify_sif_image`)."""
+    path = Path(args.image).absolute()
+    for option, given in (("--target", args.target), ("--gpus", args.gpus != "auto"),
+                          ("--emulated", args.emulated)):
+        if given:
+            raise VerifyError(f"{option} applies to an image in the engine, not to a SIF "
+                              f"({path})")
+    try:
+        v = verify_sif_image(path, expect_gpus=args.expect_gpus, timeout=args.timeout,
+                             extra_args=shlex.split(args.selftest_args), phases=args.phases,
+                             runtime=args.runtime)
+    except VerifyError as exc:
+        raise VerifyError(exc.args[0], target=str(path)) from None
+    if args.report:
+        atomic_write_text(args.report, json.dumps(v.report, indent=2) + "\n")
+    subject = v.gate.get("subject") or {}
+    record(subject["digest"], v, target=subject.get("target"))
+    out = sys.stderr if args.json else sys.stdout
+    if args.json:
+        print(json.dumps(v.report, indent=2, sort_keys=True))
+    how = " ".join([str(v.gate.get("runtime"))] + list(v.gate.get("runtime_flags") or []))
+    print(f"{path}: {v.describe()} ({how}, {v.seconds:.1f} s)", file=out)
+    for line in summary_lines(v):
+        print(line, file=out)
+    if v.exit_code == 3 and v.logs:
+        print(v.logs[-1500:], file=sys.stderr)
+    return v.exit_code
+
+
 def run(args: argparse.Namespace) -> int:
+    if _is_sif(args.image):
+        return run_sif(args)
+    if args.runtime:
+        raise VerifyError(f"--runtime applies to a SIF file; {args.image} is not one")
     engine = Engine.connect()
     extra = shlex.split(args.selftest_args)
     gpus = None if args.gpus == "none" else args.gpus
@@ -501,11 +666,11 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_text(args.report, json.dumps(v.report, indent=2) + "\n")
     # the verdict is about the target the image was built for, unless held to another one
     target = args.target or (image.labels or {}).get("org.verl-env.target")
-    verdicts.record_verification(image.id, v, target=target, tags=list(image.tags))
+    record(image.id, v, target=target, tags=list(image.tags))
     out = sys.stderr if args.json else sys.stdout
     if args.json:
         print(json.dumps(v.report, indent=2, sort_keys=True))
-    print(f"{args.image}: {v.overall} ({v.scope} verdict, {v.seconds:.1f} s)", file=out)
+    print(f"{args.image}: {v.describe()} ({v.seconds:.1f} s)", file=out)
     for line in summary_lines(v):
         print(line, file=out)
     if v.exit_code == 3 and v.logs:
@@ -516,7 +681,8 @@ def run(args: argparse.Namespace) -> int:
     return v.exit_code
 
 
-__all__ = ["ALL_PHASES", "GpuPlan", "RELEASE_PHASES", "SelftestPlan", "Verification",
+__all__ = ["ALL_PHASES", "GpuPlan", "RELEASE_PHASES", "SelftestPlan", "Verdict",
            "add_arguments", "count_gpus", "decide_gpus", "expected_gpus", "family_of",
-           "plan_selftest", "run", "selftest_source", "summary_lines", "verify_image",
+           "plan_selftest", "plan_sif_gate", "node_gpus", "run", "selftest_source",
+           "summary_lines", "verify_image", "verify_sif_image",
            "HOST_DEV_ENV"]

@@ -4,11 +4,11 @@ command sees an argparse Namespace."""
 
 from __future__ import annotations
 
-from builder.commands import (build, check, completion, doctor, init, listing, lock, publish,
-                              render, sif, slurm, sqsh, trust, verify)
+from builder.commands import (build, check, cluster, completion, doctor, init, listing, lock,
+                              publish, render, sif, slurm, sqsh, status, trust, verify)
 
 COMMANDS = (build, init, listing, check, lock, render, verify, sif, sqsh, publish, slurm, doctor,
-            trust, completion)
+            trust, cluster, status, completion)
 BY_NAME = {m.NAME: m for m in COMMANDS}
 
 __all__ = ["BY_NAME", "COMMANDS"]

@@ -87,6 +87,10 @@ def build_options(p: argparse.ArgumentParser) -> None:
                         "target's family; 0 for an emulated build)")
     p.add_argument("--reverify", action="store_true",
                    help="run the gate again even when the content tag holds a release verdict")
+    p.add_argument("--require", choices=("build", "gpu"), default=None,
+                   help="the verdict level that unlocks tags, SIF and publish: build (default; "
+                        "a GPU family's GPU phases may be pending) or gpu (they passed on GPUs); "
+                        "env VERL_ENV_REQUIRE; config: require")
     p.add_argument("--sif", type=Path, default=None, metavar="PATH",
                    help="also convert the verified image to this .sif (a directory for several "
                         "targets: DIR/<target>.sif)")

@@ -25,7 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from builder.pipeline import BuildRequest, run_many
+    from builder.verdicts import requirement
 
+    require = requirement(args.require)
     names = (list(_shared.site(args).matrix.targets) if args.all
              else list(dict.fromkeys(args.targets)))
     several = len(names) > 1
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
             keep_candidate=args.keep_candidate,
             network=None if args.network == "default" else args.network,
             verify_timeout=args.verify_timeout, gpus=args.gpus, expect_gpus=args.expect_gpus,
-            reverify=args.reverify,
+            reverify=args.reverify, require=require,
             sif=(args.sif / f"{name}.sif" if several else args.sif) if args.sif else None,
             sign_key=args.sign_key, sign_pgp_key=args.sign_pgp_key,
             push=args.push, verbose=args.verbose and not several, quiet=args.json)
@@ -60,6 +62,10 @@ def _summary(names: list[str], outcomes: list[Outcome]) -> None:
     for name, o in zip(names, outcomes):
         r = o.report
         result = r.result if r else "error"
+        verify = (r.stages.get("verify") or {}) if r else {}
+        if result == "pass" and verify.get("level"):
+            result += f" ({verify['level']}" + (", gpu pending)" if verify.get("gpu") == "pending"
+                                                else ")")
         detail = " ".join(r.tags) if r and r.tags else (r.error if r and r.error else o.error)
         rows.append([name, result, (r.image_id or "-")[7:19] if r else "-", detail or "-"])
     widths = [max(len(row[i]) for row in rows) for i in range(3)]

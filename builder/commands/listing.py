@@ -43,19 +43,30 @@ def prebuilt_choices(site: Site, t: Any) -> dict[str, dict[str, Any]]:
         if k != "entries"} for p in prebuilt.with_prebuilt(t)}
 
 
+def verdict_json(v: Any) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    return {"image_id": v.image_id, "recorded_at": v.recorded_at, "overall": v.overall,
+            "scope": v.scope, "level": v.level, "gpu": v.gpu.to_dict()}
+
+
 def run(args: argparse.Namespace) -> int:
+    from builder import verdicts
+
     site = _shared.site(args)
     matrix = site.matrix
+    latest = {n: verdicts.latest_for_target(n) for n in matrix.targets}
     if args.json:
         _shared.emit_json("list", {"matrix": str(matrix.path), "targets": {
             n: {**t.to_dict(), "gpus": list(t.gpus), "entry_hash": t.entry_hash,
+                "verdict": verdict_json(latest[n]),
                 **({"prebuilt_choice": prebuilt_choices(site, t)}
                    if prebuilt_choices(site, t) else {}),
                 **({"base_status": vendor_note(site, t).strip(" ()")} if t.base.vendor else {})}
             for n, t in matrix.targets.items()}})
         return 0
     cols = ["target", "accel", "arch", "gpus", "python", "torch", "engine", "ray",
-            "transformers", "tensordict", "verl", "base"]
+            "transformers", "tensordict", "verl", "verdict", "base"]
     rows = []
     for t in matrix.targets.values():
         def v(name: str) -> str:
@@ -68,11 +79,14 @@ def run(args: argparse.Namespace) -> int:
         rows.append([t.name, t.accelerator + (f" {t.cuda or t.rocm}" if t.cuda or t.rocm else ""),
                      t.arch, ",".join(t.gpus) or "-", t.python, v("torch"),
                      f"{eng.name} {v(eng.name)}" if eng else "-", v("ray"), v("transformers"),
-                     v("tensordict"), v("verl"), t.base.image + vendor_note(site, t)])
+                     v("tensordict"), v("verl"), verdicts.short(latest[t.name]),
+                     t.base.image + vendor_note(site, t)])
     widths = [max(len(str(r[i])) for r in [cols, *rows]) for i in range(len(cols))]
     for r in [cols, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
     print("\n* provided by the base image   (src) built from source   (off) disabled")
+    print("verdict: the newest local one (build: every phase that runs without a GPU passed; "
+          "gpu: the GPU phases too)")
     for t in matrix.targets.values():
         for name, c in prebuilt_choices(site, t).items():
             what = (f"prebuilt wheel {c['filename']}" if c["choice"] == "wheel"

@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="repository of the release tags (default: verl-env)")
     p.add_argument("--force", action="store_true",
                    help="convert an image that has no passing verdict")
+    p.add_argument("--require", choices=verdicts.LEVELS, default=None,
+                   help="the verdict level the image needs: build (default; GPU phases may be "
+                        f"pending) or gpu (GPU phases proven); env {verdicts.REQUIRE_ENV}")
     p.add_argument("--phases", default=DEFAULT_PHASES,
                    help=f"self-test phases run from the SIF (default: {DEFAULT_PHASES})")
     p.add_argument("--no-run", action="store_true",
@@ -94,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
         raise SifError(str(exc).split(": ", 1)[-1], target=target) from None
     report = convert(engine, image, output=output, source=ref, target=target,
                      backend=args.backend, force=args.force, run=not args.no_run,
-                     phases=args.phases, timeout=args.timeout, tmpdir=args.tmpdir)
+                     phases=args.phases, timeout=args.timeout, tmpdir=args.tmpdir,
+                     require=verdicts.requirement(args.require))
     if args.report:
         _write_json(args.report, report)
     if args.json:
@@ -114,6 +118,13 @@ def summary(report: dict[str, Any]) -> list[str]:
              "verification: {} ({})".format(v["overall"], ", ".join(
                  f"{n} {s}" for s in ("pass", "fail", "skip")
                  if (n := sum(c["status"] == s for c in v["checks"]))))]
+    labels = report.get("verdict") or {}
+    if labels:
+        level = labels.get(f"{verdicts.LABEL_PREFIX}.level")
+        gpu = labels.get(f"{verdicts.LABEL_PREFIX}.gpu")
+        why = labels.get(f"{verdicts.LABEL_PREFIX}.gpu.reason") or labels.get(
+            f"{verdicts.LABEL_PREFIX}.gpu.evidence")
+        lines.append(f"image verdict: {level} level, gpu: {gpu}" + (f" ({why})" if why else ""))
     st = v.get("selftest")
     if st:
         lines.append(f"self-test from the SIF under {st['runtime']}: {st['overall']} "
@@ -127,24 +138,32 @@ def summary(report: dict[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- conversion
 
 
-def convert_verified(image_id: str, output: Path, *, target: str) -> Path:
+def convert_verified(image_id: str, output: Path, *, target: str,
+                     require: str = verdicts.BUILD) -> Path:
     """Pipeline entry (``build-env --target T --sif PATH``): convert the just-verified image."""
     engine = Engine.connect()
     image = engine.image(image_id)
     tags = list(image.tags)
     source = next((t for t in tags if t.endswith(f":{target}")), tags[0] if tags else image_id)
-    convert(engine, image, output=Path(output), source=source, target=target)
+    convert(engine, image, output=Path(output), source=source, target=target, require=require)
     return Path(output)
 
 
 def convert(engine: Engine, image: Any, *, output: Path, source: str, target: str | None = None,
             backend: str = "auto", force: bool = False, run: bool = True,
             phases: str = DEFAULT_PHASES, timeout: float = 900,
-            tmpdir: Path | None = None) -> dict[str, Any]:
-    """Build, verify, then atomically place the SIF. Raises SifError on any failure."""
-    if not force and not verdicts.is_verified(image.id):
-        raise SifError(f"image {source} ({image.id[7:19]}) has no passing verdict; run "
-                       "`build-env verify` on it first, or pass --force", target=target)
+            tmpdir: Path | None = None, require: str = verdicts.BUILD) -> dict[str, Any]:
+    """Build, verify, then atomically place the SIF. Raises SifError on any failure.
+
+    The image needs a passing release verdict at the ``require`` level (the one release rule,
+    :func:`builder.verdicts.release_problem`); the verdict's labels (``org.verl-env.verdict.*``:
+    level, ``gpu: pending`` or the GPU evidence) go into the SIF with the native backend."""
+    verdict = verdicts.lookup(image.id)
+    problem = verdicts.release_problem(verdict, require)
+    if problem and not force:
+        raise SifError(f"image {source} ({image.id[7:19]}) has no passing verdict: {problem}; "
+                       "run `build-env verify` on it first, or pass --force", target=target)
+    labels = verdict.labels() if verdict is not None else {}
     chosen = pick_backend(backend, target)
     output = output.absolute()
     partial = output.parent / f".{output.name}.partial-{os.getpid()}"
@@ -154,9 +173,10 @@ def convert(engine: Engine, image: Any, *, output: Path, source: str, target: st
         with interrupts_raise():
             scratch = sif_native.scratch_dir(output, tmpdir)
             partial.unlink(missing_ok=True)
-            details = _build(engine, chosen, image, partial, source, scratch, target)
+            details = _build(engine, chosen, image, partial, source, scratch, target, labels)
             converted = time.monotonic() - started
-            verification = verify_sif(partial, run=run, phases=phases, timeout=timeout)
+            verification = verify_sif(partial, run=run, phases=phases, timeout=timeout,
+                                      flags=_runtime_flags(image))
             _accept(verification, run, target)
             os.replace(partial, output)
     finally:
@@ -168,7 +188,16 @@ def convert(engine: Engine, image: Any, *, output: Path, source: str, target: st
             "image_size": int(image.attrs.get("Size") or 0), "build": details,
             "seconds": {"convert": round(converted, 1),
                         "total": round(time.monotonic() - started, 1)},
-            "verification": verification}
+            "verification": verification, "verdict": labels}
+
+
+def _runtime_flags(image: Any) -> tuple[str, ...]:
+    """The family's apptainer flags (``--nv``/``--rocm``) from the image's accelerator label."""
+    from builder.families import family
+
+    fam = family(((image.attrs.get("Config") or {}).get("Labels") or {}).get(
+        "org.verl-env.accelerator"))
+    return fam.apptainer_flags if fam else ()
 
 
 def _accept(verification: dict[str, Any], run: bool, target: str | None) -> None:
@@ -186,10 +215,11 @@ def _accept(verification: dict[str, Any], run: bool, target: str | None) -> None
 
 
 def _build(engine: Engine, backend: str, image: Any, partial: Path, source: str,
-           scratch: Path, target: str | None) -> dict[str, Any]:
+           scratch: Path, target: str | None, labels: dict[str, str]) -> dict[str, Any]:
     try:
         if backend == "native":
-            result = sif_native.build(engine, image, partial, source=source, workdir=scratch)
+            result = sif_native.build(engine, image, partial, source=source, workdir=scratch,
+                                      labels=labels)
             st = result.overlay
             return {"arch": result.arch, "source": "docker-export", "members": st.members,
                     "bytes_exported": st.bytes_in, "replaced": st.replaced,

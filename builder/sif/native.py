@@ -113,15 +113,20 @@ def run_mksquashfs(command: list[str], pieces: Iterable[Piece], log_path: Path) 
 
 
 def build(engine: Engine, image: Any, output: Path, *, source: str, workdir: Path,
-          when: datetime.datetime | None = None) -> NativeResult:
+          when: datetime.datetime | None = None,
+          labels: dict[str, str] | None = None) -> NativeResult:
     """Build the SIF for a docker SDK ``Image`` into ``output`` (overwritten). ``source`` is
-    the reference recorded in the definition (``docker-daemon://source``)."""
+    the reference recorded in the definition (``docker-daemon://source``); ``labels`` are added
+    to the image's own (the verdict's ``org.verl-env.verdict.*``)."""
     when = when or datetime.datetime.now().astimezone()
     attrs = image.attrs
     if attrs.get("Os", "linux") != "linux":
         raise ValueError(f"image OS is {attrs.get('Os')!r}; a SIF needs a linux image")
     image_arch = sif_meta.GOARCH.get(attrs.get("Architecture", ""), "amd64")
-    meta = sif_meta.generate(attrs.get("Config"), source=source, arch=image_arch, when=when)
+    config = dict(attrs.get("Config") or {})
+    if labels:
+        config["Labels"] = {**(config.get("Labels") or {}), **labels}
+    meta = sif_meta.generate(config, source=source, arch=image_arch, when=when)
     layout = sif_format.plan([
         sif_format.DataObject(sif_format.DATA_DEFFILE, meta.deffile),
         sif_format.DataObject(sif_format.DATA_GENERIC_JSON, meta.inspect_json,

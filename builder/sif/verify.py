@@ -35,11 +35,15 @@ TREE = [".singularity.d/runscript", ".singularity.d/env/10-docker2singularity.sh
         ".singularity.d/actions/exec", ".singularity.d/actions/run", ".singularity.d/labels.json",
         ".singularity.d/Singularity", ".singularity.d/libs", "singularity", "environment",
         "etc/hosts", "etc/resolv.conf", "proc", "sys", "dev", "tmp", "home"]
-# Runs under the image's /bin/sh after the env scripts: the baked self-test, else the host copy.
+# Runs under the image's /bin/sh after the env scripts: the baked self-test, else the host copy;
+# a vendor base's interpreter (/opt/verl-env/interpreter) first, as the image gate does.
 _LAUNCH = ('[ -d /opt/verl-env/verl_env_selftest ] || '
            'export PYTHONPATH="$VERL_ENV_HOST_SELFTEST${PYTHONPATH:+:$PYTHONPATH}"; '
+           'PY=$(cat /opt/verl-env/interpreter 2>/dev/null); [ -x "$PY" ] || '
            'PY=$(command -v python || command -v python3) || { echo "no python in image" >&2; '
            'exit 3; }; exec "$PY" -m verl_env_selftest "$@"')
+HOST_SELFTEST_ENV = "VERL_ENV_HOST_SELFTEST"
+RUNTIMES = ("apptainer", "singularity", "ch-run")
 
 
 @dataclass
@@ -260,68 +264,146 @@ def runtime_command(image: Path, home: Path, args: list[str]) -> list[str]:
             "ch-run", "--no-passwd", str(image), "--", *args]
 
 
-def run_selftest(path: Path, info: sif_format.SifInfo, report: Report, *, phases: str,
-                 timeout: float) -> None:
-    """Run the image's self-test from the SIF with a real runtime; record its report."""
-    part = info.primary_partition()
-    if part is None:
-        return
-    apptainer = shutil.which("apptainer") or shutil.which("singularity")
-    if not apptainer and not shutil.which("ch-run"):
-        report.add("selftest", None, "no container runtime (apptainer or charliecloud ch-run)")
-        return
+def apptainer_command(binary: str, sif: Path, inner: list[str], *,
+                      flags: tuple[str, ...] = (), env: dict[str, str] | None = None
+                      ) -> list[str]:
+    """``apptainer exec --cleanenv [--nv|--rocm] --env K=V ... SIF CMD``: the family's runtime
+    flags hand the host's GPU stack in; ``env`` (the self-test's copy, the GPU visibility
+    variables Slurm set) crosses --cleanenv explicitly."""
+    cmd = [binary, "exec", "--cleanenv", *flags]
+    for key, value in sorted((env or {}).items()):
+        cmd += ["--env", f"{key}={value}"]
+    return [*cmd, str(sif), *inner]
+
+
+def pick_runtime(requested: str | None = None) -> tuple[str, str] | None:
+    """(name, path) of the runtime that runs a SIF: ``requested``, else apptainer, singularity,
+    then ch-run (which injects no host GPU stack). None when none is installed."""
+    for name in ([requested] if requested else RUNTIMES):
+        path = shutil.which(name)
+        if path:
+            return name, path
+    return None
+
+
+@dataclass
+class SifRun:
+    """One self-test run from a SIF."""
+
+    runtime: str
+    command: list[str]
+    exit_code: int | None  # None: killed at the timeout
+    report: dict[str, Any]
+    logs: str
+    seconds: float
+
+
+def run_in_sif(path: Path, args: list[str], *, timeout: float,
+               runtime: tuple[str, str] | None = None, flags: tuple[str, ...] = (),
+               env: dict[str, str] | None = None) -> SifRun:
+    """Run the image's self-test (``args`` after ``--json OUT``) from the SIF with a real
+    runtime: apptainer/singularity with ``flags`` (``--nv``/``--rocm``), or ch-run on the SIF's
+    squashfs (``flags`` must be empty: ch-run cannot hand GPUs in). Raises SifError when no
+    runtime is installed or the SIF has no partition."""
+    from builder.errors import SifError
+
+    runtime = runtime or pick_runtime()
+    if runtime is None:
+        raise SifError("no container runtime to run the SIF (apptainer, singularity or "
+                       "charliecloud's ch-run)")
+    name, binary = runtime
     # /tmp is shared with the container by apptainer and ch-run alike.
     with tempfile.TemporaryDirectory(prefix="verl-env-sifrun-", dir="/tmp") as tmp:
         scratch = Path(tmp)
         out = scratch / "report.json"
         host = _selftest_copy(scratch)
-        inner = ["/bin/sh", "-c", _LAUNCH, "selftest", "--phases", phases, "--json", str(out)]
-        env = {"VERL_ENV_HOST_SELFTEST": str(host)}
+        inner = ["/bin/sh", "-c", _LAUNCH, "selftest", "--json", str(out), *args]
+        environment = {HOST_SELFTEST_ENV: str(host), **(env or {})}
         start = time.monotonic()
-        if apptainer:
-            runtime = Path(apptainer).name
-            cmd = [apptainer, "exec", "--cleanenv", "--env",
-                   f"VERL_ENV_HOST_SELFTEST={host}", str(path), *inner]
-            proc = _run(cmd, timeout=timeout)
+        if name != "ch-run":
+            cmd = apptainer_command(binary, path, inner, flags=flags, env=environment)
+            proc = _run_or_kill(cmd, timeout)
         else:
-            runtime = "ch-run"
+            if flags:
+                raise SifError(f"ch-run cannot apply {' '.join(flags)}: it injects no host GPU "
+                               "stack (use apptainer or singularity)")
+            info = sif_format.read_info(path)
+            part = info.primary_partition()
+            if part is None:
+                raise SifError(f"{path}: no primary system partition")
             with squashfs_root(path, part.offset, part.size, scratch) as image:
                 cmd = runtime_command(image, scratch, ["/.singularity.d/actions/exec", "env",
-                                                       *(f"{k}={v}" for k, v in env.items()),
-                                                       *inner])
-                proc = _run(cmd, timeout=timeout)
+                                                       *(f"{k}={v}" for k, v in
+                                                         sorted(environment.items())), *inner])
+                proc = _run_or_kill(cmd, timeout)
         seconds = time.monotonic() - start
-        result = json.loads(out.read_text()) if out.exists() else {}
+        try:
+            report = json.loads(out.read_text()) if out.exists() else {}
+        except json.JSONDecodeError:
+            report = {}
+    code, logs = (None, "") if proc is None else (proc.returncode, proc.stdout + proc.stderr)
+    return SifRun(name, cmd, code, report if isinstance(report, dict) else {}, logs, seconds)
+
+
+def _run_or_kill(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str] | None:
+    try:
+        return _run(cmd, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def run_selftest(path: Path, info: sif_format.SifInfo, report: Report, *, phases: str,
+                 timeout: float, flags: tuple[str, ...] = ()) -> None:
+    """Run the image's self-test from the SIF with a real runtime; record its report.
+    ``flags``: the family's apptainer flags (ignored by ch-run, which cannot apply them; the
+    phases the conversion runs need no GPU)."""
+    if info.primary_partition() is None:
+        return
+    runtime = pick_runtime()
+    if runtime is None:
+        report.add("selftest", None, "no container runtime (apptainer or charliecloud ch-run)")
+        return
+    run = run_in_sif(path, ["--phases", phases], timeout=timeout, runtime=runtime,
+                     flags=() if runtime[0] == "ch-run" else flags)
+    if run.exit_code is None:
+        report.add("selftest", False, f"killed after {timeout:.0f} s")
+        return
+    result = run.report
     overall = result.get("overall", "error")
-    report.selftest = {"runtime": runtime, "phases": phases, "exit_code": proc.returncode,
+    report.selftest = {"runtime": run.runtime, "phases": phases, "exit_code": run.exit_code,
                        "overall": overall, "summary": result.get("summary"),
-                       "seconds": round(seconds, 1),
+                       "seconds": round(run.seconds, 1), "flags": list(flags),
                        "not_passed": [{k: c.get(k) for k in ("id", "status", "reason")}
                                       for c in result.get("checks", [])
                                       if c.get("status") != "pass"]}
     reason = result.get("error") or ""
     if not result:
-        report.selftest["log_tail"] = (proc.stdout + proc.stderr)[-2000:]
-        reason = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
-        reason = reason[0][:300]
-    report.add("selftest", proc.returncode == 0 and overall == "pass",
-               f"{runtime}: exit {proc.returncode}, {overall}, {seconds:.1f} s"
+        report.selftest["log_tail"] = run.logs[-2000:]
+        reason = (run.logs.strip().splitlines() or [""])[-1][:300]
+    report.add("selftest", run.exit_code == 0 and overall == "pass",
+               f"{run.runtime}: exit {run.exit_code}, {overall}, {run.seconds:.1f} s"
                + (f": {reason}" if reason else ""))
 
 
+def sif_labels(path: Path) -> dict[str, str]:
+    """The labels a SIF carries (its inspect metadata; empty when it has none)."""
+    info = sif_format.read_info(path)
+    meta = _json_object(path, info, "inspect-metadata.json")
+    labels = (meta or {}).get("data", {}).get("attributes", {}).get("labels")
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
 def verify_sif(path: Path, *, run: bool = True, phases: str = DEFAULT_PHASES,
-               timeout: float = 900) -> dict[str, Any]:
-    """Check a SIF's structure, contents and (``run``) that its self-test passes in it."""
+               timeout: float = 900, flags: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Check a SIF's structure, contents and (``run``) that its self-test passes in it
+    (``flags``: the family's apptainer flags)."""
     report = Report(str(path))
     info = check_structure(path, report)
     if info is not None and info.primary_partition() is not None:
         check_siftool(path, info, report)
         check_contents(path, info, report)
         if run:
-            try:
-                run_selftest(path, info, report, phases=phases, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                report.add("selftest", False, f"killed after {timeout:.0f} s")
+            run_selftest(path, info, report, phases=phases, timeout=timeout, flags=flags)
         else:
             report.add("selftest", None, "not run (--no-run)")
     return report.to_dict()

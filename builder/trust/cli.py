@@ -23,12 +23,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sg.add_argument("--key", type=Path, required=True, help="ECDSA P-256 private key (PEM)")
     sg.add_argument("--pgp-key", type=Path, default=None,
                     help="OpenPGP private key: also sign the SIF natively (apptainer verify)")
-    sg.add_argument("--report", type=Path, required=True,
-                    help="the build's report.json (build/<target>/report.json): provenance")
+    sg.add_argument("--report", type=Path, default=None,
+                    help="the build's report.json (build/<target>/report.json): provenance "
+                         "(required, except with --cluster-verdict)")
+    sg.add_argument("--cluster-verdict", type=Path, default=None, metavar="FILE",
+                    help="sign this cluster verdict (`build-env cluster`) about the SIF instead: "
+                         "appended to SIF.clusters.intoto.jsonl")
     sg.add_argument("--verdict", type=Path, default=None,
                     help="verdict JSON (default: the local verdict record of the report's image)")
     sg.add_argument("--sbom", type=Path, default=None,
                     help="CycloneDX JSON (default: inventory the report's image in the engine)")
+    _require(sg, "sign")
 
     vf = sub.add_parser("verify", help="check a SIF and its sidecar offline, or an image/SIF "
                         "artifact's attestations in a registry")
@@ -44,6 +49,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     vf.add_argument("--insecure", action="store_true",
                     help="plain HTTP to a non-loopback registry")
     vf.add_argument("--json", action="store_true", help="print the result as JSON")
+    _require(vf, "accept")
+
+
+def _require(p: argparse.ArgumentParser, what: str) -> None:
+    from builder import verdicts
+
+    p.add_argument("--require", choices=verdicts.LEVELS, default=None,
+                   help=f"the verdict level to {what}: build (default; the GPU phases may be "
+                        "pending) or gpu (GPU and collective phases proven on GPUs); env "
+                        f"{verdicts.REQUIRE_ENV}")
+
+
+def _level(args: argparse.Namespace) -> str:
+    from builder import verdicts
+
+    return verdicts.requirement(args.require)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,13 +96,34 @@ def _read_json(path: Path, what: str) -> dict:
 def _sign(args: argparse.Namespace) -> int:
     from builder.trust.sign import sign_from_report
 
+    if args.cluster_verdict is not None:
+        return _sign_cluster(args)
+    if args.report is None:
+        raise TrustError("--report is required (the build's report.json; or --cluster-verdict "
+                         "FILE to sign a cluster verdict)")
+
     signed = sign_from_report(
         args.sif, args.report, args.key, args.pgp_key,
         verdict=_read_json(args.verdict, "verdict") if args.verdict else None,
-        sbom_doc=_read_json(args.sbom, "SBOM") if args.sbom else None)
+        sbom_doc=_read_json(args.sbom, "SBOM") if args.sbom else None, require=_level(args))
     print(f"{signed.sif}: signed {signed.digest} (key {signed.keyid[:16]}"
           + (f", PGP {signed.pgp_fingerprint}" if signed.pgp_fingerprint else "") + ")")
     print(f"{signed.sidecar}: 3 attestations (verdict, sbom, provenance)")
+    return 0
+
+
+def _sign_cluster(args: argparse.Namespace) -> int:
+    from builder.cluster import read
+    from builder.trust.cluster import sign_cluster
+
+    for option, value in (("--report", args.report), ("--verdict", args.verdict),
+                          ("--sbom", args.sbom), ("--pgp-key", args.pgp_key)):
+        if value is not None:
+            raise TrustError(f"{option} does not apply to --cluster-verdict")
+    verdict = read(args.cluster_verdict)
+    sidecar, kid = sign_cluster(args.sif, verdict, args.key)
+    print(f"{args.sif}: signed the cluster verdict ({verdict.describe()}), key {kid[:16]}")
+    print(f"{sidecar}: appended")
     return 0
 
 
@@ -95,13 +137,14 @@ def _verify(args: argparse.Namespace) -> int:
             if value is not None:
                 raise TrustError(f"{option} applies to a SIF file, not to a registry reference "
                                  f"({args.sif})")
-        ref = remote.verify_reference(args.sif, args.key, insecure=args.insecure)
+        ref = remote.verify_reference(args.sif, args.key, insecure=args.insecure,
+                                      require=_level(args))
         if args.json:
             print(json.dumps(ref.to_dict(), indent=2, sort_keys=True))
         else:
             print("\n".join(remote.summary_lines(ref)))
         return 0
-    checked = verify_sif(path, args.key, args.pgp, args.sidecar)
+    checked = verify_sif(path, args.key, args.pgp, args.sidecar, require=_level(args))
     if args.json:
         print(json.dumps(checked.to_dict(), indent=2, sort_keys=True))
     else:

@@ -83,11 +83,11 @@ def predicate_type_of(envelope: dict[str, Any]) -> str:
     return str(stmt["predicateType"])
 
 
-def referrer_manifest(blob: bytes, predicate_type: str, subject: Subject, created: str
-                      ) -> bytes:
+def referrer_manifest(blob: bytes, predicate_type: str, subject: Subject, created: str,
+                      kind: str | None = None) -> bytes:
     """The OCI 1.1 artifact manifest of one envelope (compact JSON: the bytes pushed are the
-    bytes digested)."""
-    kind = st.KINDS.get(predicate_type, "attestation")
+    bytes digested). ``kind``: the annotation (default: from the predicate type)."""
+    kind = kind or st.KINDS.get(predicate_type, "attestation")
     manifest = {
         "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ARTIFACT_TYPE,
         "config": {"mediaType": EMPTY_MEDIA, "digest": EMPTY_DIGEST, "size": len(EMPTY)},
@@ -100,8 +100,8 @@ def referrer_manifest(blob: bytes, predicate_type: str, subject: Subject, create
     return json.dumps(manifest, separators=(",", ":")).encode()
 
 
-def kind_tag(subject: str, predicate_type: str) -> str:
-    return f"{fallback_tag(subject)}.verl-{st.KINDS.get(predicate_type, 'attestation')}"
+def kind_tag(subject: str, predicate_type: str, kind: str | None = None) -> str:
+    return f"{fallback_tag(subject)}.verl-{kind or st.KINDS.get(predicate_type, 'attestation')}"
 
 
 def cosign_tag(subject: str) -> str:
@@ -125,11 +125,14 @@ def cosign_manifest(blobs: list[tuple[bytes, str]]) -> tuple[bytes, bytes]:
     return config, json.dumps(manifest, separators=(",", ":")).encode()
 
 
-def attach(reg: Client, subject: Subject, envelopes: list[dict[str, Any]]) -> dict[str, Any]:
+def attach(reg: Client, subject: Subject, envelopes: list[dict[str, Any]], *,
+           kind: str | None = None, cosign: bool = True) -> dict[str, Any]:
     """Push ``envelopes`` as referrers of ``subject`` (tagged; the fallback index kept when the
-    registry has no referrers API) and the cosign ``.att`` copy. Idempotent: blobs the registry
-    holds are not sent again, manifests go by digest, the index is deduplicated. Returns what
-    was pushed, for the publish record."""
+    registry has no referrers API) and, with ``cosign``, the cosign ``.att`` copy. Idempotent:
+    blobs the registry holds are not sent again, manifests go by digest, the index is
+    deduplicated. ``kind`` names the referrer (its tag and the index entry it replaces; default:
+    from the predicate type): a cluster verdict's is its own, so that several live side by side.
+    Returns what was pushed, for the publish record."""
     created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     reg.put_blob(EMPTY, EMPTY_DIGEST)
     pushed: list[dict[str, Any]] = []
@@ -140,28 +143,30 @@ def attach(reg: Client, subject: Subject, envelopes: list[dict[str, Any]]) -> di
         blob, ptype = envelope_bytes(envelope), predicate_type_of(envelope)
         reg.put_blob(blob, "sha256:" + hashlib.sha256(blob).hexdigest())
         blobs.append((blob, ptype))
-        manifest = referrer_manifest(blob, ptype, subject, created)
+        this = kind or st.KINDS.get(ptype, "attestation")
+        manifest = referrer_manifest(blob, ptype, subject, created, this)
         digest, has_api = reg.push_referrer(manifest, OCI_MANIFEST)
-        tag = kind_tag(subject.digest, ptype)
+        tag = kind_tag(subject.digest, ptype, this)
         reg.put_manifest(tag, manifest, OCI_MANIFEST)
         api = api or has_api
-        kind = st.KINDS.get(ptype, "attestation")
         if not has_api:
             descriptor = {"mediaType": OCI_MANIFEST, "digest": digest, "size": len(manifest),
                           "artifactType": ARTIFACT_TYPE,
-                          "annotations": {PREDICATE_ANNOTATION: ptype, KIND_ANNOTATION: kind,
+                          "annotations": {PREDICATE_ANNOTATION: ptype, KIND_ANNOTATION: this,
                                           CREATED_ANNOTATION: created}}
 
-            def same_kind(entry: dict[str, Any], kind: str = kind) -> bool:
+            def same_kind(entry: dict[str, Any], kind: str = this) -> bool:
                 return (entry.get("artifactType") == ARTIFACT_TYPE
                         and (entry.get("annotations") or {}).get(KIND_ANNOTATION) == kind)
 
             index_tag = reg.add_to_fallback_index(subject.digest, descriptor, same_kind)
-        pushed.append({"kind": kind, "predicate_type": ptype, "digest": digest, "tag": tag})
-    config, manifest = cosign_manifest(blobs)
-    reg.put_blob(config, "sha256:" + hashlib.sha256(config).hexdigest())
-    att = cosign_tag(subject.digest)
-    reg.put_manifest(att, manifest, OCI_MANIFEST)
+        pushed.append({"kind": this, "predicate_type": ptype, "digest": digest, "tag": tag})
+    att = None
+    if cosign:
+        config, manifest = cosign_manifest(blobs)
+        reg.put_blob(config, "sha256:" + hashlib.sha256(config).hexdigest())
+        att = cosign_tag(subject.digest)
+        reg.put_manifest(att, manifest, OCI_MANIFEST)
     return {"subject": subject.digest, "referrers": pushed, "referrers_api": api,
             "fallback_index": index_tag, "cosign_tag": att}
 

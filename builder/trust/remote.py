@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder import verdicts
+from builder.cluster import ClusterVerdict
 from builder.errors import PublishError, TrustError
 from builder.registry import Client, Transient, fallback_tag, is_loopback, resolve_credentials
 from builder.trust import dsse, sbom
@@ -26,7 +28,8 @@ from builder.trust import statements as st
 from builder.trust.keys import load_public
 from builder.trust.referrers import (ARTIFACT_TYPE, DSSE_MEDIA, OCI_MANIFEST,
                                      PREDICATE_ANNOTATION, read_subject)
-from builder.trust.verify import _provenance_summary, attested_lines
+from builder.trust.verify import _provenance_summary, attested_lines, verdict_fields
+from builder.verdicts import Verdict
 
 SIF_LAYER_MEDIA = "application/vnd.sylabs.sif.layer.v1.sif"
 _REF = re.compile(r"(?P<host>[A-Za-z0-9.-]+(?::[0-9]+)?|\[[0-9a-fA-F:]+\](?::[0-9]+)?)/"
@@ -80,24 +83,28 @@ class RefChecked:
     source: str  # "referrers API" or "fallback tag sha256-..."
     referrers: list[str] = field(default_factory=list)
     keyids: list[str] = field(default_factory=list)
-    verdict: dict[str, Any] = field(default_factory=dict)
+    verdict: Verdict | None = None
     selftest_version: str | None = None
     pins: dict[str, str] = field(default_factory=dict)
     components: dict[str, int] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
     sif_blob: str | None = None
+    clusters: list[ClusterVerdict] = field(default_factory=list)  # newest first
 
     def to_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "digest": self.digest, "source": self.source,
                 "referrers": self.referrers, "keyids": self.keyids,
-                "target": self.verdict.get("target"), "overall": self.verdict.get("overall"),
+                **verdict_fields(self.verdict),
                 "selftest_version": self.selftest_version, "pins": self.pins,
                 "components": self.components, "provenance": self.provenance,
-                "sif_blob": self.sif_blob}
+                "sif_blob": self.sif_blob,
+                "clusters": [c.to_dict() for c in self.clusters]}
 
 
-def verify_reference(text: str, keys: list[Path], *, insecure: bool = False) -> RefChecked:
-    """The registry check (see the module doc)."""
+def verify_reference(text: str, keys: list[Path], *, insecure: bool = False,
+                     require: str = verdicts.BUILD) -> RefChecked:
+    """The registry check (see the module doc); ``require``: the verdict level demanded of
+    every verdict."""
     if not keys:
         raise TrustError("no public key given (--key verl-env.pub)")
     public = [load_public(k) for k in keys]
@@ -105,7 +112,7 @@ def verify_reference(text: str, keys: list[Path], *, insecure: bool = False) -> 
     scheme = "http" if insecure or is_loopback(ref.host) else "https"
     try:
         reg = Client(ref.host, ref.repo, scheme, resolve_credentials(ref.host))
-        return _verify(reg, ref, public)
+        return _verify(reg, ref, public, require)
     except (PublishError, Transient) as exc:
         message = str(exc).removeprefix("publish: ")
         raise TrustError(f"{ref}: registry: {message}") from None
@@ -129,7 +136,7 @@ def _descriptors(reg: Client, ref: Reference, digest: str) -> tuple[list[dict[st
     return listed, f"fallback tag {tag}"
 
 
-def _verify(reg: Client, ref: Reference, public: list[Any]) -> RefChecked:
+def _verify(reg: Client, ref: Reference, public: list[Any], require: str) -> RefChecked:
     subject = read_subject(reg, ref.reference)
     digest = subject.digest
     result = RefChecked(str(ref), digest, "")
@@ -187,22 +194,41 @@ def _verify(reg: Client, ref: Reference, public: list[Any]) -> RefChecked:
                              f"{sif_blob} of this artifact")
         if not isinstance(stmt.get("predicate"), dict):
             raise TrustError(f"{where}: the {kind} statement has no predicate object")
-        found.setdefault(kind, []).append(stmt["predicate"])
+        if kind == "cluster":
+            result.clusters.append(_cluster(stmt, names, where))
+        else:
+            found.setdefault(kind, []).append(stmt["predicate"])
         result.referrers.append(rdigest)
         result.keyids.append(verified.keyid)
     missing = [k for k in ("verdict", "sbom", "provenance") if k not in found]
     if missing:
         raise TrustError(f"{ref}: no {', '.join(missing)} attestation ({result.source})")
     for predicate in found["verdict"]:
-        problem = st.release_problem(predicate.get("verdict"))
+        verdict = st.read_verdict(predicate, f"{ref}: a verdict attestation")
+        problem = verdicts.release_problem(verdict, require)
         if problem:
             raise TrustError(f"{ref}: not a release verdict: {problem}")
-    result.verdict = found["verdict"][-1]["verdict"]
+        result.verdict = verdict
     result.selftest_version = found["verdict"][-1].get("selftestVersion")
     result.pins = sbom.pins_of(found["sbom"][-1])
     result.components = sbom.counts(found["sbom"][-1])
     result.provenance = _provenance_summary(found["provenance"][-1])
+    result.clusters.sort(key=lambda c: c.recorded_at, reverse=True)
     return result
+
+
+def _cluster(stmt: dict[str, Any], names: list[str], where: str) -> ClusterVerdict:
+    """A cluster verdict attached to the image: it must name the SIF file the statement also
+    names (the image it ran is the one this manifest describes)."""
+    try:
+        verdict = ClusterVerdict.from_dict(stmt["predicate"].get("clusterVerdict"))
+    except ValueError as exc:
+        raise TrustError(f"{where}: {exc}") from None
+    about = str(verdict.subject.get("digest", "")).split(":", 1)[-1]
+    if about not in names:
+        raise TrustError(f"{where}: the cluster verdict is about sha256:{about[:12]}, which the "
+                         "signed statement does not name")
+    return verdict
 
 
 def _subject_digests(stmt: dict[str, Any]) -> list[str]:
@@ -228,4 +254,6 @@ def summary_lines(c: RefChecked) -> list[str]:
              f"  attestations: {len(c.referrers)} referrers ({c.source})", *attested_lines(c)]
     if c.sif_blob:
         lines.append(f"  SIF file: {c.sif_blob}")
+    for cv in c.clusters:
+        lines.append(f"  cluster verdict {cv.recorded_at}: {cv.describe()}")
     return lines

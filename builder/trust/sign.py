@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from builder import verdicts
 from builder.errors import TrustError
 from builder.files import atomic_write_text
 from builder.trust import dsse, sifraw, sifsig
 from builder.trust import statements as st
 from builder.trust.keys import keyid, load_pgp, load_private
+from builder.verdicts import Verdict
 
 VERDICT_NAME, SBOM_NAME = "verl-verdict.json", "verl-sbom.cdx.json"
 HEAD_BYTES = 4096 + 48 * sifraw.DESCRIPTOR.size  # header page + descriptor table
@@ -38,12 +40,14 @@ def sidecar_of(sif: Path) -> Path:
     return sif.with_name(sif.name + ".intoto.jsonl")
 
 
-def sign_sif(sif: Path, verdict: dict[str, Any], sbom: dict[str, Any],
-             provenance: st.ProvenanceInputs, key: Path, pgp_key: Path | None = None) -> Signed:
+def sign_sif(sif: Path, verdict: Verdict, sbom: dict[str, Any],
+             provenance: st.ProvenanceInputs, key: Path, pgp_key: Path | None = None,
+             require: str = verdicts.BUILD) -> Signed:
     """Embed ``sbom`` and ``verdict`` in ``sif`` (group 1), PGP-sign group 1 with ``pgp_key``,
-    and write the signed sidecar with ``key``. Refuses a verdict that is not a release one."""
+    and write the signed sidecar with ``key``. Refuses a verdict that is not a release one at
+    the ``require`` level (the one release rule, :func:`builder.verdicts.release_problem`)."""
     sif = Path(sif)
-    problem = st.release_problem(verdict)
+    problem = verdicts.release_problem(verdict, require)
     if problem:
         raise TrustError(f"{sif}: refusing to sign: {problem}")
     private = load_private(key)
@@ -63,7 +67,7 @@ def sign_sif(sif: Path, verdict: dict[str, Any], sbom: dict[str, Any],
     try:
         with tempfile.TemporaryDirectory(prefix="verl-env-sign-") as tmp:
             v, s = Path(tmp) / VERDICT_NAME, Path(tmp) / SBOM_NAME
-            v.write_text(json.dumps(verdict, sort_keys=True, indent=1) + "\n")
+            v.write_text(json.dumps(verdict.to_dict(), sort_keys=True, indent=1) + "\n")
             s.write_text(json.dumps(sbom, sort_keys=True) + "\n")
             sifsig.siftool_add(sif, s, "--datatype", "9", "--sbomformat", "cyclonedx-json",
                                "--groupid", "1", "--filename", SBOM_NAME)
@@ -85,14 +89,15 @@ def sign_sif(sif: Path, verdict: dict[str, Any], sbom: dict[str, Any],
 
 def statement_inputs(report: Path, *, verdict: dict[str, Any] | None = None,
                      sbom_doc: dict[str, Any] | None = None, engine: Any = None,
-                     image_id: str | None = None, what: str | None = None
-                     ) -> tuple[dict[str, Any], dict[str, Any], st.ProvenanceInputs]:
+                     image_id: str | None = None, what: str | None = None,
+                     require: str = verdicts.BUILD
+                     ) -> tuple[Verdict, dict[str, Any], st.ProvenanceInputs]:
     """What the three statements say, from a build's ``report.json``: provenance from the
     report, the verdict from the local record of its image (unless given; it must be a release
     verdict), the SBOM from an inventory of the image through ``engine`` (unless given;
     connected on demand). ``image_id``: the image being attested, which the report must
-    describe. ``what`` names the thing to be signed in a refusal."""
-    from builder import verdicts
+    describe. ``what`` names the thing to be signed in a refusal; ``require``: the verdict level
+    a signature needs."""
     from builder.trust import sbom
 
     provenance = st.ProvenanceInputs.from_report(report)
@@ -103,10 +108,18 @@ def statement_inputs(report: Path, *, verdict: dict[str, Any] | None = None,
     if verdict is None:
         if not image:
             raise TrustError(f"{report}: no image_id; give the verdict")
-        verdict = verdicts.lookup(image)
-        if verdict is None:
+        chosen = verdicts.lookup(image)
+        if chosen is None:
             raise TrustError(f"no local verdict for image {image[:19]}")
-    problem = st.release_problem(verdict)
+    else:
+        try:
+            chosen = Verdict.from_dict(verdict)
+        except ValueError as exc:
+            raise TrustError(f"the verdict: {exc}") from None
+    if image and chosen.image_id and chosen.image_id != image:
+        raise TrustError(f"the verdict is about image {chosen.image_id[:19]}, not "
+                         f"{str(image)[:19]}")
+    problem = verdicts.release_problem(chosen, require)
     if problem:
         raise TrustError(f"{what or 'image ' + str(image)[:19]}: refusing to sign: {problem}")
     if sbom_doc is None:
@@ -119,10 +132,10 @@ def statement_inputs(report: Path, *, verdict: dict[str, Any] | None = None,
         inventory = sbom.collect(engine, image)
         sbom_doc = sbom.build(inventory, name=provenance.target, version=image,
                               pins=provenance.pins)
-    return verdict, sbom_doc, provenance
+    return chosen, sbom_doc, provenance
 
 
-def envelopes(subjects: list[dict[str, Any]], verdict: dict[str, Any], sbom_doc: dict[str, Any],
+def envelopes(subjects: list[dict[str, Any]], verdict: Verdict, sbom_doc: dict[str, Any],
               provenance: st.ProvenanceInputs, private: Any) -> list[dict[str, Any]]:
     """The three signed DSSE envelopes (verdict, SBOM, provenance) about ``subjects``."""
     return [dsse.sign(st.to_bytes(st.statement(subjects, ptype, predicate)), private)
@@ -133,14 +146,15 @@ def envelopes(subjects: list[dict[str, Any]], verdict: dict[str, Any], sbom_doc:
 
 def sign_from_report(sif: Path, report: Path, key: Path, pgp_key: Path | None = None, *,
                      verdict: dict[str, Any] | None = None, sbom_doc: dict[str, Any] | None = None,
-                     engine: Any = None) -> Signed:
+                     engine: Any = None, require: str = verdicts.BUILD) -> Signed:
     """The whole signing step from a build's ``report.json`` (see :func:`statement_inputs`)."""
     load_private(key)  # fail before the (slower) inventory
     if pgp_key is not None:
         load_pgp(pgp_key, private=True)
-    verdict, sbom_doc, provenance = statement_inputs(report, verdict=verdict, sbom_doc=sbom_doc,
-                                                     engine=engine, what=str(sif))
-    return sign_sif(sif, verdict, sbom_doc, provenance, key, pgp_key)
+    chosen, sbom_doc, provenance = statement_inputs(report, verdict=verdict, sbom_doc=sbom_doc,
+                                                    engine=engine, what=str(sif),
+                                                    require=require)
+    return sign_sif(sif, chosen, sbom_doc, provenance, key, pgp_key, require)
 
 
 def _restore(sif: Path, head: bytes, length: int) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from builder import __version__
 from builder.errors import TrustError
+from builder.verdicts import Verdict
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 VERDICT_TYPE = "https://verl-env.dev/verification/v1"
@@ -20,7 +21,9 @@ SBOM_TYPE = "https://cyclonedx.org/bom"
 PROVENANCE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://verl-env.dev/build/v1"
 BUILDER_ID = "https://verl-env.dev/build-env"
-KINDS = {VERDICT_TYPE: "verdict", SBOM_TYPE: "sbom", PROVENANCE_TYPE: "provenance"}
+CLUSTER_TYPE = "https://verl-env.dev/cluster-verification/v1"
+KINDS = {VERDICT_TYPE: "verdict", SBOM_TYPE: "sbom", PROVENANCE_TYPE: "provenance",
+         CLUSTER_TYPE: "cluster"}
 
 
 def subject(name: str, digest: str) -> dict[str, Any]:
@@ -41,37 +44,21 @@ def to_bytes(stmt: dict[str, Any]) -> bytes:
     return json.dumps(stmt, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _report(verdict: dict[str, Any]) -> dict[str, Any]:
-    report = verdict.get("report")
-    return report if isinstance(report, dict) else {}
-
-
-def verdict_predicate(verdict: dict[str, Any]) -> dict[str, Any]:
-    """The local verdict record verbatim, with the self-test and builder versions beside it."""
-    report = _report(verdict)
-    return {"verdict": verdict, "selftestVersion": report.get("selftest_version"),
+def verdict_predicate(verdict: Verdict) -> dict[str, Any]:
+    """The verdict record (:meth:`builder.verdicts.Verdict.to_dict`, the one serialisation),
+    with its level, the self-test and builder versions beside it."""
+    return {"verdict": verdict.to_dict(), "level": verdict.level,
+            "gpu": verdict.gpu.status, "selftestVersion": verdict.report.get("selftest_version"),
             "builderVersion": __version__}
 
 
-def release_problem(verdict: Any) -> str | None:
-    """Why ``verdict`` is not a release verdict (None: it is one).
-
-    A release verdict says ``overall: pass`` (also in its self-test report) and is not a
-    narrowed run: no ``partial: true`` and no ``release: false``, at the top or in the report.
-    """
-    if not isinstance(verdict, dict):
-        return "the verdict is not a JSON object"
-    report = _report(verdict)
-    if verdict.get("overall") != "pass":
-        return f"overall is {verdict.get('overall')!r}, not 'pass'"
-    if report and report.get("overall") != "pass":
-        return f"the self-test report says overall {report.get('overall')!r}"
-    for where, d in (("verdict", verdict), ("self-test report", report)):
-        if d.get("partial"):
-            return f"the {where} is partial (a narrowed run, not a release verdict)"
-        if d.get("release") is False:
-            return f"the {where} says release: false"
-    return None
+def read_verdict(predicate: Any, where: str) -> Verdict:
+    """The verdict of a verdict statement's predicate (TrustError naming ``where``)."""
+    raw = predicate.get("verdict") if isinstance(predicate, dict) else None
+    try:
+        return Verdict.from_dict(raw)
+    except ValueError as exc:
+        raise TrustError(f"{where}: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder import verdicts
 from builder.errors import TrustError
 from builder.trust import dsse, sbom, sifraw, sifsig
 from builder.trust import statements as st
 from builder.trust.keys import load_public
 from builder.trust.sign import SBOM_NAME, VERDICT_NAME, sidecar_of
+from builder.verdicts import Verdict
 
 
 @dataclass
@@ -27,7 +29,7 @@ class Checked:
     sif: Path
     digest: str
     keyids: list[str] = field(default_factory=list)
-    verdict: dict[str, Any] = field(default_factory=dict)
+    verdict: Verdict | None = None
     selftest_version: str | None = None
     pins: dict[str, str] = field(default_factory=dict)
     components: dict[str, int] = field(default_factory=dict)
@@ -36,14 +38,23 @@ class Checked:
 
     def to_dict(self) -> dict[str, Any]:
         return {"sif": str(self.sif), "digest": self.digest, "keyids": self.keyids,
-                "target": self.verdict.get("target"), "overall": self.verdict.get("overall"),
+                **verdict_fields(self.verdict),
                 "selftest_version": self.selftest_version, "pins": self.pins,
                 "components": self.components, "provenance": self.provenance,
                 "pgp_fingerprint": self.pgp_fingerprint}
 
 
+def verdict_fields(v: Verdict | None) -> dict[str, Any]:
+    """What a checked verdict says, for ``--json`` (SIF and registry checks alike)."""
+    if v is None:
+        return {"target": None, "overall": None, "level": None, "gpu": None}
+    return {"target": v.target, "overall": v.overall, "level": v.level,
+            "gpu": v.gpu.to_dict()}
+
+
 def verify_sif(sif: Path, keys: list[Path], pgp: Path | None = None,
-               sidecar: Path | None = None) -> Checked:
+               sidecar: Path | None = None, require: str = verdicts.BUILD) -> Checked:
+    """The offline check (see the module doc); ``require``: the verdict level demanded."""
     sif = Path(sif)
     if not sif.is_file():
         raise TrustError(f"{sif}: no such file")
@@ -84,14 +95,13 @@ def verify_sif(sif: Path, keys: list[Path], pgp: Path | None = None,
     missing = [k for k in ("verdict", "sbom", "provenance") if k not in found]
     if missing:
         raise TrustError(f"{sidecar}: no {', '.join(missing)} statement")
-    verdict = found["verdict"].get("verdict")
-    problem = st.release_problem(verdict)
+    verdict = st.read_verdict(found["verdict"], f"{sidecar}: the verdict statement")
+    problem = verdicts.release_problem(verdict, require)
     if problem:
         raise TrustError(f"{sif}: not a release verdict: {problem}")
-    assert isinstance(verdict, dict)
     result.verdict = verdict
     result.selftest_version = found["verdict"].get("selftestVersion")
-    _check_embedded(sif, verdict, found["sbom"])
+    _check_embedded(sif, found["verdict"]["verdict"], found["sbom"])
     result.pins = sbom.pins_of(found["sbom"])
     result.components = sbom.counts(found["sbom"])
     result.provenance = _provenance_summary(found["provenance"])
@@ -145,9 +155,12 @@ def attested_lines(c: Any) -> list[str]:
     a SIF check and a registry check (:mod:`builder.trust.remote`) share."""
     pins = "  ".join(f"{k}={v}" for k, v in sorted(c.pins.items()))
     p = c.provenance
+    v = c.verdict
     return [f"  signed by key {', '.join(sorted({k[:16] for k in c.keyids}))}",
-            f"  verdict: {c.verdict.get('overall')} (target {c.verdict.get('target')}, self-test "
-            f"{c.selftest_version}, recorded {c.verdict.get('recorded_at', '?')})",
+            f"  verdict: {v.overall} (target {v.target}, self-test {c.selftest_version}, "
+            f"recorded {v.recorded_at or '?'})",
+            f"  level: {v.level}" + ("" if v.gpu.status == "none" else
+                                     f"; gpu: {v.gpu.describe()}"),
             f"  pins: {pins or '(none recorded)'}",
             f"  sbom: {c.components.get('pypi', 0)} Python, {c.components.get('deb', 0)} "
             "Debian packages",

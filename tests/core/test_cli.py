@@ -14,11 +14,20 @@ REPO = Path(__file__).resolve().parents[2]
 MATRIX = str(REPO / "builder/data/matrix.yaml")
 
 
-def test_list_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_table_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from builder import verdicts
+    from tests.trust.conftest import CUDA_BUILD_VERDICT
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    verdicts.record("sha256:" + "c" * 64, verdicts.Verdict.from_dict(CUDA_BUILD_VERDICT),
+                    target="cuda-x86_64")
     assert main(["list", "--matrix", MATRIX]) == 0
     out = capsys.readouterr().out
     assert "cuda-arm64" in out and "0.10.0(src)" in out and "2.9.1.dev20251204+rocm7.0.2*" in out
     assert "(declared, not yet verified)" in out  # rocm-mi300's base was never inspected
+    row = next(line for line in out.splitlines() if line.startswith("cuda-x86_64 "))
+    assert "build (gpu pending)" in row  # its newest local verdict, saying what it proved
     assert main(["list", "--matrix", MATRIX, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == "verl-env/list/v1"
@@ -29,6 +38,9 @@ def test_list_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["rocm-mi300"]["base_status"] == "declared, not yet verified"
     assert "base_status" not in data["cuda-x86_64"]
     assert data["cuda-x86_64"]["entry_hash"].startswith("sha256:")
+    assert data["cuda-x86_64"]["verdict"]["level"] == "build"
+    assert data["cuda-x86_64"]["verdict"]["gpu"]["status"] == "pending"
+    assert data["cuda-arm64"]["verdict"] is None
 
 
 def test_render_command_writes_the_context(tmp_path: Path,

@@ -74,7 +74,7 @@ def test_expected_gpu_on_the_cpu_image_fails(derive, tmp_path: Path) -> None:
     assert gpus["in_image"] == {"count": 0, "reason": "GPUs torch sees inside the container"}
     assert report["gate"]["scope"] == "release"  # a full run: its fail is the verdict
     assert not verdicts.is_verified(image)
-    assert "fail, not pass" in (verdicts.why_not_release(image) or "")
+    assert "overall is 'fail', not 'pass'" in (verdicts.why_not_release(image) or "")
     assert "GPUs expected: 1" in out
 
 
@@ -142,7 +142,8 @@ def test_narrowed_run_is_partial_and_unlocks_nothing(derive, tmp_path: Path) -> 
     assert not verdicts.is_verified(image)
     why = verdicts.why_not_release(image) or ""
     assert "partial" in why and "env,imports,versions,cpu,ray not run" in why
-    assert verdicts.lookup(image)["scope"] == "partial"
+    recorded = verdicts.lookup(image)
+    assert recorded is not None and recorded.scope == "partial" and recorded.level is None
     # verify's own --phases narrows the same way
     rc, report, out = _verify(image, "--phases", "preflight,env", out=tmp_path / "r2.json")
     assert rc == 0 and report["gate"]["scope"] == "partial", out
@@ -180,6 +181,10 @@ def test_shell_entrypoint_image_verifies_with_no_bind_mount(derive, client: dock
     assert report["gate"]["scope"] == "release" and report["gate"]["bind_mounts"] == []
     assert report["gate"]["selftest_args"] == ["--timeout", "600"]
     assert verdicts.is_verified(image) and verdicts.why_not_release(image) is None
+    # a cpu image's full run: a build verdict with no GPU phase pending
+    assert ": pass, build verdict (" in out and "gpu:" not in out, out
+    recorded = verdicts.lookup(image)
+    assert recorded is not None and recorded.level == "build" and recorded.gpu.status == "none"
     # the verification container, seen while it ran: entrypoint replaced, nothing bind-mounted
     assert seen, "the verification container was never seen"
     for attrs in seen.values():

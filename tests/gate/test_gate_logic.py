@@ -1,15 +1,14 @@
-"""Pure decisions of the gate: GPU expectation, release scope, verdict records."""
+"""Pure decisions of the gate: GPU expectation, release scope (verdict records:
+test_verdicts.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
-from builder import verdicts
 from builder.errors import VerifyError
-from builder.verify import (ALL_PHASES, RELEASE_PHASES, Verification, count_gpus, decide_gpus,
-                            family_of, normalize_arch, plan_selftest)
+from builder.verify import (ALL_PHASES, RELEASE_PHASES, count_gpus, decide_gpus, family_of,
+                            normalize_arch, plan_selftest)
 
 NVIDIA = ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-modeset", "nvidia-caps"]
 AMD = ["kfd", "dri/renderD128", "dri/renderD129", "dri/card0", "dri/card1"]
@@ -87,29 +86,3 @@ def test_bad_selftest_args_are_refused_before_running(args: list[str], phases: s
                                                       needle: str) -> None:
     with pytest.raises(VerifyError, match=needle):
         plan_selftest("cpu", args, phases)
-
-
-def _verification(overall: str, scope: str, reason: str | None = None) -> Verification:
-    gate = {"scope": scope, "partial_reason": reason, "phases": ["preflight"]}
-    return Verification("img", 0 if overall == "pass" else 1,
-                        {"overall": overall, "checks": [], "gate": gate}, "", 1.0)
-
-
-def test_verdict_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-    iid = "sha256:" + "a" * 64
-    assert not verdicts.is_verified(iid) and "no verdict" in verdicts.why_not_release(iid)
-    verdicts.record_verification(iid, _verification("pass", "partial", "phases x not run"),
-                                 target="t", tags=["r:t"])
-    assert not verdicts.is_verified(iid)
-    assert "partial (phases x not run)" in verdicts.why_not_release(iid)
-    rec = verdicts.lookup(iid)
-    assert rec and rec["scope"] == "partial" and rec["tags"] == ["r:t"] and rec["recorded_at"]
-    verdicts.record_verification(iid, _verification("fail", "release"), target="t")
-    assert "fail, not pass" in verdicts.why_not_release(iid)
-    verdicts.record_verification(iid, _verification("pass", "release"), target="t")
-    assert verdicts.is_verified(iid) and verdicts.why_not_release(iid) is None
-    # a record from before the gate recorded its scope does not count
-    verdicts.record(iid, {"overall": "pass", "exit_code": 0, "report": {"overall": "pass"}})
-    assert not verdicts.is_verified(iid) and "older build-env" in verdicts.why_not_release(iid)
-    assert not list(tmp_path.rglob("*.part"))  # written atomically, nothing left beside it

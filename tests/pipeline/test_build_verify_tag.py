@@ -66,6 +66,8 @@ def test_fixture_is_built_verified_and_tagged(cpu_image: dict, client: docker.Do
     build = stages["build"]
     assert build.get("steps", 0) > 10 or build.get("reused") == cpu_image["tags"][0], build
     assert stages["verify"]["overall"] == "pass"
+    # a cpu image's full run: a build verdict, nothing pending (no GPU phase applies)
+    assert stages["verify"]["level"] == "build" and stages["verify"]["gpu"] == "none"
     assert _no_containers(client) == []
 
 
@@ -79,6 +81,7 @@ def test_no_change_run_neither_builds_nor_reverifies(cpu_image: dict, ca_bundle:
     assert report["content_hash"] == cpu_image["content_hash"]
     assert report["stages"]["build"] == {"seconds": 0.0, "reused": cpu_image["tags"][0]}
     assert "reused" in report["stages"]["verify"]
+    assert report["stages"]["verify"]["level"] == "build"
     assert report["tags"] == cpu_image["tags"]
 
 

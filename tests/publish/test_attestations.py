@@ -20,6 +20,7 @@ from builder import publish
 from builder.registry import Client
 from builder.trust import dsse, keys, referrers
 from builder.trust import statements as st
+from builder.verdicts import Verdict
 from tests.conftest import run_build_env
 from tests.publish.conftest import RegistryServer
 from tests.trust.conftest import (RELEASE_VERDICT, base_sif, keypair, other_keypair,  # noqa: F401
@@ -27,6 +28,7 @@ from tests.trust.conftest import (RELEASE_VERDICT, base_sif, keypair, other_keyp
 
 pytestmark = [pytest.mark.registry]
 REPO = "verl-env/attested"
+THREE = {st.VERDICT_TYPE, st.SBOM_TYPE, st.PROVENANCE_TYPE}
 INDEX = "application/vnd.oci.image.index.v1+json"
 ANY_MANIFEST = ", ".join((referrers.OCI_MANIFEST, INDEX,
                           "application/vnd.docker.distribution.manifest.v2+json"))
@@ -44,7 +46,8 @@ def _get(registry: RegistryServer, path: str, accept: str = ANY_MANIFEST) -> req
 def _attestations(key: keys.KeyFiles, report_path: Path, sbom: dict[str, Any],
                   verdict: dict[str, Any] | None = None) -> publish.Attestations:
     private = keys.load_private(key.private)
-    return publish.Attestations(private, key.keyid, verdict or RELEASE_VERDICT, sbom,
+    return publish.Attestations(private, key.keyid, Verdict.from_dict(verdict or RELEASE_VERDICT),
+                                sbom,
                                 st.ProvenanceInputs.from_report(report_path))
 
 
@@ -85,7 +88,7 @@ def test_sif_artifact_attested_and_verified_from_registry(
     assert index.headers["Content-Type"].startswith(INDEX)
     entries = index.json()["manifests"]
     assert sorted(e["digest"] for e in entries) == sorted(r["digest"] for r in record["referrers"])
-    assert {e["annotations"][referrers.PREDICATE_ANNOTATION] for e in entries} == set(st.KINDS)
+    assert {e["annotations"][referrers.PREDICATE_ANNOTATION] for e in entries} == THREE
     tags = requests.get(f"http://{registry.host}/v2/{REPO}/tags/list", timeout=30).json()["tags"]
     for entry, pushed in zip(entries, record["referrers"]):
         assert entry["artifactType"] == "application/vnd.in-toto+json"
@@ -116,7 +119,7 @@ def test_sif_artifact_attested_and_verified_from_registry(
     att = _get(registry, f"manifests/{record['cosign_tag']}")
     assert record["cosign_tag"] == f"sha256-{hexpart}.att" and att.status_code == 200
     layers = att.json()["layers"]
-    assert {x["annotations"]["predicateType"] for x in layers} == set(st.KINDS)
+    assert {x["annotations"]["predicateType"] for x in layers} == THREE
     assert all(x["annotations"]["dev.cosignproject.cosign/signature"] == "" for x in layers)
 
     for ref in (f"oras://{registry.host}/{REPO}@{digest}", f"oras://{registry.host}/{REPO}:cpu-sif"):
@@ -281,6 +284,7 @@ def test_publish_signs_the_image_and_trust_verify_reads_the_registry(
         check = _verify(ref, keypair.public)
         assert check.returncode == 0, check.stdout + check.stderr
         assert "verdict: pass (target cpu-x86_64" in check.stdout
+        assert "level: build" in check.stdout
         assert "pins: " in check.stdout and "(none recorded)" not in check.stdout
     wrong = _verify(f"{registry.host}/{REPO}@{digest}", other_keypair.public)
     assert wrong.returncode == 1 and "signed by unknown key(s)" in wrong.stderr
@@ -319,3 +323,59 @@ def test_signing_refusals_push_nothing(registry: RegistryServer, layered: Any,
         assert not record.exists()
         listing = requests.get(f"http://{registry.host}/v2/{REPO}/tags/list", timeout=30)
         assert listing.status_code == 404  # the repository was never created
+
+
+def test_cluster_verdicts_attached_listed_and_refused(
+        registry: RegistryServer, sif: Path, keypair: keys.KeyFiles,
+        other_keypair: keys.KeyFiles, report: Path, sbom_doc: dict[str, Any],
+        tmp_path: Path) -> None:
+    """`publish --attach`'s step on a real registry: two cluster verdicts about the SIF pushed
+    as referrers of its artifact beside the build attestations, each under its own kind (none
+    replaces the other, the cosign copy is left alone); `trust verify` and `status` list them
+    newest first and say which last passed on a cluster; a verdict about another file is
+    refused before any push, one signed by another key refuses the reference."""
+    from builder import cluster
+    from builder.errors import PublishError
+    from tests.trust.test_cluster_verdict import _cpu_reports
+
+    digest, blob = _push_sif(registry, sif, "cl-sif")
+    _attest_sif(registry, _attestations(keypair, report, sbom_doc), digest, blob, sif.name)
+    cosign_before = _get(registry, f"manifests/sha256-{digest[7:]}.att").content
+    job = tmp_path / "job-7"
+    job.mkdir()
+    _cpu_reports(job)
+    first = cluster.collect(job, sif, "site-a", now="2026-11-25T10:00:00+00:00")
+    second = cluster.collect(job, sif, "site-b", now="2026-11-25T11:00:00+00:00")
+    files = []
+    for v in (first, second):
+        files.append(cluster.write(v, tmp_path / f"{v.cluster}.json"))
+    checked = publish._clusters_to_attach(tuple(files), sif, keypair.private)
+    sif_record = {"digest": digest, "blob_digest": blob}
+    pushed = publish._attach_clusters(_client(registry), checked, keypair.private, digest,
+                                      sif_record, sif.name, 2)
+    assert [p["cluster"] for p in pushed] == ["site-a", "site-b"]
+    assert _get(registry, f"manifests/sha256-{digest[7:]}.att").content == cosign_before
+    index = _get(registry, f"manifests/sha256-{digest[7:]}", INDEX).json()["manifests"]
+    kinds = sorted(e["annotations"][referrers.KIND_ANNOTATION] for e in index)
+    assert kinds[:2] == [pushed[0]["kind"], pushed[1]["kind"]] and len(kinds) == 5
+
+    ref = f"oras://{registry.host}/{REPO}@{digest}"
+    proc = _verify(ref, keypair.public)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [x for x in proc.stdout.splitlines() if "cluster verdict" in x]
+    assert "site-b" in lines[0] and "site-a" in lines[1]  # newest first
+    status = run_build_env("status", ref, "--key", str(keypair.public), "--cluster", "site-a",
+                           timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert f"last passed on site-a: {ref}" in status.stdout
+
+    # about another file: refused before anything is pushed
+    other = tmp_path / "other.sif"
+    other.write_bytes(sif.read_bytes() + b"\0")
+    with pytest.raises(PublishError, match="the cluster verdict is about"):
+        publish._clusters_to_attach((files[0],), other, keypair.private)
+    # signed by a key the site does not trust: the reference is refused
+    publish._attach_clusters(_client(registry), [first], other_keypair.private, digest,
+                             sif_record, sif.name, 2)
+    proc = _verify(ref, keypair.public)
+    assert proc.returncode == 1 and "signed by unknown key(s)" in proc.stderr

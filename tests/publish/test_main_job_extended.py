@@ -63,4 +63,6 @@ def test_build_sif_and_push_in_one_run(cpu_image: dict, ca_bundle: Path, tmp_pat
         remote = run_build_env("trust", "verify", ref, "--key", str(key.public))
         assert remote.returncode == 0, remote.stdout + remote.stderr
         assert "verdict: pass (target cpu-x86_64" in remote.stdout
+        assert "level: build" in remote.stdout  # a cpu image: nothing pending
+    assert record["verdict"]["level"] == "build" and record["verdict"]["gpu"]["status"] == "none"
     assert f"SIF file: {record['sif']['blob_digest']}" in remote.stdout

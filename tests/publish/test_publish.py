@@ -235,8 +235,9 @@ def test_pipeline_entry_requires_a_verdict(registry: RegistryServer, layered: An
         publish.publish_verified(layered.id, f"{registry.host}/{REPO}", target="layers",
                                  sif=None, pins={})
     # a passing release verdict, as the gate records one (scope: the full phase set)
-    verdicts.record(layered.id, {"overall": "pass", "target": "layers",
-                                 "report": {"overall": "pass", "gate": {"scope": "release"}}})
+    verdicts.record(layered.id, verdicts.Verdict(
+        layered.id, 0, {"overall": "pass", "gate": {"scope": "release", "family": "cpu"}}),
+        target="layers")
     try:
         record = publish.publish_verified(layered.id, f"{registry.host}/{REPO}", target="layers",
                                           sif=layered_sif, pins={"demo": "1.0"})

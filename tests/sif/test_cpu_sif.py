@@ -58,3 +58,25 @@ def test_cpu_image_to_sif_runs_its_selftest(cpu_image: dict, tmp_path: Path,
     assert labels["org.verl-env.pin.torch"] == "2.13.0+cpu"
     assert labels["org.verl-env.target"] == "cpu-x86_64"
     assert report["size"] < report["image_size"]
+    # the verdict travels in the SIF's labels: a cpu image's release verdict, nothing pending
+    assert labels["org.verl-env.verdict.level"] == "build"
+    assert labels["org.verl-env.verdict.gpu"] == "none"
+
+    # `build-env verify FILE.sif`: every phase of the family, run here from the SIF by a real
+    # runtime, recorded as the gate records an image's verdict
+    gate_report = tmp_path / "sif-gate.json"
+    proc = run_build_env("verify", str(out), "--report", str(gate_report), timeout=1800)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{out}: pass, build verdict (" in proc.stdout, proc.stdout
+    gate = json.loads(gate_report.read_text())["gate"]
+    assert gate["family"] == "cpu" and gate["scope"] == "release"
+    assert gate["runtime"] in ("ch-run", "apptainer", "singularity")
+    assert set(gate["required_phases"]) <= set(gate["phases"])  # every phase ran
+    assert gate["gpus"]["expected"] == 0 and gate["runtime_flags"] == []
+    assert gate["subject"]["target"] == "cpu-x86_64"
+    assert gate["subject"]["digest"].startswith("sha256:")
+    # narrowed: partial, and the options that only apply to an engine image are refused
+    proc = run_build_env("verify", str(out), "--phases", "preflight", timeout=600)
+    assert proc.returncode == 0 and "pass, partial verdict" in proc.stdout, proc.stdout
+    proc = run_build_env("verify", str(out), "--gpus", "none", timeout=60)
+    assert proc.returncode == 1 and "--gpus applies to an image in the engine" in proc.stderr

@@ -230,8 +230,9 @@ def test_pipeline_entry_converts_only_verified_images(layered: Any, tmp_path: Pa
     with pytest.raises(SifError, match="no passing verdict"):
         sif_mod.convert_verified(layered.id, out, target="layers")
     # a passing release verdict, as the gate records one (scope: the full phase set)
-    verdicts.record(layered.id, {"overall": "pass", "target": "layers",
-                                 "report": {"overall": "pass", "gate": {"scope": "release"}}})
+    verdicts.record(layered.id, verdicts.Verdict(
+        layered.id, 0, {"overall": "pass", "gate": {"scope": "release", "family": "cpu"}}),
+        target="layers")
     try:
         with pytest.raises(SifError, match="selftest") as err:
             sif_mod.convert_verified(layered.id, out, target="layers")

@@ -12,12 +12,39 @@ from pathlib import Path
 
 import pytest
 
+from builder.families import FAMILIES
 from builder.trust import keys, sbom
+from builder.verdicts import Verdict
 
-RELEASE_VERDICT = {"image_id": "sha256:" + "5" * 64, "overall": "pass", "exit_code": 0,
-                   "target": "cpu-x86_64", "recorded_at": "2026-11-23T21:00:00+00:00",
-                   "report": {"schema": "verl-env/selftest/v1", "overall": "pass",
-                              "selftest_version": "0.3.0", "checks": []}}
+def _gate(family: str, scope: str = "release", reason: str | None = None,
+          expected: int = 0) -> dict:
+    """The ``gate`` section verify adds to a report (builder.verify.verify_image)."""
+    phases = list(FAMILIES[family].release_phases)
+    return {"schema": "verl-env/gate/v1", "family": family, "phases": phases,
+            "required_phases": phases, "scope": scope, "partial_reason": reason,
+            "gpus": {"expected": expected,
+                     "reason": f"the engine's host shows {expected} GPU(s)" if expected
+                     else f"target family {family} has no GPUs" if family == "cpu"
+                     else "the engine's host shows 0 nvidia GPU(s) under /dev"}}
+
+
+def verdict_record(family: str = "cpu", scope: str = "release", reason: str | None = None,
+                   target: str = "cpu-x86_64") -> dict:
+    """A passing verdict record as the gate writes it (builder.verdicts.Verdict.to_dict)."""
+    record = {"image_id": "sha256:" + "5" * 64, "overall": "pass", "exit_code": 0,
+              "target": target, "recorded_at": "2026-11-23T21:00:00+00:00",
+              "report": {"schema": "verl-env/selftest/v1", "overall": "pass",
+                         "selftest_version": "0.3.0", "checks": [],
+                         "gate": _gate(family, scope, reason)}}
+    return Verdict.from_dict(Verdict.from_dict(record).recorded(
+        record["image_id"], target=target, at=record["recorded_at"]).to_dict()).to_dict()
+
+
+# a cpu image's full, passing run; a narrowed run that passed; a cuda image gated on a GPU-less
+# host (a build verdict, its GPU phases pending)
+RELEASE_VERDICT = verdict_record()
+PARTIAL_VERDICT = verdict_record(scope="partial", reason="phases gpu, collective not run")
+CUDA_BUILD_VERDICT = verdict_record("cuda", target="cuda-x86_64")
 
 
 def need(*tools: str) -> None:

@@ -53,8 +53,8 @@ def test_sign_cli_takes_the_recorded_verdict_and_inventories_the_image(
     data = json.loads(report.read_text())
     data["image_id"] = image
     report.write_text(json.dumps(data))
-    verdicts.record(image, {k: v for k, v in RELEASE_VERDICT.items()
-                            if k not in ("image_id", "recorded_at")})
+    verdicts.record(image, verdicts.Verdict.from_dict(RELEASE_VERDICT),
+                    target=RELEASE_VERDICT["target"])
     proc = run_build_env("trust", "sign", str(sif), "--key", str(keypair.private), "--report",
                          str(report), timeout=600)
     assert proc.returncode == 0, proc.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 from builder.trust import statements as st
 from builder.trust.keys import KeyFiles
 from builder.trust.sign import sign_sif
+from builder.verdicts import Verdict
 from tests.trust.conftest import RELEASE_VERDICT
 
 SIGNATURE, GROUP_FLAG = 0x4005, 0xF0000000
@@ -60,8 +61,8 @@ def expected_metadata(sif: Path) -> bytes:
 def test_gpg_and_recomputed_digests_accept_the_signature_and_catch_a_flip(
         sif: Path, keypair: KeyFiles, report: Path, sbom_doc: dict, gnupg: dict[str, str],
         tmp_path: Path) -> None:
-    sign_sif(sif, RELEASE_VERDICT, sbom_doc, st.ProvenanceInputs.from_report(report),
-             keypair.private, keypair.pgp_private)
+    sign_sif(sif, Verdict.from_dict(RELEASE_VERDICT), sbom_doc,
+             st.ProvenanceInputs.from_report(report), keypair.private, keypair.pgp_private)
     data = sif.read_bytes()
     descriptors = _descriptors(data)
     sigs = [d for d in descriptors if d["type"] == SIGNATURE]

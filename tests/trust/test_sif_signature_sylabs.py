@@ -16,6 +16,7 @@ from builder.trust import sifraw
 from builder.trust import statements as st
 from builder.trust.keys import KeyFiles
 from builder.trust.sign import sign_sif
+from builder.verdicts import Verdict
 from tests.trust.conftest import RELEASE_VERDICT
 
 SOURCE = Path(__file__).parent / "sifverify" / "main.go"
@@ -57,8 +58,8 @@ def test_the_reference_verifier_accepts_our_signature_and_refuses_tampering(
         sbom_doc: dict) -> None:
     unsigned = _check(sifverify, sif, keypair.pgp_public)
     assert unsigned.returncode == 1 and "signature not found for object group 1" in unsigned.stdout
-    sign_sif(sif, RELEASE_VERDICT, sbom_doc, st.ProvenanceInputs.from_report(report),
-             keypair.private, keypair.pgp_private)
+    sign_sif(sif, Verdict.from_dict(RELEASE_VERDICT), sbom_doc,
+             st.ProvenanceInputs.from_report(report), keypair.private, keypair.pgp_private)
     ok = _check(sifverify, sif, keypair.pgp_public)
     assert ok.returncode == 0 and ok.stdout.strip() == "OK", ok.stdout + ok.stderr
     other = _check(sifverify, sif, other_keypair.pgp_public)

@@ -17,7 +17,8 @@ from builder.trust import statements as st
 from builder.trust.keys import KeyFiles, load_private
 from builder.trust.sign import sign_sif
 from tests.conftest import OUTSIDE, installed_build_env, run_build_env
-from tests.trust.conftest import RELEASE_VERDICT
+from builder.verdicts import Verdict
+from tests.trust.conftest import CUDA_BUILD_VERDICT, PARTIAL_VERDICT, RELEASE_VERDICT
 
 
 def _sign_cli(sif: Path, keypair: KeyFiles, report: Path, verdict: Path, sbom: Path,
@@ -37,8 +38,8 @@ def _verify_cli(sif: Path, keypair: KeyFiles, *extra: str) -> subprocess.Complet
 @pytest.fixture
 def signed(sif: Path, keypair: KeyFiles, report: Path, sbom_doc: dict) -> Path:
     """Signed through the API (what the SIF stage calls); the CLI path is tested below."""
-    sign_sif(sif, RELEASE_VERDICT, sbom_doc, st.ProvenanceInputs.from_report(report),
-             keypair.private, keypair.pgp_private)
+    sign_sif(sif, Verdict.from_dict(RELEASE_VERDICT), sbom_doc,
+             st.ProvenanceInputs.from_report(report), keypair.private, keypair.pgp_private)
     return sif
 
 
@@ -116,8 +117,9 @@ def test_envelope_signed_by_another_key_is_refused(signed: Path, keypair: KeyFil
 
 
 def _signed_statement(sif: Path, verdict: dict, key: Path) -> str:
+    """A verdict statement as anything holding the key could sign it (no rule applied)."""
     stmt = st.statement([st.subject(sif.name, sifraw.file_sha256(sif))], st.VERDICT_TYPE,
-                        st.verdict_predicate(verdict))
+                        {"verdict": verdict, "selftestVersion": "0.3.0"})
     return json.dumps(dsse.sign(st.to_bytes(stmt), load_private(key)))
 
 
@@ -142,11 +144,18 @@ def test_verdict_edited_to_pass_is_refused(signed: Path, keypair: KeyFiles) -> N
     proc = _verify_cli(signed, keypair)
     assert proc.returncode == 1 and ".intoto.jsonl:1: signature by key" in proc.stderr
     assert "does not verify" in proc.stderr
-    # 3. A narrowed (partial) run that passed is not a release verdict either.
-    lines[0] = _signed_statement(signed, {**RELEASE_VERDICT, "partial": True}, keypair.private)
-    sidecar.write_text("\n".join(lines) + "\n")
-    proc = _verify_cli(signed, keypair)
-    assert proc.returncode == 1 and "partial" in proc.stderr
+    # 3. A narrowed (partial) run that passed is not a release verdict either, nor is one whose
+    #    top level claims a release while its gate says partial, nor one of an older build-env.
+    older = {k: v for k, v in RELEASE_VERDICT.items() if k not in ("scope", "level")}
+    older["report"] = {k: v for k, v in RELEASE_VERDICT["report"].items() if k != "gate"}
+    for verdict, needle in ((PARTIAL_VERDICT, "partial (phases gpu, collective not run)"),
+                            ({**PARTIAL_VERDICT, "scope": "release", "level": "gpu"}, "partial"),
+                            (older, "older build-env")):
+        lines[0] = _signed_statement(signed, verdict, keypair.private)
+        sidecar.write_text("\n".join(lines) + "\n")
+        proc = _verify_cli(signed, keypair)
+        assert proc.returncode == 1 and "not a release verdict" in proc.stderr, proc.stderr
+        assert needle in proc.stderr
 
 
 def test_embedded_verdict_edited_is_refused_by_the_pgp_signature(
@@ -203,6 +212,72 @@ def test_sign_refuses_a_failed_verdict_and_leaves_the_sif_alone(
     assert not sif.with_name(sif.name + ".intoto.jsonl").exists()
 
 
+def test_a_partial_pass_is_refused_by_sign_and_by_verify(
+        sif: Path, keypair: KeyFiles, report: Path, sbom_file: Path, sbom_doc: dict,
+        tmp_path: Path) -> None:
+    """One release rule: `trust sign --verdict` refuses a partial pass, and a partial pass
+    signed anyway (by the API beneath the rule) is refused by `trust verify`."""
+    before = sif.read_bytes()
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps(PARTIAL_VERDICT))
+    proc = _sign_cli(sif, keypair, report, partial, sbom_file)
+    assert proc.returncode == 1 and "refusing to sign: the verdict is partial (phases gpu, " \
+        "collective not run)" in proc.stderr, proc.stderr
+    assert sif.read_bytes() == before and not sif.with_name(sif.name + ".intoto.jsonl").exists()
+    with pytest.raises(TrustError, match="refusing to sign: the verdict is partial"):
+        sign_sif(sif, Verdict.from_dict(PARTIAL_VERDICT), sbom_doc,
+                 st.ProvenanceInputs.from_report(report), keypair.private)
+    # signed beneath the rule: a verdict statement written by hand with the trusted key
+    sign_sif(sif, Verdict.from_dict(RELEASE_VERDICT), sbom_doc,
+             st.ProvenanceInputs.from_report(report), keypair.private)
+    sidecar = sif.with_name(sif.name + ".intoto.jsonl")
+    lines = sidecar.read_text().splitlines()
+    lines[0] = _signed_statement(sif, PARTIAL_VERDICT, keypair.private)
+    sidecar.write_text("\n".join(lines) + "\n")
+    proc = run_build_env("trust", "verify", str(sif), "--key", str(keypair.public), timeout=300)
+    assert proc.returncode == 1
+    assert "not a release verdict: the verdict is partial" in proc.stderr, proc.stderr
+
+
+def test_a_build_verdict_says_gpu_pending_and_a_site_can_require_gpu(
+        sif: Path, keypair: KeyFiles, report: Path, sbom_file: Path, tmp_path: Path) -> None:
+    """A CUDA image gated on a GPU-less host: signed as a build verdict whose GPU phases are
+    pending, printed so by `trust verify`, and refused where a GPU verdict is required."""
+    data = json.loads(report.read_text())
+    data["target"] = "cuda-x86_64"
+    report.write_text(json.dumps(data))
+    verdict = tmp_path / "cuda.json"
+    verdict.write_text(json.dumps(CUDA_BUILD_VERDICT))
+    before = sif.read_bytes()
+    proc = run_build_env("trust", "sign", str(sif), "--key", str(keypair.private), "--report",
+                         str(report), "--verdict", str(verdict), "--sbom", str(sbom_file),
+                         "--require", "gpu", timeout=300)
+    assert proc.returncode == 1 and "refusing to sign: a build verdict (gpu: pending" in \
+        proc.stderr and "--require gpu" in proc.stderr, proc.stderr
+    assert sif.read_bytes() == before
+    proc = run_build_env("trust", "sign", str(sif), "--key", str(keypair.private), "--report",
+                         str(report), "--verdict", str(verdict), "--sbom", str(sbom_file),
+                         timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    human = run_build_env("trust", "verify", str(sif), "--key", str(keypair.public),
+                          timeout=300)
+    assert human.returncode == 0, human.stderr
+    assert "level: build; gpu: pending (no GPU where the gate ran: the engine's host shows 0 " \
+        "nvidia GPU(s) under /dev)" in human.stdout, human.stdout
+    out = json.loads(run_build_env("trust", "verify", str(sif), "--key", str(keypair.public),
+                                   "--json", timeout=300).stdout)
+    assert out["level"] == "build" and out["gpu"]["status"] == "pending"
+    embedded = next(d for d in sifraw.read(sif).group(1) if d.name == "verl-verdict.json")
+    assert json.loads(sifraw.read_object(sif, embedded))["gpu"]["status"] == "pending"
+    strict = run_build_env("trust", "verify", str(sif), "--key", str(keypair.public),
+                           "--require", "gpu", timeout=300)
+    assert strict.returncode == 1
+    assert "not a release verdict: a build verdict (gpu: pending" in strict.stderr
+    env_strict = run_build_env("trust", "verify", str(sif), "--key", str(keypair.public),
+                               timeout=300, env={"VERL_ENV_REQUIRE": "gpu"})
+    assert env_strict.returncode == 1 and "--require gpu" in env_strict.stderr
+
+
 def test_sign_failure_after_siftool_restores_the_sif(
         sif: Path, keypair: KeyFiles, report: Path, sbom_doc: dict,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -215,8 +290,8 @@ def test_sign_failure_after_siftool_restores_the_sif(
 
     monkeypatch.setattr(sifsig, "sign_group", boom)
     with pytest.raises(TrustError, match="injected failure"):
-        sign_sif(sif, RELEASE_VERDICT, sbom_doc, st.ProvenanceInputs.from_report(report),
-                 keypair.private, keypair.pgp_private)
+        sign_sif(sif, Verdict.from_dict(RELEASE_VERDICT), sbom_doc,
+                 st.ProvenanceInputs.from_report(report), keypair.private, keypair.pgp_private)
     assert sif.read_bytes() == before
     assert not sif.with_name(sif.name + ".intoto.jsonl").exists()
 

@@ -1,4 +1,4 @@
-"""Pure logic: what counts as a release verdict, what the provenance records."""
+"""Pure logic: what the verdict statement carries, what the provenance records."""
 
 from __future__ import annotations
 
@@ -10,21 +10,21 @@ import pytest
 
 from builder.errors import TrustError
 from builder.trust import statements as st
-from tests.trust.conftest import RELEASE_VERDICT
+from builder.verdicts import Verdict
+from tests.trust.conftest import CUDA_BUILD_VERDICT
 
 
-@pytest.mark.parametrize("change, reason", [
-    ({"overall": "fail"}, "overall is 'fail'"),
-    ({"overall": "incomplete"}, "overall is 'incomplete'"),
-    ({"partial": True}, "partial"),
-    ({"release": False}, "release: false"),
-    ({"report": {**RELEASE_VERDICT["report"], "overall": "incomplete"}}, "self-test report says"),
-    ({"report": {**RELEASE_VERDICT["report"], "partial": True}}, "self-test report is partial"),
-])
-def test_only_a_full_passing_run_is_a_release_verdict(change: dict, reason: str) -> None:
-    assert st.release_problem(RELEASE_VERDICT) is None
-    problem = st.release_problem({**RELEASE_VERDICT, **change})
-    assert problem is not None and reason in problem
+def test_the_verdict_statement_is_the_one_serialisation() -> None:
+    """The predicate carries the record as Verdict.to_dict writes it, with its level; reading
+    it back gives the same verdict (the release rule itself: tests/gate/test_verdicts.py)."""
+    v = Verdict.from_dict(CUDA_BUILD_VERDICT)
+    pred = st.verdict_predicate(v)
+    assert pred["verdict"] == CUDA_BUILD_VERDICT and pred["level"] == "build"
+    assert pred["gpu"] == "pending" and pred["selftestVersion"] == "0.3.0"
+    assert st.read_verdict(pred, "here").to_dict() == CUDA_BUILD_VERDICT
+    with pytest.raises(TrustError, match="here: the verdict is not a JSON object"):
+        st.read_verdict({"verdict": "pass"}, "here")
+    assert not hasattr(st, "release_problem")  # one release rule: builder.verdicts
 
 
 def test_provenance_from_a_report(report: Path) -> None:

@@ -1,0 +1,294 @@
+"""Cluster verdicts: what one Slurm job proved about one image on one cluster.
+
+The generated job self-tests every node in one ``srun`` step (the ranks run one collective across
+all nodes and share one verdict) and leaves ``selftest-<node>.json`` and ``selftest-<node>.rc`` in
+its job directory. :func:`collect` gathers them into one :class:`ClusterVerdict` for the image's
+digest (a SIF's sha256): the site/cluster name, the nodes, each node's result and GPU facts
+(models, driver, CUDA/ROCm runtime, NCCL/RCCL), and the inter-node collective (correctness,
+transport, bus bandwidth). It passes only when every node the collective counted left a passing
+report and the inter-node collective passed; a missing node is a fail, never a skip.
+
+:mod:`builder.trust.cluster` signs one (a DSSE statement about the SIF's digest, one line of
+``NAME.sif.clusters.intoto.jsonl``) and reads them back for ``build-env status``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder.errors import ClusterError
+from builder.families import family as family_of_name
+from builder.files import atomic_write_text
+from builder.verdicts import GPU, NONE, PROVEN, gpu_facts
+
+SCHEMA = "verl-env/cluster-verdict/v1"
+FILE_NAME = "cluster-verdict.json"
+PASS, FAIL = "pass", "fail"
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """One node's self-test in the job."""
+
+    node: str
+    exit_code: int | None  # None: the node left no exit code
+    overall: str  # the node's report, or "missing" / "unreadable"
+    reason: str = ""
+    gpu: Mapping[str, Any] = field(default_factory=dict)  # count, models, driver, runtime, library
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "exit_code": self.exit_code, "overall": self.overall,
+                "reason": self.reason, "gpu": dict(self.gpu)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> NodeResult:
+        code = d.get("exit_code")
+        return cls(str(d.get("node")), code if isinstance(code, int) else None,
+                   str(d.get("overall")), str(d.get("reason") or ""), dict(d.get("gpu") or {}))
+
+
+@dataclass(frozen=True)
+class ClusterVerdict:
+    cluster: str
+    subject: Mapping[str, Any]  # {"name", "digest": "sha256:...", "target", "family"}
+    job: str
+    recorded_at: str
+    nodes: tuple[NodeResult, ...]
+    world_size: int | None
+    inter_node: Mapping[str, Any]  # {"checks": {id: {status, value, unit, reason}}, transport, ...}
+
+    @property
+    def family(self) -> str | None:
+        fam = self.subject.get("family")
+        return fam if isinstance(fam, str) else None
+
+    @property
+    def problems(self) -> list[str]:
+        """Why this is not a passing cluster verdict (empty when it is one)."""
+        out = []
+        if not self.nodes:
+            out.append("no node left a self-test result")
+        if self.world_size is not None and len(self.nodes) != self.world_size:
+            out.append(f"{len(self.nodes)} node result(s) for a collective of "
+                       f"{self.world_size} rank(s)")
+        out += [f"{n.node}: {n.overall} (exit {n.exit_code})" + (f": {n.reason}" if n.reason
+                                                                  else "")
+                for n in self.nodes if n.exit_code != 0 or n.overall != PASS]
+        checks = self.inter_node.get("checks") or {}
+        correct = [c for cid, c in checks.items()
+                   if cid.endswith("allreduce") and isinstance(c, Mapping)]
+        if len(self.nodes) > 1 and not any(c.get("status") == PASS for c in correct):
+            out.append("no passing inter-node all-reduce in the reports")
+        out += [f"{cid}: {c.get('status')} {c.get('reason') or ''}".rstrip()
+                for cid, c in checks.items()
+                if isinstance(c, Mapping) and c.get("status") == FAIL]
+        return out
+
+    @property
+    def overall(self) -> str:
+        return FAIL if self.problems else PASS
+
+    @property
+    def level(self) -> str:
+        """``gpu`` when a GPU family's GPU phases passed on every node; ``build`` otherwise."""
+        fam = family_of_name(self.family)
+        if self.overall != PASS or fam is None or not fam.gpu_phases:
+            return "build"
+        return GPU if all(n.gpu.get("status") == PROVEN for n in self.nodes) else "build"
+
+    def describe(self) -> str:
+        gpus = sorted({m for n in self.nodes for m in n.gpu.get("models") or ()})
+        bw = self.inter_node.get("busbw_gbps")
+        parts = [f"{len(self.nodes)} node(s)"]
+        if gpus:
+            parts.append(", ".join(gpus))
+        if self.inter_node.get("transport"):
+            parts.append(str(self.inter_node["transport"]))
+        if bw is not None:
+            parts.append(f"busbw {bw:g} GB/s")
+        return f"{self.overall} on {self.cluster} ({'; '.join(parts)}), {self.level} level"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "cluster": self.cluster, "subject": dict(self.subject),
+                "job": self.job, "recorded_at": self.recorded_at, "overall": self.overall,
+                "level": self.level, "problems": self.problems, "world_size": self.world_size,
+                "nodes": [n.to_dict() for n in self.nodes], "inter_node": dict(self.inter_node)}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> ClusterVerdict:
+        """Raises ValueError for anything that is not a cluster verdict."""
+        if not isinstance(d, Mapping) or d.get("schema") != SCHEMA:
+            raise ValueError(f"not a cluster verdict (schema {SCHEMA})")
+        subject = d.get("subject")
+        if not isinstance(subject, Mapping) or not str(subject.get("digest", "")).startswith(
+                "sha256:"):
+            raise ValueError("the cluster verdict names no subject digest")
+        ws = d.get("world_size")
+        return cls(str(d.get("cluster")), dict(subject), str(d.get("job")),
+                   str(d.get("recorded_at")),
+                   tuple(NodeResult.from_dict(n) for n in d.get("nodes") or ()
+                         if isinstance(n, Mapping)),
+                   ws if isinstance(ws, int) else None, dict(d.get("inter_node") or {}))
+
+
+def _node_gpu(report: Mapping[str, Any], family: str | None) -> dict[str, Any]:
+    fam = family_of_name(family)
+    if fam is not None and not fam.gpu_phases:
+        return {"status": NONE}
+    checks = {str(c.get("id", "")).split("@")[0]: c for c in report.get("checks") or ()
+              if isinstance(c, dict)}
+    count = checks.get("gpu.device_count", {})
+    if count.get("status") != PASS:
+        return {"status": "pending", "reason": f"gpu.device_count {count.get('status', 'absent')}"
+                f" {count.get('reason') or ''}".rstrip()}
+    ev = gpu_facts(report, fam.name if fam else "cuda", count.get("value"))
+    return {k: v for k, v in ev.to_dict().items()
+            if k in ("status", "count", "models", "driver", "runtime", "library")}
+
+
+def _inter_node(reports: list[dict[str, Any]]) -> tuple[dict[str, Any], int | None]:
+    sizes = [int(r["world_size"]) for r in reports if isinstance(r.get("world_size"), int)]
+    world = max(sizes) if sizes else None
+    checks: dict[str, Any] = {}
+    info: dict[str, Any] = {}
+    for r in reports:
+        for c in r.get("checks") or ():
+            if isinstance(c, dict) and c.get("phase") == "collective" and "@" not in str(
+                    c.get("id")):
+                checks.setdefault(str(c["id"]), {k: c.get(k) for k in
+                                                 ("status", "value", "unit", "reason")})
+        info.setdefault("transport", r.get("transport"))
+        if r.get("hosts"):
+            info.setdefault("hosts", list(r["hosts"]))
+    bw = (checks.get("collective.busbw") or {}).get("value")
+    info.update(checks=checks, busbw_gbps=bw if isinstance(bw, (int, float)) else None)
+    return info, world
+
+
+def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
+            now: str | None = None) -> ClusterVerdict:
+    """The cluster verdict of the job in ``job_dir`` about ``sif`` (its sha256 and labels)."""
+    from builder.sif.verify import sif_labels
+
+    job_dir, sif = Path(job_dir), Path(sif)
+    if not cluster.strip():
+        raise ClusterError("name the cluster (--cluster NAME): a verdict says where it holds")
+    if not job_dir.is_dir():
+        raise ClusterError(f"{job_dir}: no such job directory")
+    if not sif.is_file():
+        raise ClusterError(f"{sif}: no such SIF (the image the job ran)")
+    try:
+        labels = sif_labels(sif)
+    except Exception as exc:  # noqa: BLE001 - any unreadable SIF is named the same way
+        raise ClusterError(f"{sif}: not a readable SIF ({exc})") from None
+    family = labels.get("org.verl-env.accelerator")
+    names = sorted({p.name[len("selftest-"):].rsplit(".", 1)[0]
+                    for p in job_dir.glob("selftest-*") if p.suffix in (".json", ".rc")})
+    if not names:
+        raise ClusterError(f"{job_dir}: no selftest-<node>.json or .rc: the job's self-test "
+                           "stage did not run there")
+    nodes, reports = [], []
+    for name in names:
+        rc_path, rep_path = job_dir / f"selftest-{name}.rc", job_dir / f"selftest-{name}.json"
+        code: int | None = None
+        if rc_path.exists():
+            text = rc_path.read_text().strip()
+            code = int(text) if text.isdigit() else None
+        report: dict[str, Any] = {}
+        reason = ""
+        if rep_path.exists():
+            try:
+                loaded = json.loads(rep_path.read_text())
+                report = loaded if isinstance(loaded, dict) else {}
+            except (OSError, json.JSONDecodeError) as exc:
+                reason = f"{rep_path.name}: {exc}"
+        else:
+            reason = f"no {rep_path.name}"
+        overall = str(report.get("overall") or ("unreadable" if rep_path.exists() else "missing"))
+        if report:
+            reports.append(report)
+            failing = [str(c.get("id")) for c in report.get("checks") or ()
+                       if isinstance(c, dict) and c.get("status") == FAIL]
+            reason = reason or (f"failing: {', '.join(failing[:5])}" if failing else "")
+        nodes.append(NodeResult(name, code, overall, reason, _node_gpu(report, family)))
+    inter, world = _inter_node(reports)
+    stamp = now or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    subject = {"name": sif.name, "digest": file_digest(sif),
+               "target": labels.get("org.verl-env.target"), "family": family}
+    return ClusterVerdict(cluster, subject, job or job_dir.name, stamp, tuple(nodes), world,
+                          inter)
+
+
+def write(verdict: ClusterVerdict, path: Path) -> Path:
+    atomic_write_text(path, json.dumps(verdict.to_dict(), indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def read(path: Path) -> ClusterVerdict:
+    try:
+        return ClusterVerdict.from_dict(json.loads(Path(path).read_text()))
+    except (OSError, json.JSONDecodeError, ValueError) as exc:
+        raise ClusterError(f"{path}: {exc}") from None
+
+
+__all__ = ["ClusterError", "ClusterVerdict", "NodeResult", "collect", "file_digest", "read",
+           "write"]
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_arguments(p: Any) -> None:
+    """``build-env cluster JOBDIR --sif SIF --cluster NAME [--sign-key KEY]``."""
+    import os
+
+    p.add_argument("job_dir", type=Path, metavar="JOBDIR",
+                   help="the Slurm job's directory (selftest-<node>.json and .rc)")
+    p.add_argument("--sif", type=Path, required=True, help="the SIF the job ran")
+    p.add_argument("--cluster", required=True, metavar="NAME",
+                   help="the site/cluster name the verdict holds for")
+    p.add_argument("--output", type=Path, default=None, metavar="PATH",
+                   help=f"where the verdict goes (default: JOBDIR/{FILE_NAME})")
+    p.add_argument("--sign-key", type=Path, default=os.environ.get("VERL_ENV_SIGN_KEY") or None,
+                   metavar="PATH", help="sign it and append it to SIF.clusters.intoto.jsonl "
+                   "(env VERL_ENV_SIGN_KEY)")
+    p.add_argument("--json", action="store_true", help="print the verdict as JSON")
+
+
+def run(args: Any) -> int:
+    """Collect (and sign) the job's cluster verdict; exit 0 when it passed, 1 when not."""
+    verdict = collect(args.job_dir, args.sif, args.cluster)
+    path = write(verdict, args.output or Path(args.job_dir) / FILE_NAME)
+    if args.sign_key:
+        from builder.trust.cluster import sign_cluster
+
+        sidecar, kid = sign_cluster(args.sif, verdict, args.sign_key)
+    if args.json:
+        print(json.dumps(verdict.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(f"{args.sif}: {verdict.describe()}")
+        for n in verdict.nodes:
+            gpu = n.gpu.get("status")
+            print(f"  {n.node}: {n.overall} (exit {n.exit_code})"
+                  + (f", gpu {gpu}" if gpu and gpu != NONE else "")
+                  + (f": {n.reason}" if n.reason else ""))
+        for problem in verdict.problems:
+            print(f"  problem: {problem}")
+        print(f"  written: {path}")
+        if args.sign_key:
+            print(f"  signed: {sidecar} (key {kid[:16]})")
+    return 0 if verdict.overall == PASS else 1

@@ -1,0 +1,166 @@
+"""Signed cluster verdicts beside a SIF, and ``build-env status``: every verdict that travels with
+a SIF (its build verdict from the attestation sidecar, and each cluster verdict), newest first.
+
+A cluster verdict (:class:`builder.cluster.ClusterVerdict`) is signed as an in-toto Statement
+(predicate ``https://verl-env.dev/cluster-verification/v1``) whose subject is the SIF's sha256,
+one DSSE envelope a line of ``NAME.sif.clusters.intoto.jsonl`` (appended: one line per job).
+Reading it back, a line that is unsigned, signed by an unknown key, altered, or about another
+file is *refused* (listed with the reason, never counted).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builder import __version__
+from builder.cluster import ClusterVerdict, file_digest
+from builder.errors import TrustError
+from builder.files import atomic_write_text
+from builder.trust import dsse
+from builder.trust import statements as st
+from builder.trust.keys import keyid, load_private, load_public
+
+CLUSTER_TYPE = st.CLUSTER_TYPE
+
+
+def envelope(subjects: list[dict[str, Any]], verdict: ClusterVerdict, private: Any
+             ) -> dict[str, Any]:
+    """The signed DSSE envelope of ``verdict``'s statement about ``subjects``."""
+    stmt = st.statement(subjects, CLUSTER_TYPE,
+                        {"clusterVerdict": verdict.to_dict(), "builderVersion": __version__})
+    return dsse.sign(st.to_bytes(stmt), private)
+
+
+def referrer_kind(verdict: ClusterVerdict) -> str:
+    """The referrer's own kind (its tag suffix): one per cluster and job."""
+    import hashlib
+    import re
+
+    name = re.sub(r"[^a-z0-9]+", "-", verdict.cluster.lower()).strip("-")[:40] or "cluster"
+    key = hashlib.sha256(f"{verdict.cluster}\0{verdict.job}\0{verdict.recorded_at}".encode())
+    return f"cluster-{name}-{key.hexdigest()[:12]}"
+
+
+def clusters_sidecar(sif: Path) -> Path:
+    return sif.with_name(sif.name + ".clusters.intoto.jsonl")
+
+
+def sign_cluster(sif: Path, verdict: ClusterVerdict, key: Path) -> tuple[Path, str]:
+    """Append the signed statement of ``verdict`` to the SIF's cluster sidecar; refuses a
+    verdict about another file. Returns (sidecar, keyid)."""
+    sif = Path(sif)
+    if not sif.is_file():
+        raise TrustError(f"{sif}: no such file")
+    digest = file_digest(sif)
+    if verdict.subject.get("digest") != digest:
+        raise TrustError(f"{sif}: refusing to sign: the cluster verdict is about "
+                         f"{verdict.subject.get('digest')}, not this file ({digest})")
+    private = load_private(key)
+    line = json.dumps(envelope([st.subject(sif.name, digest)], verdict, private),
+                      sort_keys=True, separators=(",", ":"))
+    sidecar = clusters_sidecar(sif)
+    old = sidecar.read_text() if sidecar.exists() else ""
+    atomic_write_text(sidecar, old + ("" if not old or old.endswith("\n") else "\n") + line + "\n")
+    return sidecar, keyid(private.public_key())
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One verdict that travels with a SIF (or why it was refused)."""
+
+    kind: str  # build | cluster
+    where: str  # file[:line]
+    recorded_at: str | None
+    overall: str | None
+    level: str | None
+    cluster: str | None
+    detail: str
+    keyid: str | None = None
+    refused: str | None = None  # why it does not count
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def read_clusters(sif: Path, keys: list[Any], digest: str) -> list[Entry]:
+    """The cluster verdicts of the SIF's cluster sidecar, each checked (see the module doc)."""
+    sidecar = clusters_sidecar(sif)
+    if not sidecar.exists():
+        return []
+    out = []
+    for n, line in enumerate(sidecar.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{sidecar}:{n}"
+        try:
+            verified = dsse.verify(json.loads(line), keys, where)
+            stmt = dsse.statement_of(verified, where)
+            if stmt.get("predicateType") != CLUSTER_TYPE:
+                raise TrustError(f"{where}: predicateType {stmt.get('predicateType')!r} is not "
+                                 f"{CLUSTER_TYPE}")
+            subjects = [s.get("digest", {}).get("sha256") for s in stmt.get("subject") or ()
+                        if isinstance(s, dict)]
+            if digest.split(":", 1)[1] not in subjects:
+                raise TrustError(f"{where}: the statement is about sha256:{(subjects or ['?'])[0]}"
+                                 f", not this file ({digest})")
+            try:
+                v = ClusterVerdict.from_dict((stmt.get("predicate") or {}).get("clusterVerdict"))
+            except ValueError as exc:
+                raise TrustError(f"{where}: {exc}") from None
+            if v.subject.get("digest") != digest:
+                raise TrustError(f"{where}: the cluster verdict names {v.subject.get('digest')}, "
+                                 f"not this file ({digest})")
+        except json.JSONDecodeError as exc:
+            out.append(Entry("cluster", where, None, None, None, None, "", None,
+                             f"{where}: not JSON ({exc.msg})"))
+            continue
+        except TrustError as exc:
+            out.append(Entry("cluster", where, None, None, None, None, "", None,
+                             str(exc).removeprefix("trust: ")))
+            continue
+        out.append(Entry("cluster", where, v.recorded_at, v.overall, v.level, v.cluster,
+                         v.describe(), verified.keyid))
+    return out
+
+
+def status(sif: Path, key_paths: list[Path]) -> list[Entry]:
+    """Every verdict that travels with ``sif``, newest first (refused ones listed as such)."""
+    from builder.trust.verify import verify_sif
+    from builder.trust.sign import sidecar_of
+
+    sif = Path(sif)
+    if not sif.is_file():
+        raise TrustError(f"{sif}: no such file")
+    if not key_paths:
+        raise TrustError("no public key given (--key verl-env.pub)")
+    keys = [load_public(k) for k in key_paths]
+    entries: list[Entry] = []
+    if sidecar_of(sif).exists():
+        try:
+            checked = verify_sif(sif, key_paths)
+            v = checked.verdict
+            assert v is not None
+            entries.append(Entry("build", str(sidecar_of(sif)), v.recorded_at, v.overall,
+                                 v.level, None, v.describe(),
+                                 checked.keyids[0] if checked.keyids else None))
+        except TrustError as exc:
+            entries.append(Entry("build", str(sidecar_of(sif)), None, None, None, None, "", None,
+                                 str(exc).removeprefix("trust: ")))
+    entries += read_clusters(sif, keys, file_digest(sif))
+    return sorted(entries, key=lambda e: (e.recorded_at or ""), reverse=True)
+
+
+def last_passed(sifs: list[Path], key_paths: list[Path], cluster: str
+                ) -> tuple[Path, Entry] | None:
+    """Which of ``sifs`` last passed on ``cluster`` (by signed cluster verdicts)."""
+    best: tuple[Path, Entry] | None = None
+    for sif in sifs:
+        for e in status(sif, key_paths):
+            if e.kind == "cluster" and e.refused is None and e.cluster == cluster \
+                    and e.overall == "pass" and (best is None or (e.recorded_at or "") >
+                                                 (best[1].recorded_at or "")):
+                best = (sif, e)
+    return best
