@@ -23,6 +23,7 @@ import jinja2
 
 from builder import __version__
 from builder import prebuilt as prebuilt_wheels
+from builder import shipped
 from builder import vendor as vendor_base
 from builder.errors import RenderError
 from builder.families import family
@@ -54,14 +55,14 @@ class BuildContext:
 
 
 def _env(templates: Path | None = None) -> jinja2.Environment:
-    """Templates from the package (``builder/templates``, shipped in the wheel); a site's
+    """Templates from ``dockerfiles/`` (shipped in the wheel: :mod:`builder.shipped`); a site's
     ``--templates DIR`` is searched first, falling back to the shipped ones per file."""
     loaders: list[jinja2.BaseLoader] = []
     if templates is not None:
         if not (templates / "Dockerfile.j2").is_file() and not (templates / "_macros.j2").is_file():
             raise RenderError(f"--templates {templates}: holds neither Dockerfile.j2 nor _macros.j2")
         loaders.append(jinja2.FileSystemLoader(str(templates)))
-    loaders.append(jinja2.PackageLoader("builder", "templates"))
+    loaders.append(jinja2.FileSystemLoader(str(shipped.dockerfiles_dir())))
     return jinja2.Environment(loader=jinja2.ChoiceLoader(loaders),
                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                               autoescape=False)

@@ -1,7 +1,7 @@
 """Where a matrix lives, and the targets in it: the core that both the CLI and the pipeline use.
 
 A *site* is a directory holding ``matrix.yaml`` with its ``metadata/pypi-snapshot.json`` and
-``locks/`` beside it. The reference site ships inside the package (``builder/data``), so an
+``locks/`` beside it. The reference site ships inside the package (:mod:`builder.shipped`), so an
 installed ``build-env`` works from any directory; a site keeps its own copy in its own repository
 (``build-env init DIR``). When a site lacks its snapshot or a lock, one error names the command
 that makes it, instead of one line per package.
@@ -12,18 +12,21 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
+from builder import shipped
 from builder.compat import local_sources
 from builder.errors import SiteError
 from builder.metadata import Snapshot, load_snapshot, snapshot_path
 from builder.spec import Matrix, Target, apply_overrides, load_matrix
 
 
+SITE_DIRS = ("metadata", "locks")  # beside matrix.yaml
+
+
 def reference_dir() -> Path:
     """The reference site shipped in the package: matrix, metadata snapshot and locks."""
-    return Path(str(resources.files("builder") / "data"))
+    return shipped.reference_dir()
 
 
 def default_matrix() -> Path:
@@ -90,7 +93,11 @@ def init_site(directory: Path) -> list[Path]:
     staging = directory / ".verl-env-init.part"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        shutil.copytree(ref, staging, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+        staging.mkdir()
+        shutil.copy2(ref / "matrix.yaml", staging / "matrix.yaml")
+        for part in SITE_DIRS:  # only the site's own files (in a checkout ref is the repo root)
+            shutil.copytree(ref / part, staging / part,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.py"))
         (staging / "README.md").write_text(
             "# verl-env site\n\nThis directory is a verl-env site: `matrix.yaml` (the reviewed "
             "compatibility matrix), `metadata/` (its package-metadata snapshot) and `locks/`. "

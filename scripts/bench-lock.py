@@ -23,7 +23,7 @@ from builder.spec import load_matrix  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--matrix", type=Path, default=Path("builder/data/matrix.yaml"))
+    ap.add_argument("--matrix", type=Path, default=Path("matrix.yaml"))
     ap.add_argument("--repeat", type=int, default=2, help="warm runs per target")
     args = ap.parse_args()
     matrix = load_matrix(args.matrix)

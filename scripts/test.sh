@@ -11,6 +11,8 @@ scripts/os-packages.sh || exit 1
 command -v uv >/dev/null || python3 -m pip install -q --disable-pip-version-check uv || exit 1
 root=$(mktemp -d /var/tmp/verl-env-test.XXXXXX) || exit 1
 trap 'rm -rf "$root"' EXIT
+# setuptools reuses build/lib and build/bdist.*: a stale file there would slip into the wheel
+rm -rf build/lib build/bdist.*
 uv build --wheel -q -o "$root/dist" . || exit 1
 wheel=$(ls "$root"/dist/verl_env-*.whl) || exit 1
 uv venv -q --seed --python "$(command -v python3)" "$root/venv" || exit 1

@@ -29,13 +29,28 @@ def _wheel_files() -> set[str]:
     return {line.split(",")[0] for line in record.read_text().splitlines()}
 
 
+# The top-level reference files and where the wheel carries them (pyproject's package-dir).
+SHIPPED = {"matrix.yaml": "builder/reference/", "metadata": "builder/reference/",
+           "locks": "builder/reference/", "dockerfiles": "builder/"}
+
+
+def _tracked(*paths: str) -> list[str]:
+    return subprocess.run(["git", "-C", str(REPO), "ls-files", *paths], check=True,
+                          capture_output=True, text=True).stdout.split()
+
+
 def test_the_installed_package_carries_every_file_of_builder() -> None:
-    """Every tracked file under builder/ (code and data) is in the installed package."""
-    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "builder"], check=True,
-                             capture_output=True, text=True).stdout.split()
+    """Every tracked file under builder/ (code and data), and the top-level reference site and
+    Dockerfile templates, are in the installed package, and nothing else of the checkout is."""
+    tracked = _tracked("builder")
     assert tracked, "git ls-files found nothing (not a checkout?)"
-    missing = sorted(set(tracked) - _wheel_files())
+    wheel = _wheel_files()
+    missing = sorted(set(tracked) - wheel)
     assert missing == [], f"the wheel lacks {missing}: list them in pyproject's package-data"
+    shipped = {SHIPPED[p.split("/")[0]] + p for p in _tracked(*SHIPPED)}
+    assert shipped and sorted(shipped - wheel) == [], sorted(shipped - wheel)
+    stray = sorted(f for f in wheel if f.startswith("builder/reference/") and f not in shipped)
+    assert stray == [], f"the wheel carries checkout files it should not: {stray}"
 
 
 def test_runs_outside_the_checkout_without_the_source_tree() -> None:
@@ -78,7 +93,7 @@ def test_init_writes_a_site_that_checks_and_renders(tmp_path: Path) -> None:
     (site / "tpl").mkdir()
     shipped = (site / "tpl" / "Dockerfile.j2")
     src = next(installed_build_env().parent.parent.glob(
-        "lib/python3*/site-packages/builder/templates/Dockerfile.j2"))
+        "lib/python3*/site-packages/builder/dockerfiles/Dockerfile.j2"))
     shipped.write_text("# site template: extra line\n" + src.read_text())
     proc = run_build_env("render", "--target", "cuda-x86_64", "--templates", str(site / "tpl"),
                          "--output", str(tmp_path / "ctx"), cwd=site)
@@ -99,7 +114,7 @@ def test_init_writes_a_site_that_checks_and_renders(tmp_path: Path) -> None:
 
 
 def test_a_site_without_snapshot_gets_one_error_naming_the_command(tmp_path: Path) -> None:
-    shutil.copy(REPO / "builder/data/matrix.yaml", tmp_path / "matrix.yaml")
+    shutil.copy(REPO / "matrix.yaml", tmp_path / "matrix.yaml")
     proc = run_build_env("check", cwd=tmp_path)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -112,8 +127,8 @@ def test_a_site_without_snapshot_gets_one_error_naming_the_command(tmp_path: Pat
 
 
 def test_a_site_without_locks_is_told_to_lock(tmp_path: Path) -> None:
-    shutil.copy(REPO / "builder/data/matrix.yaml", tmp_path / "matrix.yaml")
-    shutil.copytree(REPO / "builder/data/metadata", tmp_path / "metadata")
+    shutil.copy(REPO / "matrix.yaml", tmp_path / "matrix.yaml")
+    shutil.copytree(REPO / "metadata", tmp_path / "metadata")
     proc = run_build_env("render", "--target", "cuda-x86_64", "--output",
                          str(tmp_path / "ctx"), cwd=tmp_path)
     assert proc.returncode != 0

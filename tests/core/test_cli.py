@@ -11,7 +11,7 @@ from builder.cli import main
 from builder.metadata import IndexClient
 
 REPO = Path(__file__).resolve().parents[2]
-MATRIX = str(REPO / "builder/data/matrix.yaml")
+MATRIX = str(REPO / "matrix.yaml")
 
 
 def test_list_table_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path,

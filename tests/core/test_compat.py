@@ -115,10 +115,10 @@ def test_provided_packages_are_not_looked_up_on_the_index_and_need_a_vendor_base
     from builder.compat import index_pins
     from builder.spec import load_matrix
 
-    rocm = load_matrix(REPO / "builder/data/matrix.yaml").target("rocm-mi300")
+    rocm = load_matrix(REPO / "matrix.yaml").target("rocm-mi300")
     names = {n for n, _ in index_pins(rocm)}
     assert "transformers" in names and not names & {"torch", "vllm"}
-    snap = load_snapshot(REPO / "builder/data/metadata/pypi-snapshot.json")
+    snap = load_snapshot(REPO / "metadata/pypi-snapshot.json")
     assert not [p for p in check_target(rocm, snap) if "provided" in p.key]
     bare = dataclasses.replace(rocm, base=dataclasses.replace(rocm.base, vendor=None))
     problems = [p for p in check_target(bare, snap) if p.key.endswith(".provided")]

@@ -69,7 +69,7 @@ def test_layers_put_torch_first_engine_next_verl_last() -> None:
 
 
 def test_layers_cover_the_lock_exactly_once() -> None:
-    locked = parse_lock((REPO / "builder" / "data" / "locks" / "cuda-x86_64.txt").read_text())
+    locked = parse_lock((REPO / "locks" / "cuda-x86_64.txt").read_text())
     locked.pop("uv")
     layers = split_layers(locked, engine="vllm", exclude={"flash-attn"})
     names = [p.name for layer in layers for p in layer.packages]
@@ -78,16 +78,16 @@ def test_layers_cover_the_lock_exactly_once() -> None:
 
 
 def test_committed_locks_match_the_matrix() -> None:
-    m = load_matrix(REPO / "builder" / "data" / "matrix.yaml")
-    snap = load_snapshot(REPO / "builder" / "data" / "metadata" / "pypi-snapshot.json")
+    m = load_matrix(REPO / "matrix.yaml")
+    snap = load_snapshot(REPO / "metadata" / "pypi-snapshot.json")
     for t in m.targets.values():
         assert stale_reason(t, snap, lock_path(m.path, t)) is None
     assert python_platform(m.target("cuda-arm64")) == "aarch64-manylinux_2_39"
 
 
 def test_a_changed_pin_makes_the_lock_stale() -> None:
-    m = load_matrix(REPO / "builder" / "data" / "matrix.yaml")
-    snap = load_snapshot(REPO / "builder" / "data" / "metadata" / "pypi-snapshot.json")
+    m = load_matrix(REPO / "matrix.yaml")
+    snap = load_snapshot(REPO / "metadata" / "pypi-snapshot.json")
     t = apply_overrides(m.target("cuda-x86_64"), ["packages.transformers=5.8.1"])
     assert input_hash(t, snap) != input_hash(m.target("cuda-x86_64"), snap)
     reason = stale_reason(t, snap, lock_path(m.path, t))

@@ -32,7 +32,7 @@ def test_every_input_moves_the_content_hash(tmp_path: Path) -> None:
 
 
 def test_release_and_override_names() -> None:
-    t = load_matrix(REPO / "builder/data/matrix.yaml").target("cuda-x86_64")
+    t = load_matrix(REPO / "matrix.yaml").target("cuda-x86_64")
     n = names(t, "verl-env", "sha256:" + "ab" * 32)
     assert n.content == "verl-env:cuda-x86_64-verl0.9.1-" + "ab" * 6
     assert n.release == ("verl-env:cuda-x86_64",)

@@ -20,8 +20,8 @@ from builder.spec import apply_overrides, load_matrix
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
-TARGETS = [("builder/data/matrix.yaml", "cuda-x86_64"), ("builder/data/matrix.yaml", "cuda-arm64"),
-           ("builder/data/matrix.yaml", "rocm-mi300"), ("tests/fixtures/cpu.yaml", "cpu-x86_64")]
+TARGETS = [("matrix.yaml", "cuda-x86_64"), ("matrix.yaml", "cuda-arm64"),
+           ("matrix.yaml", "rocm-mi300"), ("tests/fixtures/cpu.yaml", "cpu-x86_64")]
 
 
 def _render(matrix: str, name: str, out: Path, ca: Path | None = None, overrides=()):
@@ -76,7 +76,7 @@ def test_hadolint_finds_no_error(tmp_path: Path, matrix: str, name: str) -> None
 
 
 def test_layer_order_and_cache_contract(tmp_path: Path) -> None:
-    df = _render("builder/data/matrix.yaml", "cuda-x86_64", tmp_path / "ctx").dockerfile
+    df = _render("matrix.yaml", "cuda-x86_64", tmp_path / "ctx").dockerfile
     runtime = df[df.index("AS runtime"):]
     order = [runtime.index(s) for s in ("apt-get install", "10-torch.txt", "20-engine.txt",
                                         "30-deps.txt", "from=source-flash-attn", "40-verl.txt",
@@ -90,7 +90,7 @@ def test_layer_order_and_cache_contract(tmp_path: Path) -> None:
 
 def test_flash_attn_can_be_switched_off(tmp_path: Path) -> None:
     # an override re-locks in real use; rendering from the committed lock shows the structure
-    df = _render("builder/data/matrix.yaml", "cuda-x86_64", tmp_path / "ctx",
+    df = _render("matrix.yaml", "cuda-x86_64", tmp_path / "ctx",
                  overrides=["packages.flash-attn.enabled=false"]).dockerfile
     assert "source-build" not in df and "flash-attn" not in df
     assert 'org.verl-env.override="true"' in df
@@ -126,7 +126,7 @@ def test_nothing_is_copied_in_only_to_be_deleted(tmp_path: Path) -> None:
         for run in (r for r in df.split("\nRUN ")[1:] if "uv pip install" in r.split("\n\n")[0]):
             assert run.startswith("--mount=type=cache,id=verl-env-uv,target=/root/.cache/uv")
             assert "--link-mode=copy" in run and "--no-cache " not in run
-    cuda = _render("builder/data/matrix.yaml", "cuda-x86_64", tmp_path / "c").dockerfile
+    cuda = _render("matrix.yaml", "cuda-x86_64", tmp_path / "c").dockerfile
     assert ("--mount=type=bind,from=source-flash-attn,source=/wheels,"
             "target=/tmp/verl-env/built/flash-attn" in cuda)
     cpu = _render("tests/fixtures/cpu.yaml", "cpu-x86_64", tmp_path / "cpu").dockerfile
@@ -134,7 +134,7 @@ def test_nothing_is_copied_in_only_to_be_deleted(tmp_path: Path) -> None:
 
 
 def test_manifest_and_context_contents(tmp_path: Path) -> None:
-    ctx = _render("builder/data/matrix.yaml", "rocm-mi300", tmp_path / "ctx")
+    ctx = _render("matrix.yaml", "rocm-mi300", tmp_path / "ctx")
     man = json.loads((ctx.path / "manifest.json").read_text())
     assert man["provided"] == {"torch": "2.9.1.dev20251204+rocm7.0.2", "vllm": "0.20.2rc1"}
     assert man["imports"]["vllm"] == "vllm" and man["accelerator"] == "rocm"

@@ -142,11 +142,11 @@ def test_fixture_source_stage_has_the_shape_of_the_shipped_cuda_targets(site: Pa
     assert "--require-hashes -w /wheels -r /tmp/verl-env/source/simplejson.txt" \
         in fixture
     for name in ("cuda-arm64", "cuda-x86_64"):
-        m = load_matrix(REPO / "builder/data/matrix.yaml")
+        m = load_matrix(REPO / "matrix.yaml")
         t = m.target(name)
         shipped = render_context(
             t, lock_path(m.path, t).read_text(),
-            load_snapshot(REPO / "builder/data/metadata/pypi-snapshot.json"), tmp_path / name,
+            load_snapshot(REPO / "metadata/pypi-snapshot.json"), tmp_path / name,
             lock_file=lock_path(m.path, t), fetch_sources=False).dockerfile
         s_shared, s_packages = _stages(shipped)
         assert s_shared == shared, name
@@ -295,7 +295,7 @@ def test_one_gpu_list_drives_every_arch_list(site: Path, tmp_path: Path) -> None
     arm = (REPO / "tests/golden/cuda-arm64.Dockerfile").read_text()
     assert arm.count('TORCH_CUDA_ARCH_LIST="9.0;10.0;10.3"') == 2  # tensordict, flash-attn
     # no second list: the templates name no architecture at all
-    for tpl in (REPO / "builder/templates").glob("*.j2"):
+    for tpl in (REPO / "dockerfiles").glob("*.j2"):
         assert not re.search(r"\b(sm_\d+|gfx\d+|\d\.\d;\d)", tpl.read_text()), tpl
     fixture = _render(site, "cuda-shaped", tmp_path / "f")
     assert fixture.dockerfile.count('TORCH_CUDA_ARCH_LIST="8.0;9.0"') == 3
@@ -309,7 +309,7 @@ def test_gpus_can_be_overridden_and_are_validated_again() -> None:
     from builder.errors import SpecError
     from builder.spec import apply_overrides
 
-    t = load_matrix(REPO / "builder/data/matrix.yaml").target("cuda-x86_64")
+    t = load_matrix(REPO / "matrix.yaml").target("cuda-x86_64")
     o = apply_overrides(t, ["gpus=sm_90,sm_100"])
     assert o.gpus == ("sm_90", "sm_100") and o.override
     with pytest.raises(SpecError, match="'gfx942' is not a cuda GPU architecture"):
@@ -317,21 +317,21 @@ def test_gpus_can_be_overridden_and_are_validated_again() -> None:
 
 
 def test_list_shows_the_gpus(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["list", "--matrix", str(REPO / "builder/data/matrix.yaml")]) == 0
+    assert main(["list", "--matrix", str(REPO / "matrix.yaml")]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("cuda-x86_64"))
     assert "sm_80,sm_90,sm_100,sm_103,sm_120" in row
-    assert main(["list", "--json", "--matrix", str(REPO / "builder/data/matrix.yaml")]) == 0
+    assert main(["list", "--json", "--matrix", str(REPO / "matrix.yaml")]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["targets"]["rocm-mi300"]["gpus"] == ["gfx942"]
     assert data["targets"]["cuda-arm64"]["gpus"] == ["sm_90", "sm_100", "sm_103"]
 
 
 def test_shipped_manifests_carry_the_gpus(tmp_path: Path) -> None:
-    m = load_matrix(REPO / "builder/data/matrix.yaml")
+    m = load_matrix(REPO / "matrix.yaml")
     t = m.target("rocm-mi300")
     ctx = render_context(t, lock_path(m.path, t).read_text(),
-                         load_snapshot(REPO / "builder/data/metadata/pypi-snapshot.json"),
+                         load_snapshot(REPO / "metadata/pypi-snapshot.json"),
                          tmp_path / "r", lock_file=lock_path(m.path, t))
     assert ctx.manifest["gpus"] == ["gfx942"]
     assert json.loads((ctx.path / "manifest.json").read_text())["gpus"] == ["gfx942"]

@@ -37,7 +37,7 @@ targets:
 def workdir(tmp_path: Path) -> Path:
     """A directory holding a matrix and the repo's metadata snapshot (as a user's would)."""
     (tmp_path / "metadata").mkdir()
-    shutil.copy(REPO / "builder" / "data" / "metadata" / "pypi-snapshot.json", tmp_path / "metadata")
+    shutil.copy(REPO / "metadata" / "pypi-snapshot.json", tmp_path / "metadata")
     return tmp_path
 
 
@@ -141,7 +141,7 @@ def test_unknown_target(workdir: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_conflict_example_from_the_issue(capsys: pytest.CaptureFixture[str]) -> None:
     """verl 0.9.1 with vLLM 0.33.0: both packages and both ranges named, exit 1."""
     code = main(["check", "--matrix", str(REPO / "tests/fixtures/conflict.yaml"),
-                 "--snapshot", str(REPO / "builder/data/metadata/pypi-snapshot.json")])
+                 "--snapshot", str(REPO / "metadata/pypi-snapshot.json")])
     err = capsys.readouterr().err
     assert code == 1
     line = next(x for x in err.splitlines() if "conflict on transformers" in x)
@@ -164,7 +164,7 @@ def test_good_matrix_checks_but_has_no_lock(workdir: Path,
 
 
 def test_repository_matrix_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["check", "--matrix", str(REPO / "builder/data/matrix.yaml")])
+    code = main(["check", "--matrix", str(REPO / "matrix.yaml")])
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.count(": ok") == 3

@@ -173,7 +173,7 @@ def test_the_provided_files_must_be_the_bases() -> None:
 
 
 def test_rocm_mi300_is_a_declared_vendor_base(tmp_path: Path) -> None:
-    m = load_matrix(REPO / "builder" / "data" / "matrix.yaml")
+    m = load_matrix(REPO / "matrix.yaml")
     t = m.target("rocm-mi300")
     assert t.base.vendor == "declared" and t.base.digest and t.base.sources
     rec = vendor.load_record(t, lock_path(m.path, t))
