@@ -9,6 +9,7 @@ secret (``BuildContext.secrets``), mounted only into the steps that fetch packag
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -52,6 +53,27 @@ class BuildContext:
     lock_hash: str
     # BuildKit secrets the Dockerfile mounts: id -> file on this host (``--secret id=..,src=..``)
     secrets: dict[str, Path] = field(default_factory=dict)
+
+
+def site_index_secrets(index_url: str) -> dict[str, Path]:
+    """The site's package index as the two BuildKit secrets the templates mount into every step
+    that fetches packages (pip's and uv's system config files). They live in a private
+    temporary directory (0700, files 0600) removed when this process exits; the URL (and a
+    token in it) never reaches the context, a layer, a label or the log."""
+    secret_dir = Path(tempfile.mkdtemp(prefix="verl-env-index-"))
+    atexit.register(shutil.rmtree, secret_dir, True)
+    os.chmod(secret_dir, 0o700)
+    files = {"site-index-pip": ("pip.conf", f"[global]\nindex-url = {index_url}\n"),
+             "site-index-uv": ("uv.toml", f"[[index]]\nurl = {json.dumps(index_url)}\n"
+                                          "default = true\n")}
+    out = {}
+    for sid, (name, text) in files.items():
+        path = secret_dir / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        out[sid] = path
+    return out
 
 
 def _env(templates: Path | None = None) -> jinja2.Environment:
@@ -326,8 +348,10 @@ def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, 
                       prebuilt: list[str] | None = None,
                       decided: dict[str, dict[str, Any]] | None = None,
                       venv_replaced: tuple[str, ...] = (),
-                      base_record: dict[str, Any] | None = None) -> str:
-    """The Dockerfile. ``source_builds``: one stage per source package (:func:`source_stages`)."""
+                      base_record: dict[str, Any] | None = None,
+                      site_index: bool = False) -> str:
+    """The Dockerfile. ``source_builds``: one stage per source package (:func:`source_stages`).
+    ``site_index``: every fetching step mounts the site's index config (secrets, not content)."""
     source_builds = source_builds or []
     vendor = None
     if base_record is not None:
@@ -339,8 +363,10 @@ def render_dockerfile(target: Target, layers: list[Layer], *, matrix_hash: str, 
                   "externally_managed": bool(base_record.get("externally_managed")),
                   "provided": sorted(f"{p.name} {p.version}" for p in target.provided)}
     fam = family(target.accelerator)
+    env = _env(templates)
+    env.globals["site_index"] = site_index  # read by _macros.j2's ca_mount
     try:
-        return _env(templates).get_template("Dockerfile.j2").render(
+        return env.get_template("Dockerfile.j2").render(
             target=target, layers=layers, matrix_hash=matrix_hash, lock_hash=lock_hash,
             base_ref=target.base.ref, source_base=target.base.source_image or target.base.ref,
             python_bin=f"python{target.python}", apt=sorted(target.apt),
@@ -375,13 +401,17 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
                    lock_file: Path | None = None, ca_bundle: Path | None = None,
                    templates: Path | None = None,
                    base_record: dict[str, Any] | None = None,
-                   fetch_sources: bool = True) -> BuildContext:
+                   fetch_sources: bool = True,
+                   index_url: str | None = None) -> BuildContext:
     """Write the whole build context into ``out`` (replaced atomically; no partial directory is
     left behind on error). ``base_record``: the vendor base's record (builder.vendor); what the
     base already holds is left out of the layers, and the record travels in the context.
     ``fetch_sources=False``: git and URL sources are not fetched (the Dockerfile, which names
-    their pins, is the same; the context is for reading, not building)."""
+    their pins, is the same; the context is for reading, not building). ``index_url``: the
+    site's own package index (default: ``VERL_ENV_INDEX_URL``, which ``--index-url`` and the
+    site config set), handed to the build as secrets."""
     _check_output(out, target)
+    index_url = index_url or os.environ.get("VERL_ENV_INDEX_URL") or None
     if base_record is None and target.base.vendor:
         if lock_file is None:
             raise RenderError("a vendor base needs its base record (builder.vendor)",
@@ -438,7 +468,7 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
             source_builds=stages, sources=pins, templates=templates,
             prebuilt=sorted(chosen), decided=decided,
             venv_replaced=tuple(sorted({"pip", "setuptools", "wheel"} & set(locked))),
-            base_record=base_record)
+            base_record=base_record, site_index=bool(index_url))
         man = manifest(target, matrix_hash, lock_hash, base_record, pins, decided)
         (tmp / "Dockerfile").write_text(dockerfile)
         (tmp / "lock.txt").write_text(lock_text)
@@ -482,7 +512,10 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    secrets = {"site-ca": ca_bundle.resolve()} if ca_bundle else {}
+    if index_url:
+        secrets.update(site_index_secrets(index_url))
     return BuildContext(out, dockerfile,
                         labels(target, matrix_hash, lock_hash, ca_hash, pins, decided), man,
-                        lock_hash, {"site-ca": ca_bundle.resolve()} if ca_bundle else {})
+                        lock_hash, secrets)
 

@@ -197,3 +197,31 @@ def test_render_replaces_its_own_context_whole(tmp_path: Path) -> None:
     with pytest.raises(RenderError, match="did not write"):
         _render("tests/fixtures/cpu.yaml", "cpu-x86_64", out)
     assert (out / "notes.md").exists()
+
+
+def test_a_site_index_reaches_the_build_as_secrets_only(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """--index-url: every step that fetches packages mounts pip's and uv's config as build
+    secrets; the URL (and the token in it) is nowhere in the context, the Dockerfile or labels."""
+    url = "https://builder:t0ken-123@pypi.mirror.example/simple"
+    monkeypatch.delenv("VERL_ENV_INDEX_URL", raising=False)
+    t = load_matrix(REPO / "tests/fixtures/cpu.yaml").target("cpu-x86_64")
+    lock = REPO / "tests/fixtures/locks/cpu-x86_64.txt"
+    snap = load_snapshot(REPO / "tests/fixtures/metadata/pypi-snapshot.json")
+    ctx = render_context(t, lock.read_text(), snap, tmp_path / "ctx", lock_file=lock,
+                         index_url=url)
+    fetching = [line for line in ctx.dockerfile.splitlines() if line.startswith("RUN") and
+                ("uv pip install" in line or "pip install" in line or "apt-get" in line
+                 or "--mount=type=cache" in line)]
+    assert fetching and all("id=site-index-uv,target=/etc/uv/uv.toml" in line
+                            and "id=site-index-pip,target=/etc/pip.conf" in line
+                            for line in fetching if "pip" in line or "cache" in line)
+    assert set(ctx.secrets) == {"site-index-pip", "site-index-uv"}
+    uv = ctx.secrets["site-index-uv"]
+    assert url in uv.read_text() and (uv.stat().st_mode & 0o777) == 0o600
+    assert (uv.parent.stat().st_mode & 0o777) == 0o700 and ctx.path not in uv.parents
+    for f in ctx.path.rglob("*"):
+        assert not f.is_file() or b"t0ken-123" not in f.read_bytes(), f
+    assert "t0ken" not in json.dumps(ctx.labels) and "mirror.example" not in ctx.dockerfile
+    plain = render_context(t, lock.read_text(), snap, tmp_path / "plain", lock_file=lock)
+    assert "site-index" not in plain.dockerfile and not plain.secrets
