@@ -3,6 +3,7 @@ one, progress and errors, cancellation, and the layers of the built fixture (no 
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import time
@@ -312,3 +313,27 @@ def test_the_fixture_image_has_no_dead_bytes(engine: Engine, debian_base: str, c
     assert own > 500_000_000  # the walk really read the installed stack (torch, ray, ...)
     dead = dead_files(layers, skip)
     assert sum(dead.values()) == 0, sorted(dead.items(), key=lambda kv: -kv[1])[:20]
+
+
+def test_the_site_index_secrets_reach_pip_and_uv_config_but_no_layer(
+        engine: Engine, debian_base: str, tmp_path: Path) -> None:
+    """The mounts render.py emits for --index-url, built for real: inside the step pip's and
+    uv's system config files hold the site's index; the image holds neither file nor the URL."""
+    from builder.render import site_index_secrets
+
+    url = "https://builder:t0ken-456@pypi.mirror.example/simple"
+    secrets = site_index_secrets(url)
+    ctx = _context(tmp_path, f"""FROM {debian_base}
+RUN --mount=type=secret,id=site-index-pip,target=/etc/pip.conf,required=true \\
+    --mount=type=secret,id=site-index-uv,target=/etc/uv/uv.toml,required=true \\
+    grep -q 'index-url = https://builder:' /etc/pip.conf \\
+    && grep -q 'default = true' /etc/uv/uv.toml && echo seen > /seen
+""")
+    built = engine.build(ctx, target="t", secrets=secrets)
+    out = engine.client.containers.run(built.image_id, ["sh", "-c", "cat /seen; ls /etc/pip.conf "
+                                       "/etc/uv 2>&1; grep -rl t0ken-456 /etc 2>/dev/null | head -1"
+                                       ], remove=True, network_mode="none").decode()
+    assert "seen" in out and "No such file" in out and "t0ken-456" not in out
+    history = json.dumps(engine.client.api.history(built.image_id))
+    config = json.dumps(engine.client.images.get(built.image_id).attrs["Config"])
+    assert "t0ken" not in history and "t0ken" not in config
