@@ -13,16 +13,18 @@ import fcntl
 import getpass
 import json
 import os
+import resource
 import shutil
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping
 
+from builder.selftest import envlint, gpu, preflight
+from builder.selftest.report import Check
 from builder.slurm import RayPorts
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -151,63 +153,75 @@ def check_nccl_env(env: Mapping[str, str], sysfs: Path) -> list[Finding]:
     return [Finding("nccl.env", OK, f"consistent ({', '.join(named) or 'nothing set'})")]
 
 
-def check_visible_devices(env: Mapping[str, str]) -> list[Finding]:
+# The node checks the self-test also runs inside the image, reused here with the same ids and
+# the same wording (builder/selftest/envlint.py, preflight.py, gpu.py); the doctor adds a fix.
+FIXES = {
+    "env.hip_cuda_visible_devices": 'export HIP_VISIBLE_DEVICES="$CUDA_VISIBLE_DEVICES"',
+    "env.rocr_visible_devices": 'export HIP_VISIBLE_DEVICES="$ROCR_VISIBLE_DEVICES"; '
+                                "unset ROCR_VISIBLE_DEVICES",
+    "env.ray_debug": "unset RAY_DEBUG=legacy / RAY_DEBUG_POST_MORTEM for unattended jobs "
+                     "(Ray >= 2.39 has the new debugger)",
+    "env.hf_cache": "point HF_HOME (build-env slurm --hf-home) at a shared directory you own",
+    "preflight.shm": "enlarge /dev/shm (docker: --shm-size=16g; apptainer uses the host's) to "
+                     ">= 1 GiB and >= 30% of RAM",
+    "preflight.memlock": "raise the memlock limit (limits.conf: * - memlock unlimited; Slurm: "
+                         "PropagateResourceLimits)",
+    "preflight.infiniband": "pass /dev/infiniband into the container (the job binds it)",
+    "gpu.driver": "install a driver that supports the image's CUDA (CUDA 13 needs R580+), or "
+                  "use a target built for an older CUDA",
+}
+_STATUS = {"pass": OK, "warn": WARN, "fail": FAIL, "skip": SKIP, "incomplete": FAIL}
+
+
+def from_check(check: Check) -> Finding:
+    """A self-test check as a doctor finding (same id, same words, and the doctor's fix)."""
+    message = check.reason or (json.dumps(check.value, default=str)
+                               if check.value is not None else "ok")
+    return Finding(check.id, _STATUS.get(check.status, FAIL), message, FIXES.get(check.id, ""))
+
+
+def check_visible_devices(env: Mapping[str, str], accelerator: str = "rocm") -> list[Finding]:
     """HIP_VISIBLE_DEVICES == CUDA_VISIBLE_DEVICES, and no ROCR_VISIBLE_DEVICES under Ray."""
-    hip, cuda, rocr = (env.get(k) for k in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
-                                            "ROCR_VISIBLE_DEVICES"))
-    if hip is not None and cuda is not None and hip != cuda:
-        return [Finding("env.visible_devices", FAIL,
-                        f"HIP_VISIBLE_DEVICES={hip} but CUDA_VISIBLE_DEVICES={cuda}",
-                        'export HIP_VISIBLE_DEVICES="$CUDA_VISIBLE_DEVICES"')]
-    if rocr is not None:
-        return [Finding("env.visible_devices", FAIL,
-                        f"ROCR_VISIBLE_DEVICES={rocr} is set: Ray refuses it",
-                        'export HIP_VISIBLE_DEVICES="$ROCR_VISIBLE_DEVICES"; unset ROCR_VISIBLE_DEVICES')]
-    return [Finding("env.visible_devices", OK, "visible-device variables consistent")]
+    return [from_check(envlint.lint_visible_devices(env)),
+            from_check(envlint.lint_rocr(env, accelerator))]
 
 
 def check_ray_debug(env: Mapping[str, str]) -> list[Finding]:
     """RAY_DEBUG=legacy with RAY_DEBUG_POST_MORTEM, or post-mortem alone (a failed task waits)."""
-    legacy = env.get("RAY_DEBUG", "").lower() == "legacy"
-    post = env.get("RAY_DEBUG_POST_MORTEM", "") not in ("", "0")
-    if legacy and post:
-        return [Finding("env.ray_debug", FAIL,
-                        "RAY_DEBUG=legacy with RAY_DEBUG_POST_MORTEM: breakpoints never fire",
-                        "unset RAY_DEBUG (Ray >= 2.39 uses the new debugger)")]
-    if post:
-        return [Finding("env.ray_debug", WARN,
-                        "RAY_DEBUG_POST_MORTEM is set: a failed task waits for a debugger forever",
-                        "unset RAY_DEBUG_POST_MORTEM for unattended jobs")]
-    return [Finding("env.ray_debug", OK, "no conflicting Ray debugger variables")]
+    return [from_check(envlint.lint_ray_debug(env))]
 
 
 def check_hf_cache(path: Path) -> list[Finding]:
-    """The Hugging Face cache exists (or can be made) and accepts a new file."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".doctor-"):
-            pass
-    except OSError as exc:
-        return [Finding("hf.cache", FAIL, f"{path} is not writable: {exc.strerror or exc}",
-                        "point HF_HOME (build-env slurm --hf-home) at a shared directory you own")]
-    return [Finding("hf.cache", OK, f"{path} writable")]
+    """The Hugging Face cache (HF_HOME and its hub directory) can be written."""
+    paths = envlint.hf_cache_paths({"HF_HOME": str(path)}, str(Path.home()))
+    return [from_check(envlint.lint_hf_cache(
+        [(label, p, *envlint.probe_writable(p)) for label, p in paths]))]
 
 
-def check_shm(path: Path) -> list[Finding]:
-    """/dev/shm size: fail under 1 GiB, warn under 30 % of RAM (Ray's object store default)."""
-    try:
-        size = shutil.disk_usage(path).total
-    except OSError as exc:
-        return [Finding("shm.size", FAIL, f"{path}: {exc.strerror}", "mount a tmpfs on /dev/shm")]
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    msg = f"{path} {size / GIB:.1f} GiB (RAM {ram / GIB:.1f} GiB)"
-    if size < GIB:
-        return [Finding("shm.size", FAIL, msg, "enlarge /dev/shm (docker: --shm-size=16g; "
-                                                "apptainer uses the host's)")]
-    if size < 0.3 * ram:
-        return [Finding("shm.size", WARN, msg + ": Ray's object store falls back to /tmp",
-                        "enlarge /dev/shm to >= 30% of RAM")]
-    return [Finding("shm.size", OK, msg)]
+def check_shm(path: Path, gpus_expected: bool = True) -> list[Finding]:
+    """/dev/shm size: NCCL needs >= 1 GiB, Ray's object store 30 % of RAM."""
+    return [from_check(preflight.decide_shm(preflight.probe_shm(str(path)), preflight.probe_ram(),
+                                            gpus_expected))]
+
+
+def check_memlock_and_rdma(dev: str = "/dev/infiniband") -> list[Finding]:
+    """/dev/infiniband and the memlock limit RDMA registration needs."""
+    devices = preflight.probe_ib_devices(dev)
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return [from_check(preflight.decide_infiniband(devices)),
+            from_check(preflight.decide_memlock(soft, resource.RLIM_INFINITY, bool(devices)))]
+
+
+def check_driver(cuda: str | None, accelerator: str | None) -> list[Finding]:
+    """The node's driver against the target's CUDA (``--target`` or ``--cuda``)."""
+    if accelerator == "rocm":
+        return [from_check(gpu.decide_driver(None, None, None, rocm=True))]
+    if not cuda:
+        return [Finding("gpu.driver", SKIP, "no CUDA version to hold the driver to",
+                        "name the image's target: build-env doctor --target T (or --cuda 13.0)")]
+    driver = (gpu.read_text("/proc/driver/nvidia/version") or "").splitlines()
+    return [from_check(gpu.decide_driver(gpu.probe_driver_cuda(), cuda,
+                                         driver[0] if driver else None, rocm=False))]
 
 
 def check_pyxis() -> list[Finding]:
@@ -303,8 +317,10 @@ def check_interface(interface: str, sysfs: Path) -> list[Finding]:
 
 def run_doctor(interface: str = "ib0", hf_home: str | None = None, runtime: str = "apptainer",
                ports: RayPorts | None = None, env: Mapping[str, str] | None = None,
-               sysfs: str = "/sys", shm: str = "/dev/shm") -> list[Finding]:
-    """Run every check; nothing here raises for a bad node, it reports."""
+               sysfs: str = "/sys", shm: str = "/dev/shm", accelerator: str | None = None,
+               cuda: str | None = None) -> list[Finding]:
+    """Run every check; nothing here raises for a bad node, it reports. ``accelerator`` and
+    ``cuda``: the target whose image will run here (the driver check needs its CUDA)."""
     env = os.environ if env is None else env
     root = Path(sysfs)
     hf = Path(hf_home or env.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
@@ -313,10 +329,12 @@ def run_doctor(interface: str = "ib0", hf_home: str | None = None, runtime: str 
     findings += check_interface(interface, root)
     findings += check_infiniband(root)
     findings += check_nccl_env(env, root)
-    findings += check_visible_devices(env)
+    findings += check_visible_devices(env, accelerator or "rocm")
     findings += check_ray_debug(env)
     findings += check_hf_cache(hf)
-    findings += check_shm(Path(shm))
+    findings += check_shm(Path(shm), gpus_expected=accelerator != "cpu")
+    findings += check_memlock_and_rdma()
+    findings += check_driver(cuda, accelerator)
     findings += check_runtime(runtime)
     findings += check_cpus(env)
     return findings
@@ -330,11 +348,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runtime", default="apptainer",
                         help="container runtime command (apptainer, singularity, ch-run; pyxis: "
                              "srun --container-image and enroot)")
+    parser.add_argument("--cuda", default=None, metavar="X.Y",
+                        help="hold the node's driver to this CUDA (default: the --target's)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``build-env doctor``: 0 when nothing failed, 1 otherwise."""
-    findings = run_doctor(interface=args.interface, hf_home=args.hf_home, runtime=args.runtime)
+    findings = run_doctor(interface=args.interface, hf_home=args.hf_home, runtime=args.runtime,
+                          accelerator=getattr(args, "accelerator", None), cuda=args.cuda)
     failed = any(f.status == FAIL for f in findings)
     if args.json:
         summary = {s: sum(f.status == s for f in findings) for s in (OK, WARN, FAIL, SKIP)}

@@ -93,23 +93,24 @@ def test_whole_worker_range_taken_fails() -> None:
 
 def test_hf_cache_on_read_only_mount_fails(tmp_path: Path) -> None:
     with mounted(tmp_path / "ro", "ro,size=1m") as ro:
-        found = by_id(doctor.check_hf_cache(ro / "hf"), "hf.cache")
-        assert found.status == FAIL and "Read-only file system" in found.message
-        found = by_id(doctor.check_hf_cache(ro), "hf.cache")
+        found = by_id(doctor.check_hf_cache(ro / "hf"), "env.hf_cache")
+        assert found.status == FAIL and "cannot be created" in found.message
+        found = by_id(doctor.check_hf_cache(ro), "env.hf_cache")
         assert found.status == FAIL
 
 
 def test_hf_cache_under_a_file_fails_and_writable_passes(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a directory")
-    assert by_id(doctor.check_hf_cache(tmp_path / "file" / "hf"), "hf.cache").status == FAIL
-    assert by_id(doctor.check_hf_cache(tmp_path / "hf"), "hf.cache").status == OK
+    assert by_id(doctor.check_hf_cache(tmp_path / "file" / "hf"), "env.hf_cache").status == FAIL
+    (tmp_path / "hf").mkdir()
+    assert by_id(doctor.check_hf_cache(tmp_path / "hf"), "env.hf_cache").status == OK
     assert list((tmp_path / "hf").iterdir()) == []  # the probe file is gone
 
 
 def test_small_shm_fails(tmp_path: Path) -> None:
     with mounted(tmp_path / "shm", "size=256m") as shm:
-        found = by_id(doctor.check_shm(shm), "shm.size")
-    assert found.status == FAIL and "0.2 GiB" in found.message
+        found = by_id(doctor.check_shm(shm), "preflight.shm")
+    assert found.status == FAIL and "0.25 GiB" in found.message and found.fix
 
 
 def fake_sysfs(root: Path, ports: dict[str, str], nets: tuple[str, ...] = ("lo", "eth0", "ib0")) -> Path:
@@ -159,7 +160,11 @@ def test_nccl_variables_against_devices(env: dict[str, str], status: str, tmp_pa
     ({"ROCR_VISIBLE_DEVICES": "0"}, FAIL),
 ])
 def test_visible_devices(env: dict[str, str], status: str) -> None:
-    assert by_id(doctor.check_visible_devices(env), "env.visible_devices").status == status
+    """The self-test's own environment checks, same ids and words, with the doctor's fix."""
+    found = doctor.check_visible_devices(env)
+    assert [f.id for f in found] == ["env.hip_cuda_visible_devices", "env.rocr_visible_devices"]
+    assert max((f.status for f in found), key=[OK, WARN, FAIL].index) == status
+    assert all(f.fix for f in found if f.status != OK)
 
 
 @pytest.mark.parametrize("env, status", [
@@ -247,8 +252,9 @@ def test_run_doctor_covers_every_area(tmp_path: Path) -> None:
                           ports=free_ports(), env={"RAY_DEBUG_POST_MORTEM": "1"})
     ids = [f.id for f in findings]
     assert ids == ["ports.ray", "ports.ray_workers", "ports.ephemeral", "net.interface", "ib.ports",
-                   "nccl.env", "env.visible_devices", "env.ray_debug", "hf.cache", "shm.size",
-                   "runtime", "slurm.cpus"]
+                   "nccl.env", "env.hip_cuda_visible_devices", "env.rocr_visible_devices",
+                   "env.ray_debug", "env.hf_cache", "preflight.shm", "preflight.infiniband",
+                   "preflight.memlock", "gpu.driver", "runtime", "slurm.cpus"]
     assert all(f.status in (OK, WARN, FAIL, SKIP) for f in findings)
     assert all(f.fix for f in findings if f.status != OK)
 
@@ -285,3 +291,25 @@ def test_cli_exit_codes_and_json(tmp_path: Path, standin_runtime: Path,
         held.close()
     text = capsys.readouterr().out
     assert "[FAIL] ports.ray" in text and "fix: stop the old Ray/Redis" in text
+
+
+def test_driver_against_the_targets_cuda_and_rdma_limits() -> None:
+    """The node checks a GPU node needs, shared with the self-test: the driver against the
+    target's CUDA (none here: a fail naming libcuda, never a pass), /dev/infiniband, memlock."""
+    [driver] = doctor.check_driver("13.0", "cuda")
+    assert driver.id == "gpu.driver" and driver.status == FAIL and "libcuda" in driver.message
+    assert "R580" in driver.fix
+    [unnamed] = doctor.check_driver(None, None)
+    assert unnamed.status == SKIP and "--target" in unnamed.fix
+    ib, memlock = doctor.check_memlock_and_rdma("/nonexistent/infiniband")
+    assert ib.id == "preflight.infiniband" and ib.status == SKIP
+    assert memlock.id == "preflight.memlock" and memlock.status in (OK, WARN)
+
+
+def test_doctor_cli_takes_the_target_from_the_matrix(capsys: pytest.CaptureFixture[str]) -> None:
+    from builder.cli import main
+
+    code = main(["doctor", "--target", "cuda-x86_64", "--interface", "lo", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    driver = next(f for f in report["findings"] if f["id"] == "gpu.driver")
+    assert code == 1 and driver["status"] == FAIL  # no NVIDIA driver on this machine
