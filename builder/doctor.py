@@ -359,7 +359,8 @@ def run(args: argparse.Namespace) -> int:
     failed = any(f.status == FAIL for f in findings)
     if args.json:
         summary = {s: sum(f.status == s for f in findings) for s in (OK, WARN, FAIL, SKIP)}
-        json.dump({"findings": [asdict(f) for f in findings], "summary": summary,
+        json.dump({"schema": "verl-env/doctor/v1", "findings": [asdict(f) for f in findings],
+                   "summary": summary,
                    "ok": not failed}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:

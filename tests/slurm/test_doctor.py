@@ -281,6 +281,7 @@ def test_cli_exit_codes_and_json(tmp_path: Path, standin_runtime: Path,
     assert doctor.run(_args(ok + ["--json"])) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is True and report["summary"]["fail"] == 0
+    assert report["schema"] == "verl-env/doctor/v1"
     assert {"id", "status", "message", "fix"} <= set(report["findings"][0])
     held = socket.socket()
     held.bind(("0.0.0.0", ports.gcs))
