@@ -123,3 +123,30 @@ def test_sigterm_during_lock_leaves_no_process_and_no_temporary_file(tmp_path: P
     assert list(scratch.iterdir()) == [], "a temporary directory was left behind"
     assert (site / "locks/cpu-x86_64.txt").read_bytes() == (
         REPO / "tests/fixtures/locks/cpu-x86_64.txt").read_bytes()
+
+
+WRITERS = [
+    ("init", ["init", "{tmp}/out/site"]),
+    ("render", ["render", "--target", "cpu-x86_64", "--output", "{tmp}/out/ctx"]),
+    ("slurm", ["slurm", "--target", "cpu-x86_64", "--runtime", "ch-run", "--sif", "{tmp}",
+               "--data", "{tmp}", "--model", "m", "--output", "{tmp}/out/job.sbatch"]),
+    ("keygen", ["trust", "keygen", "{tmp}/out/keys"]),
+]
+
+
+@pytest.mark.parametrize("name,argv", WRITERS, ids=[w[0] for w in WRITERS])
+def test_a_command_that_writes_leaves_only_finished_files(tmp_path: Path, name: str,
+                                                          argv: list[str]) -> None:
+    """Every file is written to a temporary name beside its target and renamed into place: a
+    finished run leaves the outputs and nothing half-written or temporary beside them (the
+    failing runs above leave nothing at all)."""
+    site = _site(tmp_path)
+    proc = run_build_env(*[a.format(tmp=tmp_path) for a in argv], cwd=site, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    written = [p for p in (tmp_path / "out").rglob("*")]
+    assert written, "nothing written"
+    leftovers = [p for p in written if p.name.endswith((".part", ".tmp")) or
+                 (p.name.startswith(".") and p.name != ".verl-env-context")]
+    assert leftovers == []
+    assert all(p.stat().st_size > 0 for p in written if p.is_file() and p.suffix != ".txt"
+               or p.name == "Dockerfile")
