@@ -228,3 +228,42 @@ def test_a_prebuilt_wheel_replaces_the_source_build(built: dict, site: Path, ca_
               f"{build['cache_hits']} cached steps")
     finally:
         site.write_text(text)
+
+
+def test_the_fixtures_extension_is_read_as_cuobjdump_reads_it(built: dict, tmp_path: Path
+                                                              ) -> None:
+    """The coverage phase's reading of the extension the fixture compiled in its source stage
+    agrees with NVIDIA's own cuobjdump on the same file, copied out of the built image."""
+    import io
+    import tarfile
+
+    from builder.selftest.devcode import read_device_code
+    from tests.selftest.test_devcode_real import as_cuobjdump, cuobjdump
+    from tests.support import wheels
+
+    why = wheels.supported()
+    if why:
+        pytest.skip(why)
+    try:
+        tools = wheels.unpack(wheels.NVCC_WHEELS, "cuda-13.5.37") / "nvidia" / "cu13" / "bin"
+    except wheels.IndexUnreachable as exc:
+        pytest.skip(str(exc))
+    client = docker.from_env()
+    container = client.containers.create(built["image_id"], ["true"], entrypoint=[])
+    try:
+        found = client.containers.run(
+            built["image_id"], ["/opt/venv/bin/python", "-c",
+                                "import verl_env_cuda_ext._kernels as k; print(k.__file__)"],
+            remove=True, entrypoint=[]).decode().strip()
+        stream, _ = container.get_archive(found)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.getmembers()[0]
+            so = tmp_path / member.name
+            so.write_bytes(tar.extractfile(member).read())  # type: ignore[union-attr]
+    finally:
+        container.remove(force=True)
+    code = read_device_code(str(so))
+    assert code is not None and not code.problems
+    ours = as_cuobjdump(code.cuda)
+    assert ours == cuobjdump(tools, so)
+    assert set(ours[0]) == {"sm_80", "sm_90"}  # the fixture's gpus, nothing else
