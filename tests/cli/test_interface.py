@@ -31,7 +31,10 @@ def test_json_documents_name_their_schema(site: Path, tmp_path: Path) -> None:
     for argv, kind in ((["list", "--json"], "list"), (["check", "--json"], "check"),
                        (["render", "--target", "cpu-x86_64", "--output", str(tmp_path / "ctx"),
                          "--json"], "render"),
-                       (["init", str(tmp_path / "new-site"), "--json"], "init")):
+                       (["init", str(tmp_path / "new-site"), "--json"], "init"),
+                       (["slurm", "--target", "cpu-x86_64", "--runtime", "ch-run", "--sif",
+                         str(tmp_path), "--data", str(tmp_path), "--model", "m", "--output",
+                         str(tmp_path / "job.sbatch"), "--json"], "slurm")):
         proc = run_build_env(*argv, cwd=site)
         assert proc.returncode == 0, proc.stderr
         doc = json.loads(proc.stdout)  # stdout is the document and nothing else
