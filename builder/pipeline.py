@@ -4,6 +4,10 @@ An image gets its release tags only after the self-test passed inside it. A fail
 tags nothing (the previous release tag keeps pointing at the previous image) and removes the
 candidate unless ``--keep-candidate``. SIGINT/SIGTERM: the build is cancelled, the verification
 container removed, the untagged candidate deleted, and no report claims success.
+
+The run connects to the engine once (:func:`preflight`) and hands that engine, the verdict it
+recorded and (when signing) the one SBOM inventory down to ``--sif``, the signature and
+``--push``: no later stage reconnects, re-reads the verdict or inventories the image again.
 """
 
 from __future__ import annotations
@@ -270,7 +274,7 @@ def run(req: BuildRequest) -> Outcome:
             report.tags = list(tags.all)
             report.result = "pass"
             console.stage("tag", "ok", "  ".join(report.tags))
-            verdicts.record(image_id, v, target=target.name, tags=report.tags)
+            recorded = verdicts.record(image_id, v, target=target.name, tags=report.tags)
     except KeyboardInterrupt:
         report.result, report.error = "interrupted", "interrupted by a signal"
         if image_id and built:
@@ -287,7 +291,7 @@ def run(req: BuildRequest) -> Outcome:
             return Outcome(report, exc.exit_code, str(exc))
         raise
     report.write(report_path)
-    return _extend(req, target, image_id, report, report_path, console)
+    return _extend(req, target, engine, image_id, recorded, report, report_path, console)
 
 
 def _reuse(engine: Engine, report: Report, report_path: Path, console: Console, tags: Names,
@@ -307,7 +311,7 @@ def _reuse(engine: Engine, report: Report, report_path: Path, console: Console, 
     console.stage("verify", "pass", f"{tags.content} was verified {when} ({_level(known)}); "
                   "not rebuilt, not re-verified (--reverify to run the gate again)")
     report.write(report_path)
-    return _extend(req, target, report.image_id, report, report_path, console)
+    return _extend(req, target, engine, report.image_id, known, report, report_path, console)
 
 
 def _level(v: Verdict) -> str:
@@ -340,12 +344,13 @@ def _refuse(engine: Engine, report: Report, report_path: Path, console: Console,
     return Outcome(report, 1)
 
 
-def _extend(req: BuildRequest, target: Target, image_id: str, report: Report,
-            report_path: Path, console: Console) -> Outcome:
+def _extend(req: BuildRequest, target: Target, engine: Engine, image_id: str, verdict: Verdict,
+            report: Report, report_path: Path, console: Console) -> Outcome:
     """``--sif`` and ``--push`` continue from the verified image (which keeps its tags when
-    they fail: the report records the error)."""
+    they fail: the report records the error), with the run's engine and ``verdict`` (the
+    image's recorded one)."""
     try:
-        _sif_and_push(req, target, image_id, report, report_path, console)
+        _sif_and_push(req, target, engine, image_id, verdict, report, report_path, console)
     except BuildEnvError as exc:
         report.error = str(exc)
         report.write(report_path)
@@ -353,33 +358,44 @@ def _extend(req: BuildRequest, target: Target, image_id: str, report: Report,
     return Outcome(report, 0)
 
 
-def _sif_and_push(req: BuildRequest, target: Target, image_id: str, report: Report,
-                  report_path: Path, console: Console) -> None:
+def _sif_and_push(req: BuildRequest, target: Target, engine: Engine, image_id: str,
+                  verdict: Verdict, report: Report, report_path: Path, console: Console) -> None:
+    if not (req.sif or req.push):
+        return
+    image = engine.image(image_id)  # with the tags it has now
+    statements = None
+    if req.sign_key:
+        # what both signatures say, gathered once (one inventory), before the slow conversion
+        from builder.trust.sign import statement_inputs
+
+        statements = statement_inputs(report_path, verdict=verdict, engine=engine,
+                                      image_id=image.id, what=f"image {image.id[7:19]}",
+                                      require=req.require)
     if req.sif:
         from builder import sif
 
-        sif_path = sif.convert_verified(image_id, req.sif, target=target.name,
-                                        require=req.require)
+        sif_path = sif.convert_verified(engine, image, req.sif, target=target.name,
+                                        verdict=verdict, require=req.require)
         report.stages["sif"] = {"path": str(sif_path)}
         console.stage("sif", "ok", str(sif_path))
-        if req.sign_key:
-            from builder.trust.sign import sign_from_report
+        if req.sign_key and statements is not None:
+            from builder.trust.sign import sign_sif
 
-            signed = sign_from_report(sif_path, report_path, req.sign_key, req.sign_pgp_key,
-                                      require=req.require)
+            signed = sign_sif(sif_path, *statements, req.sign_key, req.sign_pgp_key,
+                              req.require)
             report.stages["sif"].update(sidecar=str(signed.sidecar), digest=signed.digest,
                                         keyid=signed.keyid, pgp=signed.pgp_fingerprint)
             console.stage("sign", "ok", f"{signed.sidecar} (key {signed.keyid[:16]})")
     if req.push:
         from builder import publish
 
-        record = publish.publish_verified(image_id, req.push, target=target.name,
-                                          sif=req.sif, pins=report.pins,
+        record = publish.publish_verified(engine, image, req.push, target=target.name,
+                                          sif=req.sif, pins=report.pins, verdict=verdict,
+                                          sbom_doc=statements[1] if statements else None,
                                           record_path=report_path.parent / "publish.json",
                                           sign_key=req.sign_key, report=report_path,
                                           require=req.require)
         report.stages["publish"] = record
         signed = " (attestations pushed as referrers)" if record.get("attestations") else ""
         console.stage("publish", "ok", str(record.get("image_digest", "")) + signed)
-    if req.sif or req.push:
-        report.write(report_path)
+    report.write(report_path)

@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 from builder import verdicts
 from builder.files import sha256_file
 from builder.sif import format as sif_format
-from builder.engine import Engine
+from builder.engine import Engine, ImageInfo
 from builder.errors import EngineError, PublishError
 from builder.registry import (PASSWORD_ENV, TIMEOUT_S, USER_ENV, Client, Credentials, Transient,
                               docker_config_path, parse_reference, resolve_credentials)
@@ -123,7 +123,7 @@ def manifest_digest(reg: Client, reference: str, attempts: int,
 # --------------------------------------------------------------------------- the image
 
 
-def push_image(engine: Engine, image: Any, reg: Client, tag: str, attempts: int) -> str:
+def push_image(engine: Engine, image: ImageInfo, reg: Client, tag: str, attempts: int) -> str:
     """Tag ``HOST/REPO:TAG`` and push; returns the digest the engine reported. The engine gets
     the credentials as ``auth_config`` and negotiates Basic or Bearer auth itself."""
     ref = f"{reg.host}/{reg.repo}"
@@ -250,10 +250,13 @@ class Attestations:
         return envelopes(subjects, self.verdict, self.sbom, self.provenance, self.private)
 
 
-def prepare_attestations(engine: Engine, image: Any, sign_key: Path, report: Path | None,
-                         target: str | None, require: str = verdicts.BUILD) -> Attestations:
+def prepare_attestations(engine: Engine, image: ImageInfo, sign_key: Path, report: Path | None,
+                         target: str | None, require: str = verdicts.BUILD, *,
+                         verdict: verdicts.Verdict | None = None,
+                         sbom_doc: dict[str, Any] | None = None) -> Attestations:
     """The key, a release verdict of this image, the report describing it, its SBOM: every
-    refusal happens here, before the first byte is pushed."""
+    refusal happens here, before the first byte is pushed. ``verdict``/``sbom_doc``: what the
+    caller already holds (the pipeline), else read and inventoried here."""
     from builder.trust.keys import keyid, load_private
     from builder.trust.sign import statement_inputs
 
@@ -264,10 +267,11 @@ def prepare_attestations(engine: Engine, image: Any, sign_key: Path, report: Pat
     if not Path(report).is_file():
         raise PublishError(f"{report}: no build report (needed for the provenance statement; "
                            "--report PATH)", target=target)
-    verdict, sbom_doc, provenance = statement_inputs(report, engine=engine, image_id=image.id,
-                                                     what=f"image {image.id[7:19]}",
-                                                     require=require)
-    return Attestations(private, keyid(private.public_key()), verdict, sbom_doc, provenance)
+    chosen, sbom_doc, provenance = statement_inputs(report, verdict=verdict, sbom_doc=sbom_doc,
+                                                    engine=engine, image_id=image.id,
+                                                    what=f"image {image.id[7:19]}",
+                                                    require=require)
+    return Attestations(private, keyid(private.public_key()), chosen, sbom_doc, provenance)
 
 
 def attest(reg: Client, attestations: Attestations, digest: str,
@@ -283,39 +287,47 @@ def attest(reg: Client, attestations: Attestations, digest: str,
                     f"attestations of {reg.repo}@{digest}", attempts)
 
 
-def publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | None,
+def publish(engine: Engine, image: ImageInfo, registry: str, *, tag: str, sif: Path | None,
             target: str | None, record_path: Path, pins: dict[str, str] | None = None,
             sif_tag: str | None = None, insecure: bool = False,
             attempts: int = 4, sign_key: Path | None = None,
             report: Path | None = None, require: str = verdicts.BUILD,
-            attach: tuple[Path, ...] = ()) -> dict[str, Any]:
+            attach: tuple[Path, ...] = (), verdict: verdicts.Verdict | None = None,
+            sbom_doc: dict[str, Any] | None = None) -> dict[str, Any]:
     """Push image (and SIF), read both digests back, with ``sign_key`` push the signed
     attestations as referrers, write the record. Returns the record. ``require``: the verdict
     level the attestations need (the caller has checked the image's verdict). ``attach``:
     cluster verdicts (``build-env cluster``) about ``sif``, signed with ``sign_key`` and pushed
-    as referrers of the image and of the SIF artifact."""
+    as referrers of the image and of the SIF artifact. ``verdict``: the image's recorded
+    verdict when the caller holds it (else it is read once); ``sbom_doc``: its SBOM, likewise
+    (else inventoried once, when signing)."""
+    if verdict is None:
+        verdict = verdicts.lookup(image.id)
     try:
         return _publish(engine, image, registry, tag=tag, sif=sif, target=target,
                         record_path=record_path, pins=pins, sif_tag=sif_tag,
                         insecure=insecure, attempts=attempts, sign_key=sign_key, report=report,
-                        require=require, attach=attach)
+                        require=require, attach=attach, verdict=verdict, sbom_doc=sbom_doc)
     except PublishError as exc:
         exc.target = exc.target or target
         raise
 
 
-def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path | None,
+def _publish(engine: Engine, image: ImageInfo, registry: str, *, tag: str, sif: Path | None,
              target: str | None, record_path: Path, pins: dict[str, str] | None,
              sif_tag: str | None, insecure: bool, attempts: int, sign_key: Path | None,
-             report: Path | None, require: str, attach: tuple[Path, ...]) -> dict[str, Any]:
+             report: Path | None, require: str, attach: tuple[Path, ...],
+             verdict: verdicts.Verdict | None, sbom_doc: dict[str, Any] | None
+             ) -> dict[str, Any]:
     from builder.trust import statements as st
 
     clusters = _clusters_to_attach(attach, sif, sign_key)
     reg, cred_source = connect(registry, insecure=insecure)
-    labels = dict((image.attrs.get("Config") or {}).get("Labels") or {})
+    labels = image.labels
     if sif is not None:
         check_sif_matches(sif, labels)
-    signing = (prepare_attestations(engine, image, sign_key, report, target, require)
+    signing = (prepare_attestations(engine, image, sign_key, report, target, require,
+                                    verdict=verdict, sbom_doc=sbom_doc)
                if sign_key is not None else None)
     check_access(reg, attempts)
     pushed = push_image(engine, image, reg, tag, attempts)
@@ -333,7 +345,7 @@ def _publish(engine: Engine, image: Any, registry: str, *, tag: str, sif: Path |
         "registry": f"{reg.host}/{reg.repo}", "credentials": cred_source,
         "image": {"tag": f"{reg.host}/{reg.repo}:{tag}", "digest": digest,
                   "reference": f"{reg.host}/{reg.repo}@{digest}"},
-        "image_digest": digest, "sif": None, "verdict": _verdict_summary(image.id)}
+        "image_digest": digest, "sif": None, "verdict": _verdict_summary(verdict)}
     if sif is not None:
         stag = sif_tag or f"{tag}-sif"
         blob, size = sha256_file(sif), sif.stat().st_size
@@ -416,35 +428,33 @@ def _attach_clusters(reg: Client, clusters: list[Any], sign_key: Path, image_dig
     return out
 
 
-def _verdict_summary(image_id: str) -> dict[str, Any] | None:
+def _verdict_summary(v: verdicts.Verdict | None) -> dict[str, Any] | None:
     """The verdict's level and GPU evidence, for the publish record."""
-    v = verdicts.lookup(image_id)
     if v is None:
         return None
     return {"overall": v.overall, "scope": v.scope, "level": v.level, "gpu": v.gpu.to_dict(),
             "recorded_at": v.recorded_at}
 
 
-def refusal(image_id: str, require: str) -> str | None:
-    """Why the image may not be published (the one release rule), None when it may."""
-    return verdicts.release_problem(verdicts.lookup(image_id), require)
-
-
-def publish_verified(image_id: str, registry: str, *, target: str, sif: Path | None,
-                     pins: dict[str, str], record_path: Path | None = None,
-                     sign_key: Path | None = None, report: Path | None = None,
-                     require: str = verdicts.BUILD) -> dict[str, Any]:
-    """Pipeline entry (``build-env --target T --push REG [--sif PATH] [--sign-key K]``);
-    ``report``: the build's ``report.json`` (provenance of the attestations)."""
-    engine = Engine.connect()
-    image = engine.image(image_id)
-    problem = refusal(image.id, require)
+def publish_verified(engine: Engine, image: ImageInfo, registry: str, *, target: str,
+                     sif: Path | None, pins: dict[str, str], verdict: verdicts.Verdict | None,
+                     record_path: Path | None = None, sign_key: Path | None = None,
+                     report: Path | None = None, require: str = verdicts.BUILD,
+                     sbom_doc: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Pipeline entry (``build-env --target T --push REG [--sif PATH] [--sign-key K]``), with
+    the engine, the image's verdict and (when signing) its SBOM that the pipeline already
+    holds; ``report``: the build's ``report.json`` (provenance of the attestations)."""
+    if verdict is not None and verdict.image_id not in (None, image.id):
+        raise PublishError(f"the verdict handed over is about {verdict.image_id[:19]}, not "
+                           f"{image.id[:19]}", target=target)
+    problem = verdicts.release_problem(verdict, require)
     if problem:
         raise PublishError(f"image {image.id[7:19]} has no passing verdict: {problem}",
                            target=target)
     return publish(engine, image, registry, tag=target, sif=sif, target=target,
                    record_path=record_path or Path("build") / target / "publish.json",
-                   pins=pins, sign_key=sign_key, report=report, require=require)
+                   pins=pins, sign_key=sign_key, report=report, require=require,
+                   verdict=verdict, sbom_doc=sbom_doc)
 
 
 # --------------------------------------------------------------------------- command line
@@ -512,7 +522,8 @@ def run(args: argparse.Namespace) -> int:
     except EngineError as exc:
         raise PublishError(str(exc).split(": ", 1)[-1], target=target) from None
     require = verdicts.requirement(args.require)
-    problem = refusal(image.id, require)
+    verdict = verdicts.lookup(image.id)
+    problem = verdicts.release_problem(verdict, require)
     if problem and not args.force:
         raise PublishError(f"image {ref} ({image.id[7:19]}) has no passing verdict: {problem}; "
                            "run `build-env verify` first, or pass --force", target=target)
@@ -523,7 +534,7 @@ def run(args: argparse.Namespace) -> int:
                      record_path=args.record or Path("build") / name / "publish.json",
                      sif_tag=args.sif_tag, insecure=args.insecure, attempts=args.attempts,
                      sign_key=args.sign_key, report=report if args.sign_key else None,
-                     require=require, attach=tuple(args.attach))
+                     require=require, attach=tuple(args.attach), verdict=verdict)
     if args.json:
         print(json.dumps(record, indent=2, sort_keys=True))
     else:

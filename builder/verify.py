@@ -36,7 +36,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from builder.engine import Engine
+from builder.engine import Engine, ImageInfo
 from builder.errors import EngineError, VerifyError
 from builder.families import ALL_PHASES, FAMILIES, VENDORS
 from builder.files import atomic_write_text
@@ -242,14 +242,14 @@ def expected_gpus(engine: Engine, image_id: str, family: str | None, *,
     return decide_gpus(family, expect_gpus, image_arch, daemon_arch, devices, dev_root)
 
 
-def arch_plan(engine: Engine, img: Any, manifest: Mapping[str, Any] | None,
+def arch_plan(engine: Engine, img: ImageInfo, manifest: Mapping[str, Any] | None,
               emulated: bool | None = None) -> dict[str, Any]:
     """The image's architecture against the target's (the given manifest's, else the image's
     label) and the engine host's: ``refused`` (why the gate refuses it, or None) and
     ``emulated`` (the self-test runs under QEMU user emulation)."""
-    found = normalize_arch(img.attrs.get("Architecture"))
+    found = normalize_arch(img.architecture)
     wanted = normalize_arch((manifest or {}).get("arch")
-                            or (img.labels or {}).get("org.verl-env.arch"))
+                            or img.labels.get("org.verl-env.arch"))
     host = normalize_arch(engine.daemon_arch())
     refused = None
     if found and wanted and found != wanted:
@@ -301,7 +301,7 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
         timeout *= EMULATION_FACTOR
     try:
         gpu = expected_gpus(engine, img.id, family, expect_gpus=expect_gpus,
-                            image_arch=img.attrs.get("Architecture"), dev_root=dev_root)
+                            image_arch=img.architecture, dev_root=dev_root)
     except EngineError as exc:
         gate.update(scope=PARTIAL, partial_reason="the GPU expectation is unknown",
                     gpus={"expected": None, "reason": f"could not count the engine host's GPUs: "

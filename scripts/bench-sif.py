@@ -117,7 +117,7 @@ def main() -> int:
     raw_wall = med([r["raw"]["wall"] for r in rounds])
     last = rounds[-1]["convert"]
     result = {
-        "image": args.image, "image_size": int(image.attrs.get("Size") or 0),
+        "image": args.image, "image_size": image.size,
         "cpus": os.cpu_count(), "loadavg_after": os.getloadavg(), "rounds": rounds,
         "convert_wall_s": conv_wall, "raw_wall_s": raw_wall,
         "ratio_wall_median_of_rounds": med([r["ratio"] for r in rounds]),

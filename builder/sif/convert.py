@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import verdicts
-from builder.engine import Engine, interrupts_raise
+from builder.engine import Engine, ImageInfo, interrupts_raise
 from builder.errors import EngineError, SifError
 from builder.sif import native as sif_native
 from builder.sif.overlay import OverlayError
@@ -138,27 +138,33 @@ def summary(report: dict[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- conversion
 
 
-def convert_verified(image_id: str, output: Path, *, target: str,
-                     require: str = verdicts.BUILD) -> Path:
-    """Pipeline entry (``build-env --target T --sif PATH``): convert the just-verified image."""
-    engine = Engine.connect()
-    image = engine.image(image_id)
+def convert_verified(engine: Engine, image: ImageInfo, output: Path, *, target: str,
+                     verdict: verdicts.Verdict | None, require: str = verdicts.BUILD) -> Path:
+    """Pipeline entry (``build-env --target T --sif PATH``): convert the just-verified image,
+    with the engine and the verdict the pipeline already holds."""
     tags = list(image.tags)
-    source = next((t for t in tags if t.endswith(f":{target}")), tags[0] if tags else image_id)
-    convert(engine, image, output=Path(output), source=source, target=target, require=require)
+    source = next((t for t in tags if t.endswith(f":{target}")), tags[0] if tags else image.id)
+    convert(engine, image, output=Path(output), source=source, target=target, require=require,
+            verdict=verdict)
     return Path(output)
 
 
-def convert(engine: Engine, image: Any, *, output: Path, source: str, target: str | None = None,
-            backend: str = "auto", force: bool = False, run: bool = True,
-            phases: str = DEFAULT_PHASES, timeout: float = 900,
-            tmpdir: Path | None = None, require: str = verdicts.BUILD) -> dict[str, Any]:
+def convert(engine: Engine, image: ImageInfo, *, output: Path, source: str,
+            target: str | None = None, backend: str = "auto", force: bool = False,
+            run: bool = True, phases: str = DEFAULT_PHASES, timeout: float = 900,
+            tmpdir: Path | None = None, require: str = verdicts.BUILD,
+            verdict: verdicts.Verdict | None = None) -> dict[str, Any]:
     """Build, verify, then atomically place the SIF. Raises SifError on any failure.
 
     The image needs a passing release verdict at the ``require`` level (the one release rule,
     :func:`builder.verdicts.release_problem`); the verdict's labels (``org.verl-env.verdict.*``:
-    level, ``gpu: pending`` or the GPU evidence) go into the SIF with the native backend."""
-    verdict = verdicts.lookup(image.id)
+    level, ``gpu: pending`` or the GPU evidence) go into the SIF with the native backend.
+    ``verdict``: the image's recorded verdict when the caller holds it (else it is read)."""
+    if verdict is None:
+        verdict = verdicts.lookup(image.id)
+    elif verdict.image_id not in (None, image.id):
+        raise SifError(f"the verdict handed over is about {verdict.image_id[:19]}, not "
+                       f"{image.id[:19]}", target=target)
     problem = verdicts.release_problem(verdict, require)
     if problem and not force:
         raise SifError(f"image {source} ({image.id[7:19]}) has no passing verdict: {problem}; "
@@ -185,18 +191,17 @@ def convert(engine: Engine, image: Any, *, output: Path, source: str, target: st
             shutil.rmtree(scratch, ignore_errors=True)
     return {"schema": REPORT_SCHEMA, "target": target, "image_id": image.id, "source": source,
             "output": str(output), "backend": chosen, "size": output.stat().st_size,
-            "image_size": int(image.attrs.get("Size") or 0), "build": details,
+            "image_size": image.size, "build": details,
             "seconds": {"convert": round(converted, 1),
                         "total": round(time.monotonic() - started, 1)},
             "verification": verification, "verdict": labels}
 
 
-def _runtime_flags(image: Any) -> tuple[str, ...]:
+def _runtime_flags(image: ImageInfo) -> tuple[str, ...]:
     """The family's apptainer flags (``--nv``/``--rocm``) from the image's accelerator label."""
     from builder.families import family
 
-    fam = family(((image.attrs.get("Config") or {}).get("Labels") or {}).get(
-        "org.verl-env.accelerator"))
+    fam = family(image.labels.get("org.verl-env.accelerator"))
     return fam.apptainer_flags if fam else ()
 
 
@@ -214,7 +219,7 @@ def _accept(verification: dict[str, Any], run: bool, target: str | None) -> None
     raise SifError(f"the SIF did not verify ({overall}): {failing}{extra}", target=target)
 
 
-def _build(engine: Engine, backend: str, image: Any, partial: Path, source: str,
+def _build(engine: Engine, backend: str, image: ImageInfo, partial: Path, source: str,
            scratch: Path, target: str | None, labels: dict[str, str]) -> dict[str, Any]:
     try:
         if backend == "native":
@@ -273,7 +278,7 @@ def _singularity_on_path(scratch: Path) -> Iterator[None]:
         os.environ["PATH"] = old
 
 
-def export_archive(engine: Engine, image: Any, source: str, path: Path) -> None:
+def export_archive(engine: Engine, image: ImageInfo, source: str, path: Path) -> None:
     """A one-layer ``docker-archive`` (what ``docker save`` writes) for apptainer: the layer is
     the engine's export of the image, streamed into the archive file (its tar header is written
     last, once the size is known); the config carries the image's Config and platform."""
@@ -287,9 +292,8 @@ def export_archive(engine: Engine, image: Any, source: str, path: Path) -> None:
                 f.write(chunk)
                 size += len(chunk)
         f.write(bytes(-size % tarfile.BLOCKSIZE))
-        attrs = image.attrs
-        config = json.dumps({"architecture": attrs.get("Architecture", "amd64"),
-                             "os": attrs.get("Os", "linux"), "config": attrs.get("Config") or {},
+        config = json.dumps({"architecture": image.architecture or "amd64",
+                             "os": image.os, "config": dict(image.config),
                              "rootfs": {"type": "layers",
                                         "diff_ids": [f"sha256:{digest.hexdigest()}"]}}).encode()
         config_name = f"{hashlib.sha256(config).hexdigest()}.json"
@@ -310,7 +314,7 @@ def export_archive(engine: Engine, image: Any, source: str, path: Path) -> None:
         f.write(head)
 
 
-def build_apptainer(engine: Engine, image: Any, partial: Path, source: str,
+def build_apptainer(engine: Engine, image: ImageInfo, partial: Path, source: str,
                     scratch: Path) -> dict[str, Any]:
     """``singularity build --tmpdir S PARTIAL docker-archive://S/image.tar`` through spython
     (the archive: :func:`export_archive`).

@@ -26,9 +26,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from builder.engine import Engine
+from builder.engine import Engine, ImageInfo
 from builder.sif import format as sif_format
 from builder.sif import meta as sif_meta
 from builder.sif.overlay import Overlay, OverlayStats, Piece
@@ -112,18 +111,17 @@ def run_mksquashfs(command: list[str], pieces: Iterable[Piece], log_path: Path) 
     return text
 
 
-def build(engine: Engine, image: Any, output: Path, *, source: str, workdir: Path,
+def build(engine: Engine, image: ImageInfo, output: Path, *, source: str, workdir: Path,
           when: datetime.datetime | None = None,
           labels: dict[str, str] | None = None) -> NativeResult:
-    """Build the SIF for a docker SDK ``Image`` into ``output`` (overwritten). ``source`` is
+    """Build the SIF for ``image`` into ``output`` (overwritten). ``source`` is
     the reference recorded in the definition (``docker-daemon://source``); ``labels`` are added
     to the image's own (the verdict's ``org.verl-env.verdict.*``)."""
     when = when or datetime.datetime.now().astimezone()
-    attrs = image.attrs
-    if attrs.get("Os", "linux") != "linux":
-        raise ValueError(f"image OS is {attrs.get('Os')!r}; a SIF needs a linux image")
-    image_arch = sif_meta.GOARCH.get(attrs.get("Architecture", ""), "amd64")
-    config = dict(attrs.get("Config") or {})
+    if image.os != "linux":
+        raise ValueError(f"image OS is {image.os!r}; a SIF needs a linux image")
+    image_arch = sif_meta.GOARCH.get(image.architecture, "amd64")
+    config = dict(image.config)
     if labels:
         config["Labels"] = {**(config.get("Labels") or {}), **labels}
     meta = sif_meta.generate(config, source=source, arch=image_arch, when=when)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import verdicts
-from builder.engine import Engine, interrupts_raise
+from builder.engine import Engine, ImageInfo, interrupts_raise
 from builder.errors import EngineError, SifError
 from builder.sif import meta as sif_meta
 from builder.sif import native as sif_native
@@ -102,15 +102,14 @@ def mksquashfs_command(output: Path, compression: str = "gzip") -> list[str]:
             *COMPRESSIONS[compression], "-root-mode", "755", "-quiet", "-no-progress"]
 
 
-def build(engine: Engine, image: Any, output: Path, *, source: str, workdir: Path,
+def build(engine: Engine, image: ImageInfo, output: Path, *, source: str, workdir: Path,
           compression: str = "gzip") -> dict[str, Any]:
-    """Write the enroot squashfs of a docker SDK ``Image`` to ``output`` (overwritten)."""
-    attrs = image.attrs
-    if attrs.get("Os", "linux") != "linux":
-        raise SifError(f"image OS is {attrs.get('Os')!r}; enroot runs linux images")
+    """Write the enroot squashfs of ``image`` to ``output`` (overwritten)."""
+    if image.os != "linux":
+        raise SifError(f"image OS is {image.os!r}; enroot runs linux images")
     started = time.monotonic()
     output.unlink(missing_ok=True)
-    overlay = EnrootOverlay(attrs.get("Config"), f"dockerd://{source}",
+    overlay = EnrootOverlay(dict(image.config), f"dockerd://{source}",
                             datetime.datetime.now().timestamp())
     with engine.export(image.id) as chunks:
         sif_native.run_mksquashfs(mksquashfs_command(output, compression), overlay.stream(chunks),
@@ -132,7 +131,7 @@ def check(path: Path, config: dict[str, Any] | None) -> None:
                        f"({proc.stderr.decode(errors='replace').strip()[-300:]})")
 
 
-def convert(engine: Engine, image: Any, *, output: Path, source: str,
+def convert(engine: Engine, image: ImageInfo, *, output: Path, source: str,
             target: str | None = None, force: bool = False, compression: str = "gzip",
             tmpdir: Path | None = None) -> dict[str, Any]:
     """Build, check, then atomically place the squashfs. Raises SifError on any failure."""
@@ -150,7 +149,7 @@ def convert(engine: Engine, image: Any, *, output: Path, source: str,
                                 compression=compression)
             except (RuntimeError, OverlayError) as exc:
                 raise SifError(str(exc), target=target) from None
-            check(partial, image.attrs.get("Config"))
+            check(partial, dict(image.config))
             os.replace(partial, output)
     finally:
         partial.unlink(missing_ok=True)

@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from builder.errors import TrustError
+
+if TYPE_CHECKING:
+    from builder.engine import Engine
 
 MARKER = "--verl-env-sbom--"
 # Runs under /bin/sh in the image.
@@ -67,7 +70,7 @@ class Inventory:
     os_version: str = ""
 
 
-def collect(engine: Any, image: str, *, timeout: float = 300) -> Inventory:
+def collect(engine: Engine, image: str, *, timeout: float = 300) -> Inventory:
     """Run the inventory script in a throw-away container of ``image`` (no network)."""
     result = engine.run(image, ["-c", _LAUNCH, _COLLECT], entrypoint=["/bin/sh"],
                         timeout=timeout, network="none", shm_size="64m", role="sbom")

@@ -13,7 +13,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from builder import verdicts
 from builder.errors import TrustError
@@ -22,6 +22,9 @@ from builder.trust import dsse, sifraw, sifsig
 from builder.trust import statements as st
 from builder.trust.keys import keyid, load_pgp, load_private
 from builder.verdicts import Verdict
+
+if TYPE_CHECKING:
+    from builder.engine import Engine
 
 VERDICT_NAME, SBOM_NAME = "verl-verdict.json", "verl-sbom.cdx.json"
 HEAD_BYTES = 4096 + 48 * sifraw.DESCRIPTOR.size  # header page + descriptor table
@@ -87,15 +90,16 @@ def sign_sif(sif: Path, verdict: Verdict, sbom: dict[str, Any],
     return Signed(sif, sidecar, digest, keyid(private.public_key()), fpr)
 
 
-def statement_inputs(report: Path, *, verdict: dict[str, Any] | None = None,
-                     sbom_doc: dict[str, Any] | None = None, engine: Any = None,
+def statement_inputs(report: Path, *, verdict: Verdict | dict[str, Any] | None = None,
+                     sbom_doc: dict[str, Any] | None = None, engine: Engine | None = None,
                      image_id: str | None = None, what: str | None = None,
                      require: str = verdicts.BUILD
                      ) -> tuple[Verdict, dict[str, Any], st.ProvenanceInputs]:
     """What the three statements say, from a build's ``report.json``: provenance from the
-    report, the verdict from the local record of its image (unless given; it must be a release
-    verdict), the SBOM from an inventory of the image through ``engine`` (unless given;
-    connected on demand). ``image_id``: the image being attested, which the report must
+    report, the verdict from the local record of its image (unless given, as a :class:`Verdict`
+    or its record; it must be a release verdict), the SBOM from an inventory of the image
+    through ``engine`` (unless given; connected on demand). A caller that signs twice (the
+    pipeline: the SIF, then the published image) calls this once and hands the result on. ``image_id``: the image being attested, which the report must
     describe. ``what`` names the thing to be signed in a refusal; ``require``: the verdict level
     a signature needs."""
     from builder.trust import sbom
@@ -111,6 +115,8 @@ def statement_inputs(report: Path, *, verdict: dict[str, Any] | None = None,
         chosen = verdicts.lookup(image)
         if chosen is None:
             raise TrustError(f"no local verdict for image {image[:19]}")
+    elif isinstance(verdict, Verdict):
+        chosen = verdict
     else:
         try:
             chosen = Verdict.from_dict(verdict)
@@ -145,8 +151,9 @@ def envelopes(subjects: list[dict[str, Any]], verdict: Verdict, sbom_doc: dict[s
 
 
 def sign_from_report(sif: Path, report: Path, key: Path, pgp_key: Path | None = None, *,
-                     verdict: dict[str, Any] | None = None, sbom_doc: dict[str, Any] | None = None,
-                     engine: Any = None, require: str = verdicts.BUILD) -> Signed:
+                     verdict: Verdict | dict[str, Any] | None = None,
+                     sbom_doc: dict[str, Any] | None = None, engine: Engine | None = None,
+                     require: str = verdicts.BUILD) -> Signed:
     """The whole signing step from a build's ``report.json`` (see :func:`statement_inputs`)."""
     load_private(key)  # fail before the (slower) inventory
     if pgp_key is not None:

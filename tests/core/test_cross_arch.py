@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from builder.engine import Engine, emulation_problem
+from builder.engine import Engine, ImageInfo, emulation_problem
 from builder.selftest.cpu import decide_source_build, elf_machine
 from builder.verify import EMULATION_FACTOR, arch_plan, plan_selftest
 
@@ -54,10 +54,9 @@ class _Engine:
         return self.arch
 
 
-def _img(arch: str, label: str | None) -> SimpleNamespace:
-    return SimpleNamespace(attrs={"Architecture": arch}, id="sha256:" + "ab" * 32,
-                           tags=["verl-env:cpu-arm64"],
-                           labels={"org.verl-env.arch": label} if label else {})
+def _img(arch: str, label: str | None) -> ImageInfo:
+    return ImageInfo("sha256:" + "ab" * 32, tags=("verl-env:cpu-arm64",), architecture=arch,
+                     config={"Labels": {"org.verl-env.arch": label} if label else {}})
 
 
 def test_gate_refuses_a_wrong_architecture_image() -> None:

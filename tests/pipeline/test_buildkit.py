@@ -12,7 +12,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from builder import engine as eng
+from builder.engine import buildkit as eng
 from builder.engine import BuildProgress, Engine, PlainProgress
 from builder.errors import EngineError
 from tests.conftest import REPO

@@ -231,16 +231,20 @@ def test_pipeline_entry_requires_a_verdict(registry: RegistryServer, layered: An
                                            layered_sif: Path, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    engine = Engine.connect()
+    image = engine.image(layered.id)
     with pytest.raises(PublishError, match="no passing verdict"):
-        publish.publish_verified(layered.id, f"{registry.host}/{REPO}", target="layers",
-                                 sif=None, pins={})
-    # a passing release verdict, as the gate records one (scope: the full phase set)
-    verdicts.record(layered.id, verdicts.Verdict(
+        publish.publish_verified(engine, image, f"{registry.host}/{REPO}", target="layers",
+                                 sif=None, pins={}, verdict=verdicts.lookup(layered.id))
+    # a passing release verdict, as the gate records one (scope: the full phase set), handed
+    # over as the pipeline does
+    recorded = verdicts.record(layered.id, verdicts.Verdict(
         layered.id, 0, {"overall": "pass", "gate": {"scope": "release", "family": "cpu"}}),
         target="layers")
     try:
-        record = publish.publish_verified(layered.id, f"{registry.host}/{REPO}", target="layers",
-                                          sif=layered_sif, pins={"demo": "1.0"})
+        record = publish.publish_verified(engine, image, f"{registry.host}/{REPO}",
+                                          target="layers", sif=layered_sif,
+                                          pins={"demo": "1.0"}, verdict=recorded)
     finally:
         os.unlink(verdicts.state_dir() / f"{layered.id.split(':')[1]}.json")
     assert record["target"] == "layers"

@@ -227,15 +227,18 @@ def test_pipeline_entry_converts_only_verified_images(layered: Any, tmp_path: Pa
 
     need_tools("mksquashfs", "siftool", "unsquashfs", "ch-run")
     out = tmp_path / "v.sif"
+    engine = Engine.connect()
+    image = engine.image(layered.id)
     with pytest.raises(SifError, match="no passing verdict"):
-        sif_mod.convert_verified(layered.id, out, target="layers")
-    # a passing release verdict, as the gate records one (scope: the full phase set)
-    verdicts.record(layered.id, verdicts.Verdict(
+        sif_mod.convert_verified(engine, image, out, target="layers", verdict=None)
+    # a passing release verdict, as the gate records one (scope: the full phase set), handed
+    # over as the pipeline does
+    recorded = verdicts.record(layered.id, verdicts.Verdict(
         layered.id, 0, {"overall": "pass", "gate": {"scope": "release", "family": "cpu"}}),
         target="layers")
     try:
         with pytest.raises(SifError, match="selftest") as err:
-            sif_mod.convert_verified(layered.id, out, target="layers")
+            sif_mod.convert_verified(engine, image, out, target="layers", verdict=recorded)
     finally:
         os.unlink(verdicts.state_dir() / f"{layered.id.split(':')[1]}.json")
     assert str(err.value).startswith("sif: [layers] ")

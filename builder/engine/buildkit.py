@@ -1,0 +1,323 @@
+"""Builds through BuildKit and their progress.
+
+The Dockerfile uses ``RUN --mount``, which the classic builder cannot parse, so builds are driven
+by a docker CLI that can: ``docker buildx build`` or, with a CLI that has BuildKit built in
+(Debian's 20.10 ``docker.io``), ``DOCKER_BUILDKIT=1 docker build``. Build output
+(``--progress=plain``) is scanned line by line: steps, cache hits, per-step seconds and errors
+are surfaced, never swallowed. The build process is always stopped, also on SIGINT/SIGTERM (see
+:func:`builder.engine.signals.interrupts_raise`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+from builder.engine.platforms import EMULATION_PACKAGES, PlatformsMixin, platform_of
+from builder.errors import EngineError
+
+
+@dataclass
+class BuildProgress:
+    """What the build has done so far. ``steps``: one entry per Dockerfile step BuildKit ran or
+    found cached (``stage``, ``step`` "x/y", ``instruction``, ``cached``, ``seconds``)."""
+
+    step: int = 0  # steps started so far (BuildKit runs independent steps in parallel)
+    total: int = 0  # steps in all stages
+    instruction: str = ""
+    cache_hits: int = 0
+    started: float = field(default_factory=time.monotonic)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    image_id: str
+    steps: int
+    cache_hits: int
+    seconds: float
+    log: str
+    step_times: tuple[dict[str, Any], ...] = ()
+
+
+CLI_OVERRIDE = "VERL_ENV_DOCKER_CLI"  # a docker executable to build with (probed like the others)
+# Tried after every `docker` on PATH: Debian's docker.io CLI, which has a BuildKit client built in.
+FALLBACK_CLIS: tuple[str, ...] = ("/usr/bin/docker",)
+_PROBE_TIMEOUT = 20
+
+
+@dataclass(frozen=True)
+class BuildKitCli:
+    """How to start a BuildKit build: ``argv`` + options, with ``env`` added."""
+
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return "buildx" if "buildx" in self.argv else "builtin"
+
+    def __str__(self) -> str:
+        env = " ".join(f"{k}={v}" for k, v in self.env)
+        return f"{env} {' '.join(self.argv)}".strip()
+
+
+_cli_cache: dict[tuple[str, str], BuildKitCli] = {}
+
+
+def _probe(argv: list[str], env: dict[str, str] | None = None) -> str | None:
+    """stdout+stderr of a quick local command (never reaches a daemon), or None if it failed."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=_PROBE_TIMEOUT,
+                              env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout + proc.stderr if proc.returncode == 0 else None
+
+
+def _docker_candidates() -> list[str]:
+    """Every distinct ``docker`` executable: the override, those on PATH, then the fallbacks."""
+    found: list[str] = []
+    override = os.environ.get(CLI_OVERRIDE)
+    if override:
+        return [shutil.which(override) or override]
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        exe = shutil.which("docker", path=d) if d else None
+        if exe:
+            found.append(exe)
+    found += [f for f in FALLBACK_CLIS if os.access(f, os.X_OK)]
+    unique: list[str] = []
+    for exe in found:
+        if os.path.realpath(exe) not in {os.path.realpath(u) for u in unique}:
+            unique.append(exe)
+    return unique
+
+
+def find_buildkit_cli() -> BuildKitCli:
+    """The first docker CLI that can drive a BuildKit build: ``buildx`` (any candidate), else a
+    CLI with a built-in BuildKit client (``DOCKER_BUILDKIT=1 docker build`` knows ``--secret``;
+    a 23+ CLI without buildx refuses even ``--help``). Cached per PATH and override."""
+    key = (os.environ.get("PATH", ""), os.environ.get(CLI_OVERRIDE, ""))
+    if key in _cli_cache:
+        return _cli_cache[key]
+    candidates = _docker_candidates()
+    chosen: BuildKitCli | None = None
+    for exe in candidates:
+        if _probe([exe, "buildx", "version"]) is not None:
+            chosen = BuildKitCli((exe, "buildx", "build", "--load"))
+            break
+    if chosen is None:
+        for exe in candidates:
+            out = _probe([exe, "build", "--help"], {"DOCKER_BUILDKIT": "1"})
+            if out and "--secret" in out and "--iidfile" in out:
+                chosen = BuildKitCli((exe, "build"), (("DOCKER_BUILDKIT", "1"),))
+                break
+    if chosen is None:
+        tried = ", ".join(candidates) or "none (no `docker` on PATH)"
+        where = f" (from {CLI_OVERRIDE})" if os.environ.get(CLI_OVERRIDE) else ""
+        raise EngineError(
+            "BuildKit is required (the Dockerfile uses RUN --mount, which the classic builder "
+            f"cannot parse), but no docker CLI here can drive it; tried{where}: {tried} "
+            "(no `docker buildx`, no built-in BuildKit client). Enable it: install the buildx "
+            "plugin (Debian/Ubuntu: apt-get install docker-buildx; Docker's packages: "
+            "docker-buildx-plugin), or Debian's docker.io CLI (built-in BuildKit client, "
+            f"/usr/bin/docker), or set {CLI_OVERRIDE} to a docker CLI that has either.")
+    _cli_cache[key] = chosen
+    return chosen
+
+
+# `#5 ERROR: ...`, `#5 0.532 <output of the step>`; internal vertices (`[internal] load ...`,
+# `exporting to image`) are not steps.
+_VERTEX = re.compile(r"^#(\d+) \[(?:(?P<stage>[^\]]*?)\s+)?(?P<x>\d+)/(?P<y>\d+)\] (?P<text>.*)$")
+_STATE = re.compile(r"^#(\d+) (CACHED|DONE ([\d.]+)s|ERROR:? ?(.*)|CANCELED.*)$")
+_OUTPUT = re.compile(r"^#(\d+) \d+\.\d+ (.*)$")
+
+
+class PlainProgress:
+    """Parses BuildKit's ``--progress=plain`` output into a :class:`BuildProgress`."""
+
+    def __init__(self, progress: BuildProgress) -> None:
+        self.progress = progress
+        self.vertices: dict[str, dict[str, Any]] = {}  # vertex id -> its entry in progress.steps
+        self.output: dict[str, deque[str]] = {}  # vertex id -> the tail of its log
+        self.stage_totals: dict[str, int] = {}
+        self.failed: list[tuple[dict[str, Any] | None, str]] = []
+        self.other: deque[str] = deque(maxlen=30)  # lines outside any vertex (final errors)
+
+    def feed(self, line: str) -> None:
+        line = line.rstrip("\n")
+        p = self.progress
+        m = _VERTEX.match(line)
+        if m:
+            vid = m.group(1)
+            if vid not in self.vertices:
+                stage = (m.group("stage") or "").strip()
+                self.stage_totals[stage] = int(m.group("y"))
+                p.total = sum(self.stage_totals.values())
+                p.step += 1
+                p.instruction = m.group("text")
+                entry = {"step": p.step, "stage": stage, "at": f"{m.group('x')}/{m.group('y')}",
+                         "instruction": m.group("text")[:100], "cached": False, "seconds": 0.0}
+                self.vertices[vid] = entry
+                p.steps.append(entry)
+            return
+        m = _STATE.match(line)
+        if m:
+            entry = self.vertices.get(m.group(1))
+            state = m.group(2)
+            if state == "CACHED" and entry is not None and not entry["cached"]:
+                entry["cached"] = True
+                # a base image is reported CACHED once any build used it: not a hit of ours
+                p.cache_hits += not entry["instruction"].startswith("FROM ")
+            elif state.startswith("DONE") and entry is not None:
+                entry["seconds"] = float(m.group(3))
+            elif state.startswith("ERROR"):
+                self.failed.append((entry, m.group(4) or ""))
+            return
+        m = _OUTPUT.match(line)
+        if m:
+            self.output.setdefault(m.group(1), deque(maxlen=15)).append(m.group(2))
+            return
+        if line and not line.startswith("#"):
+            self.other.append(line)
+
+    def error(self) -> str:
+        """The failed step, BuildKit's message and the tail of that step's log."""
+        for entry, message in self.failed:
+            if entry is None:
+                continue
+            vid = next(v for v, e in self.vertices.items() if e is entry)
+            where = f"{entry['stage']} {entry['at']}".strip()
+            tail = "\n".join(self.output.get(vid, ()))
+            return (f"build failed at step {where} ({entry['instruction'][:120]}): "
+                    f"{message.strip()}\n{tail}")
+        detail = "\n".join(line for line in self.other if line.strip()) or "no output"
+        return f"build failed before any step ran:\n{detail}"
+
+
+def _stop_group(proc: subprocess.Popen[str], grace: float = 10) -> None:
+    """Stop a build CLI and everything it started (its own process group): the daemon sees the
+    session close and cancels the build."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+class BuildMixin(PlatformsMixin):
+    """BuildKit builds on the connected daemon (part of :class:`builder.engine.Engine`)."""
+
+    # Where the build CLI sends its requests; None: the SDK's own (see _cli_host). Set it when
+    # the engine was connected to a host the environment does not name (a docker context).
+    host: str | None = None
+
+    def build(self, context: Path, *, target: str, network: str | None = "host",
+              platform: str | None = None, secrets: dict[str, Path] | None = None,
+              on_event: Callable[[BuildProgress, str], None] | None = None) -> BuildResult:
+        """Build ``context/Dockerfile`` with BuildKit (untagged) on this engine's daemon.
+
+        ``network``: for RUN steps (``host``; None: the daemon's default). ``platform``: the
+        target's arch or platform; ``--platform`` is passed only when it differs from the
+        daemon's. ``secrets``: BuildKit secrets (id -> file), e.g. the site CA. Raises EngineError
+        naming the failed step; on SIGINT/SIGTERM (KeyboardInterrupt, see interrupts_raise) the
+        build process group is killed, which cancels the build: nothing is tagged.
+        """
+        cli = find_buildkit_cli()
+        progress = BuildProgress()
+        parser = PlainProgress(progress)
+        log: deque[str] = deque(maxlen=2000)
+        with tempfile.TemporaryDirectory(prefix="verl-env-build-") as tmp:
+            iidfile = Path(tmp) / "iid"
+            cmd = [*cli.argv, "--progress=plain", "--iidfile", str(iidfile),
+                   "--file", str(Path(context) / "Dockerfile")]
+            if network:
+                cmd += ["--network", network]
+            wanted = platform_of(platform) if platform else None
+            if wanted and wanted != self._daemon_platform():
+                self.require_emulation(wanted, target=target)
+                cmd += ["--platform", wanted]
+            for sid, src in sorted((secrets or {}).items()):
+                if not Path(src).is_file():
+                    raise EngineError(f"build secret {sid}: no such file {src}", target=target)
+                cmd.append(f"--secret=id={sid},src={Path(src).resolve()}")
+            cmd.append(str(context))
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=self._cli_env(cli), text=True,
+                                    errors="replace", start_new_session=True)
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    log.append(line)
+                    parser.feed(line)
+                    if on_event:
+                        on_event(progress, line)
+                code = proc.wait()
+            finally:
+                _stop_group(proc)
+            if code != 0:
+                why = parser.error()
+                if "exec format error" in "".join(log).lower():
+                    why += (f" (exec format error: a foreign-architecture binary ran without QEMU "
+                            f"emulation on the engine's host; install {EMULATION_PACKAGES} there)")
+                raise EngineError(why, target=target)
+            image_id = iidfile.read_text().strip() if iidfile.is_file() else ""
+        if not image_id.startswith("sha256:"):
+            raise EngineError(f"build ended without an image ID ({cli} wrote no --iidfile)",
+                              target=target)
+        return BuildResult(image_id, progress.total, progress.cache_hits, progress.elapsed,
+                           "".join(log), tuple(progress.steps))
+
+    def prune_build_cache(self) -> int:
+        """Drop the whole BuildKit cache, cache mounts (the uv cache) included; bytes freed."""
+        try:
+            return int(self.client.api.prune_builds(all=True).get("SpaceReclaimed") or 0)
+        except docker.errors.APIError as exc:
+            raise EngineError(f"could not prune the build cache: {exc.explanation or exc}"
+                              ) from None
+
+    def _cli_env(self, cli: BuildKitCli) -> dict[str, str]:
+        env = {**os.environ, **dict(cli.env)}
+        host = self._cli_host()
+        if host:
+            env["DOCKER_HOST"] = host
+            env.pop("DOCKER_CONTEXT", None)  # DOCKER_HOST wins anyway; say so
+        return env
+
+    def _cli_host(self) -> str | None:
+        """The daemon the SDK talks to, as a docker CLI ``DOCKER_HOST``; None: leave it to the
+        CLI's environment (e.g. ssh://, which the SDK got from DOCKER_HOST too)."""
+        if self.host:
+            return self.host
+        adapter = getattr(self.client.api, "_custom_adapter", None)
+        socket_path = getattr(adapter, "socket_path", None)
+        if socket_path:
+            return f"unix://{socket_path}"
+        base = str(getattr(self.client.api, "base_url", ""))
+        if base.startswith(("http://", "https://")):
+            return "tcp://" + base.split("://", 1)[1]
+        return os.environ.get("DOCKER_HOST")

@@ -1,0 +1,204 @@
+"""The seams between the pipeline's stages: `build-env --target T --sif X --sign-key K --push REG`
+connects to the engine once, hands that engine, the verdict it recorded and one SBOM inventory to
+the SIF conversion, the signature and the publish; and only ``builder/engine/`` speaks Docker.
+
+The count test drives the pipeline's own later stages (:func:`builder.pipeline.preflight` and
+``_extend``, what :func:`builder.pipeline.run` calls after the gate) with a fake engine that
+counts, and fakes at the far ends (the squashfs writer, the registry's HTTP calls, siftool); the
+real path of the same request is run end to end by tests/publish/test_main_job_extended.py.
+Before this seam existed the same request connected 4 times, read the verdict 5 times and ran the
+inventory container twice.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from builder import pipeline, publish, verdicts
+from builder.engine import Engine, ImageInfo, RunResult
+from builder.trust import keys
+from builder.trust import sbom as sbom_mod
+from builder.trust.sign import Signed
+
+BUILDER = Path(__file__).resolve().parents[2] / "builder"
+IMAGE_ID = "sha256:" + "ab" * 32
+TARGET = "cpu-x86_64"
+INVENTORY = {"interpreter": "/opt/venv/bin/python", "python": "3.11.2",
+             "python_packages": [{"name": "verl", "version": "0.5.0", "license": "Apache-2.0"}],
+             "debian_packages": [{"name": "bash", "version": "5.2", "arch": "amd64"}],
+             "os": {"id": "debian", "version_id": "12"}}
+
+
+class CountingEngine(Engine):
+    """An Engine without a daemon: image inspection from a table, the SBOM container's output
+    canned; every run is counted by role."""
+
+    def __init__(self) -> None:  # no SDK client: nothing here may reach one
+        self.runs: Counter[str] = Counter()
+        self.tags: list[str] = []
+
+    def image(self, ref: str) -> ImageInfo:
+        assert ref == IMAGE_ID
+        return ImageInfo(IMAGE_ID, tags=(f"verl-env:{TARGET}",), architecture="amd64",
+                         size=1 << 20, config={"Labels": {"org.verl-env.accelerator": "cpu",
+                                                          "org.verl-env.target": TARGET}})
+
+    def run(self, image: str, command: Sequence[str], **kwargs: Any) -> RunResult:
+        self.runs[kwargs.get("role", "verify")] += 1
+        return RunResult(0, f"{sbom_mod.MARKER}\n{json.dumps(INVENTORY)}\n", 0.1)
+
+    def tag(self, image_id: str, ref: str) -> None:
+        self.tags.append(ref)
+
+
+@pytest.fixture()
+def seams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+    """Counters on the three things the later stages used to redo, and fakes at the far ends."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    seen = SimpleNamespace(connects=0, lookups=0, engines=[], sboms=[], engine=CountingEngine())
+
+    def connect(cls: type[Engine]) -> Engine:
+        seen.connects += 1
+        return seen.engine
+
+    real_lookup = verdicts.lookup
+
+    def lookup(image_id: str) -> verdicts.Verdict | None:
+        seen.lookups += 1
+        return real_lookup(image_id)
+
+    monkeypatch.setattr(Engine, "connect", classmethod(connect))
+    monkeypatch.setattr(verdicts, "lookup", lookup)
+
+    # the SIF: conversion and its self-test are the far end (tests/sif runs them for real)
+    sif_convert = importlib.import_module("builder.sif.convert")  # the module, not the function
+
+    def build(engine: Engine, backend: str, image: ImageInfo, partial: Path, *a: Any) -> dict:
+        seen.engines.append(engine)
+        partial.write_bytes(b"SIF")
+        return {}
+
+    monkeypatch.setattr("builder.sif.pick_backend", lambda *a, **k: "native")
+    monkeypatch.setattr(sif_convert, "pick_backend", lambda *a, **k: "native")
+    monkeypatch.setattr(sif_convert, "_build", build)
+    monkeypatch.setattr(sif_convert, "verify_sif",
+                        lambda *a, **k: {"overall": "pass", "checks": []})
+
+    def sign_sif(sif: Path, verdict: verdicts.Verdict, sbom: dict, provenance: Any,
+                 key: Path, pgp_key: Path | None = None, require: str = "build") -> Signed:
+        seen.sboms.append(sbom)
+        return Signed(sif, sif.with_name(sif.name + ".intoto.jsonl"), "sha256:" + "0" * 64,
+                      "f" * 64, None)
+
+    monkeypatch.setattr("builder.trust.sign.sign_sif", sign_sif)
+
+    # the registry: its HTTP calls are the far end (tests/publish runs them for real)
+    def push_image(engine: Engine, image: ImageInfo, reg: Any, tag: str, attempts: int) -> str:
+        seen.engines.append(engine)
+        return "sha256:" + "1" * 64
+
+    def attest(reg: Any, attestations: publish.Attestations, digest: str,
+               subjects: list, attempts: int) -> dict:
+        seen.sboms.append(attestations.sbom)
+        return {"subject": digest, "referrers": [], "fallback_index": None, "cosign_tag": ""}
+
+    monkeypatch.setattr(publish, "preflight", lambda *a, **k: None)
+    monkeypatch.setattr(publish, "connect", lambda *a, **k: (
+        SimpleNamespace(host="127.0.0.1:5000", repo="verl-env"), "none"))
+    monkeypatch.setattr(publish, "check_access", lambda *a, **k: None)
+    monkeypatch.setattr(publish, "check_sif_matches", lambda *a, **k: None)
+    monkeypatch.setattr(publish, "push_image", push_image)
+    monkeypatch.setattr(publish, "manifest_digest", lambda *a, **k: ("sha256:" + "1" * 64, {}))
+    monkeypatch.setattr(publish, "push_sif", lambda *a, **k: ("sha256:" + "2" * 64, {}))
+    monkeypatch.setattr(publish, "check_sif_manifest", lambda *a, **k: None)
+    monkeypatch.setattr(publish, "attest", attest)
+    yield seen
+
+
+def test_sif_sign_push_connect_once_read_the_verdict_never_and_inventory_once(
+        seams: SimpleNamespace, tmp_path: Path) -> None:
+    key = keys.generate(tmp_path / "keys")
+    sif = tmp_path / "out.sif"
+    req = pipeline.BuildRequest(target=TARGET, sif=sif, sign_key=key.private,
+                                push="127.0.0.1:5000/verl-env", quiet=True)
+    target: Any = SimpleNamespace(name=TARGET)
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "Dockerfile").write_text("FROM scratch\n")
+    report = pipeline.Report(TARGET, False, {"verl": "0.5.0"}, {}, "sha256:" + "3" * 64,
+                             "sha256:" + "4" * 64, image_id=IMAGE_ID, result="pass",
+                             tags=[f"verl-env:{TARGET}"])
+    report.stages["render"] = {"context": str(context)}
+    report_path = tmp_path / "report.json"
+    report.write(report_path)
+    # what run() holds after the gate: the verdict it recorded
+    gate = verdicts.Verdict(IMAGE_ID, 0, {"overall": "pass",
+                                          "gate": {"scope": "release", "family": "cpu"}})
+    recorded = verdicts.record(IMAGE_ID, gate, target=TARGET, tags=report.tags)
+
+    engine = pipeline.preflight(req, target)
+    outcome = pipeline._extend(req, target, engine, IMAGE_ID, recorded, report, report_path,
+                               pipeline.Console(TARGET, False, True))
+
+    assert outcome.exit_code == 0, outcome.error
+    assert sif.read_bytes() == b"SIF" and report.stages["sif"]["keyid"] == "f" * 64
+    assert report.stages["publish"]["image_digest"] == "sha256:" + "1" * 64
+    assert seams.connects == 1
+    assert seams.engine.runs == Counter({"sbom": 1})
+    assert seams.lookups == 0  # the verdict the run recorded is handed down, never re-read
+    # the SIF and the push used the run's engine; both signatures carry the one SBOM
+    assert seams.engines == [engine, engine]
+    assert len(seams.sboms) == 3 and all(s is seams.sboms[0] for s in seams.sboms)
+    assert report.stages["publish"]["verdict"]["level"] == "build"
+
+
+def test_a_verdict_about_another_image_is_refused_by_the_later_stages(
+        seams: SimpleNamespace, tmp_path: Path) -> None:
+    from builder.errors import PublishError, SifError
+    from builder.sif import convert_verified
+
+    other = verdicts.Verdict("sha256:" + "cd" * 32, 0, {
+        "overall": "pass", "gate": {"scope": "release", "family": "cpu"}}).recorded(
+        "sha256:" + "cd" * 32, target=TARGET)
+    engine = seams.engine
+    image = engine.image(IMAGE_ID)
+    with pytest.raises(SifError, match="about sha256:cdcd"):
+        convert_verified(engine, image, tmp_path / "x.sif", target=TARGET, verdict=other)
+    with pytest.raises(PublishError, match="about sha256:cdcd"):
+        publish.publish_verified(engine, image, "127.0.0.1:5000/verl-env", target=TARGET,
+                                 sif=None, pins={}, verdict=other)
+    assert not (tmp_path / "x.sif").exists() and seams.engines == []
+
+
+def _docker_imports(path: Path) -> list[str]:
+    """``import docker...``/``from docker... import`` statements and ``docker.X`` uses."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [f"{path}:{node.lineno}: import {a.name}" for a in node.names
+                      if a.name.split(".")[0] == "docker"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "docker":
+            found.append(f"{path}:{node.lineno}: from {node.module} import ...")
+        elif isinstance(node, ast.Name) and node.id == "docker":
+            found.append(f"{path}:{node.lineno}: docker")
+    return found
+
+
+def test_only_the_engine_package_speaks_docker() -> None:
+    """No module outside builder/engine/ imports the docker SDK or names it: the rest gets
+    ImageInfo, RunResult and BuildResult."""
+    offenders = [hit for path in sorted(BUILDER.rglob("*.py"))
+                 if "engine" not in path.relative_to(BUILDER).parts[:1]
+                 for hit in _docker_imports(path)]
+    assert offenders == []
+    assert _docker_imports(BUILDER / "engine" / "client.py")  # the check sees an import
