@@ -39,7 +39,7 @@ from typing import Any
 from builder.engine import Engine, ImageInfo
 from builder.errors import EngineError, VerifyError
 from builder.families import ALL_PHASES, FAMILIES, VENDORS
-from builder.files import atomic_write_text
+from builder.files import atomic_write_text, sha256_file
 from builder.verdicts import PARTIAL, RELEASE, Verdict, record
 
 VERDICTS = {0: "pass", 1: "fail", 2: "incomplete", 3: "error"}
@@ -469,7 +469,7 @@ def verify_sif_image(path: Path, *, expect_gpus: int | None = None, timeout: flo
     devices = _list_devices(fam.vendor.name, dev_root) if fam and fam.vendor else None
     sg = plan_sif_gate(family, runtime=chosen, expect_gpus=expect_gpus, environ=environ,
                        devices=devices, dev_root=dev_root)
-    digest = "sha256:" + _sha256(path)
+    digest = sha256_file(path)
     reasons = [r for r in (plan.partial_reason, sg.gpus.get("narrowed")) if r]
     gate: dict[str, Any] = {
         "schema": GATE_SCHEMA, "subject": {"sif": str(path), "digest": digest,
@@ -503,16 +503,6 @@ def verify_sif_image(path: Path, *, expect_gpus: int | None = None, timeout: flo
     gate["gpus"]["in_image"] = _in_image_gpus(report, plan.phases)
     report["gate"] = gate
     return Verdict(str(path), code, report, run.logs, run.seconds)
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _in_image_gpus(report: Mapping[str, Any], phases: Sequence[str]) -> dict[str, Any]:
