@@ -70,6 +70,7 @@ class ClusterVerdict:
     nodes: tuple[NodeResult, ...]
     world_size: int | None
     inter_node: Mapping[str, Any]  # {"checks": {id: {status, value, unit, reason}}, transport, ...}
+    runtime: str | None = None  # the container runtime the job ran the image with
 
     @property
     def family(self) -> str | None:
@@ -114,6 +115,8 @@ class ClusterVerdict:
         gpus = sorted({m for n in self.nodes for m in n.gpu.get("models") or ()})
         bw = self.inter_node.get("busbw_gbps")
         parts = [f"{len(self.nodes)} node(s)"]
+        if self.runtime:
+            parts.append(self.runtime)
         if gpus:
             parts.append(", ".join(gpus))
         if self.inter_node.get("transport"):
@@ -126,7 +129,8 @@ class ClusterVerdict:
         return {"schema": SCHEMA, "cluster": self.cluster, "subject": dict(self.subject),
                 "job": self.job, "recorded_at": self.recorded_at, "overall": self.overall,
                 "level": self.level, "problems": self.problems, "world_size": self.world_size,
-                "nodes": [n.to_dict() for n in self.nodes], "inter_node": dict(self.inter_node)}
+                "nodes": [n.to_dict() for n in self.nodes], "inter_node": dict(self.inter_node),
+                "runtime": self.runtime}
 
     @classmethod
     def from_dict(cls, d: Any) -> ClusterVerdict:
@@ -142,7 +146,8 @@ class ClusterVerdict:
                    str(d.get("recorded_at")),
                    tuple(NodeResult.from_dict(n) for n in d.get("nodes") or ()
                          if isinstance(n, Mapping)),
-                   ws if isinstance(ws, int) else None, dict(d.get("inter_node") or {}))
+                   ws if isinstance(ws, int) else None, dict(d.get("inter_node") or {}),
+                   str(d["runtime"]) if d.get("runtime") else None)
 
 
 def _node_gpu(report: Mapping[str, Any], family: str | None) -> dict[str, Any]:
@@ -180,8 +185,11 @@ def _inter_node(reports: list[dict[str, Any]]) -> tuple[dict[str, Any], int | No
 
 
 def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
-            now: str | None = None) -> ClusterVerdict:
-    """The cluster verdict of the job in ``job_dir`` about ``sif`` (its sha256 and labels)."""
+            now: str | None = None, nodes: tuple[str, ...] = (),
+            runtime: str | None = None) -> ClusterVerdict:
+    """The cluster verdict of the job in ``job_dir`` about ``sif`` (its sha256 and labels).
+    ``nodes``: the job's nodes (the generated job passes its allocation); one that left no
+    result is a ``missing`` node, a fail. ``runtime``: the container runtime the job used."""
     from builder.sif.verify import sif_labels
 
     job_dir, sif = Path(job_dir), Path(sif)
@@ -197,11 +205,12 @@ def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
         raise ClusterError(f"{sif}: not a readable SIF ({exc})") from None
     family = labels.get("org.verl-env.accelerator")
     names = sorted({p.name[len("selftest-"):].rsplit(".", 1)[0]
-                    for p in job_dir.glob("selftest-*") if p.suffix in (".json", ".rc")})
-    if not names:
+                    for p in job_dir.glob("selftest-*") if p.suffix in (".json", ".rc")}
+                   | {n for n in nodes if n})
+    if not names or not any(job_dir.glob("selftest-*")):
         raise ClusterError(f"{job_dir}: no selftest-<node>.json or .rc: the job's self-test "
                            "stage did not run there")
-    nodes, reports = [], []
+    results, reports = [], []
     for name in names:
         rc_path, rep_path = job_dir / f"selftest-{name}.rc", job_dir / f"selftest-{name}.json"
         code: int | None = None
@@ -224,13 +233,13 @@ def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
             failing = [str(c.get("id")) for c in report.get("checks") or ()
                        if isinstance(c, dict) and c.get("status") == FAIL]
             reason = reason or (f"failing: {', '.join(failing[:5])}" if failing else "")
-        nodes.append(NodeResult(name, code, overall, reason, _node_gpu(report, family)))
+        results.append(NodeResult(name, code, overall, reason, _node_gpu(report, family)))
     inter, world = _inter_node(reports)
     stamp = now or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     subject = {"name": sif.name, "digest": file_digest(sif),
                "target": labels.get("org.verl-env.target"), "family": family}
-    return ClusterVerdict(cluster, subject, job or job_dir.name, stamp, tuple(nodes), world,
-                          inter)
+    return ClusterVerdict(cluster, subject, job or job_dir.name, stamp, tuple(results), world,
+                          inter, runtime)
 
 
 def write(verdict: ClusterVerdict, path: Path) -> Path:
@@ -263,6 +272,12 @@ def add_arguments(p: Any) -> None:
                    help="the site/cluster name the verdict holds for")
     p.add_argument("--output", type=Path, default=None, metavar="PATH",
                    help=f"where the verdict goes (default: JOBDIR/{FILE_NAME})")
+    p.add_argument("--nodes", default="", metavar="NODE,...",
+                   help="the job's nodes: one that left no result is a missing (failed) node")
+    p.add_argument("--job", default=None, metavar="ID", help="the job's name in the verdict "
+                   "(default: the job directory's name)")
+    p.add_argument("--runtime", default=None, metavar="NAME",
+                   help="the container runtime the job ran the image with")
     p.add_argument("--sign-key", type=Path, default=os.environ.get("VERL_ENV_SIGN_KEY") or None,
                    metavar="PATH", help="sign it and append it to SIF.clusters.intoto.jsonl "
                    "(env VERL_ENV_SIGN_KEY)")
@@ -271,7 +286,8 @@ def add_arguments(p: Any) -> None:
 
 def run(args: Any) -> int:
     """Collect (and sign) the job's cluster verdict; exit 0 when it passed, 1 when not."""
-    verdict = collect(args.job_dir, args.sif, args.cluster)
+    verdict = collect(args.job_dir, args.sif, args.cluster, job=args.job,
+                      nodes=tuple(n for n in args.nodes.split(",") if n), runtime=args.runtime)
     path = write(verdict, args.output or Path(args.job_dir) / FILE_NAME)
     if args.sign_key:
         from builder.trust.cluster import sign_cluster
