@@ -184,6 +184,28 @@ def _inter_node(reports: list[dict[str, Any]]) -> tuple[dict[str, Any], int | No
     return info, world
 
 
+EXIT_NAMES = {0: PASS, 1: FAIL, 2: "incomplete", 3: "error"}  # the self-test's exit codes
+
+
+def _has_gpus(family: str | None) -> bool:
+    fam = family_of_name(family)
+    return fam is None or bool(fam.gpu_phases)
+
+
+def _shared_report(job_dir: Path) -> tuple[str, dict[str, Any]] | None:
+    """The multi-rank report in the job directory (only rank 0 of the self-test's one srun step
+    writes one, holding every rank's checks and the collective), as (file name, report)."""
+    for path in sorted(job_dir.glob("selftest-*.json")):
+        try:
+            rep = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(rep, dict) and isinstance(rep.get("world_size"), int) and \
+                rep["world_size"] > 1:
+            return path.name, rep
+    return None
+
+
 def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
             now: str | None = None, nodes: tuple[str, ...] = (),
             runtime: str | None = None) -> ClusterVerdict:
@@ -210,6 +232,7 @@ def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
     if not names or not any(job_dir.glob("selftest-*")):
         raise ClusterError(f"{job_dir}: no selftest-<node>.json or .rc: the job's self-test "
                            "stage did not run there")
+    shared = _shared_report(job_dir)  # rank 0's report: every rank's checks, the collective
     results, reports = [], []
     for name in names:
         rc_path, rep_path = job_dir / f"selftest-{name}.rc", job_dir / f"selftest-{name}.json"
@@ -225,6 +248,15 @@ def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
                 report = loaded if isinstance(loaded, dict) else {}
             except (OSError, json.JSONDecodeError) as exc:
                 reason = f"{rep_path.name}: {exc}"
+        elif code is not None and shared is not None:
+            # a rank other than 0: its own exit code (the ranks' agreed verdict); its checks are
+            # in rank 0's shared report, its GPU facts are not recorded per node
+            results.append(NodeResult(
+                name, code, EXIT_NAMES.get(code, "error"),
+                f"checks in the ranks' shared report {shared[0]}",
+                {"status": "pending", "reason": "not recorded per node: only rank 0 of the "
+                 "self-test writes a report"} if _has_gpus(family) else {"status": NONE}))
+            continue
         else:
             reason = f"no {rep_path.name}"
         overall = str(report.get("overall") or ("unreadable" if rep_path.exists() else "missing"))

@@ -102,6 +102,21 @@ def test_a_two_node_cpu_job_is_one_cluster_verdict(tmp_path: Path) -> None:
     (job / "selftest-node2.rc").unlink()
     gone = cluster.collect(job, sif, "fake-cluster")
     assert "1 node result(s) for a collective of 2 rank(s)" in gone.problems
+    # as the job leaves them: only rank 0 writes a report (every rank's checks and the collective);
+    # node2 left its exit code, the ranks' agreed verdict
+    _cpu_reports(job)
+    (job / "selftest-node2.json").unlink()
+    ranked = cluster.collect(job, sif, "fake-cluster", nodes=("node1", "node2"))
+    assert ranked.overall == "pass", ranked.problems
+    assert [(n.node, n.exit_code, n.overall) for n in ranked.nodes] == [
+        ("node1", 0, "pass"), ("node2", 0, "pass")]
+    assert ranked.nodes[1].reason == "checks in the ranks' shared report selftest-node1.json"
+    (job / "selftest-node2.rc").write_text("1\n")
+    assert "node2: fail (exit 1): checks in the ranks' shared report selftest-node1.json" in \
+        cluster.collect(job, sif, "fake-cluster").problems
+    (job / "selftest-node2.rc").unlink()
+    assert "1 node result(s) for a collective of 2 rank(s)" in \
+        cluster.collect(job, sif, "fake-cluster").problems
     with pytest.raises(ClusterError, match="no selftest-<node>.json"):
         cluster.collect(tmp_path, sif, "fake-cluster")
     with pytest.raises(ClusterError, match="name the cluster"):
