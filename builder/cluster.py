@@ -70,6 +70,7 @@ class ClusterVerdict:
     nodes: tuple[NodeResult, ...]
     world_size: int | None
     inter_node: Mapping[str, Any]  # {"checks": {id: {status, value, unit, reason}}, transport, ...}
+    runtime: str | None = None  # the container runtime the job ran the image with
 
     @property
     def family(self) -> str | None:
@@ -114,6 +115,8 @@ class ClusterVerdict:
         gpus = sorted({m for n in self.nodes for m in n.gpu.get("models") or ()})
         bw = self.inter_node.get("busbw_gbps")
         parts = [f"{len(self.nodes)} node(s)"]
+        if self.runtime:
+            parts.append(self.runtime)
         if gpus:
             parts.append(", ".join(gpus))
         if self.inter_node.get("transport"):
@@ -126,7 +129,8 @@ class ClusterVerdict:
         return {"schema": SCHEMA, "cluster": self.cluster, "subject": dict(self.subject),
                 "job": self.job, "recorded_at": self.recorded_at, "overall": self.overall,
                 "level": self.level, "problems": self.problems, "world_size": self.world_size,
-                "nodes": [n.to_dict() for n in self.nodes], "inter_node": dict(self.inter_node)}
+                "nodes": [n.to_dict() for n in self.nodes], "inter_node": dict(self.inter_node),
+                "runtime": self.runtime}
 
     @classmethod
     def from_dict(cls, d: Any) -> ClusterVerdict:
@@ -142,7 +146,8 @@ class ClusterVerdict:
                    str(d.get("recorded_at")),
                    tuple(NodeResult.from_dict(n) for n in d.get("nodes") or ()
                          if isinstance(n, Mapping)),
-                   ws if isinstance(ws, int) else None, dict(d.get("inter_node") or {}))
+                   ws if isinstance(ws, int) else None, dict(d.get("inter_node") or {}),
+                   str(d["runtime"]) if d.get("runtime") else None)
 
 
 def _node_gpu(report: Mapping[str, Any], family: str | None) -> dict[str, Any]:
@@ -179,9 +184,34 @@ def _inter_node(reports: list[dict[str, Any]]) -> tuple[dict[str, Any], int | No
     return info, world
 
 
+EXIT_NAMES = {0: PASS, 1: FAIL, 2: "incomplete", 3: "error"}  # the self-test's exit codes
+
+
+def _has_gpus(family: str | None) -> bool:
+    fam = family_of_name(family)
+    return fam is None or bool(fam.gpu_phases)
+
+
+def _shared_report(job_dir: Path) -> tuple[str, dict[str, Any]] | None:
+    """The multi-rank report in the job directory (only rank 0 of the self-test's one srun step
+    writes one, holding every rank's checks and the collective), as (file name, report)."""
+    for path in sorted(job_dir.glob("selftest-*.json")):
+        try:
+            rep = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(rep, dict) and isinstance(rep.get("world_size"), int) and \
+                rep["world_size"] > 1:
+            return path.name, rep
+    return None
+
+
 def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
-            now: str | None = None) -> ClusterVerdict:
-    """The cluster verdict of the job in ``job_dir`` about ``sif`` (its sha256 and labels)."""
+            now: str | None = None, nodes: tuple[str, ...] = (),
+            runtime: str | None = None) -> ClusterVerdict:
+    """The cluster verdict of the job in ``job_dir`` about ``sif`` (its sha256 and labels).
+    ``nodes``: the job's nodes (the generated job passes its allocation); one that left no
+    result is a ``missing`` node, a fail. ``runtime``: the container runtime the job used."""
     from builder.sif.verify import sif_labels
 
     job_dir, sif = Path(job_dir), Path(sif)
@@ -197,11 +227,13 @@ def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
         raise ClusterError(f"{sif}: not a readable SIF ({exc})") from None
     family = labels.get("org.verl-env.accelerator")
     names = sorted({p.name[len("selftest-"):].rsplit(".", 1)[0]
-                    for p in job_dir.glob("selftest-*") if p.suffix in (".json", ".rc")})
-    if not names:
+                    for p in job_dir.glob("selftest-*") if p.suffix in (".json", ".rc")}
+                   | {n for n in nodes if n})
+    if not names or not any(job_dir.glob("selftest-*")):
         raise ClusterError(f"{job_dir}: no selftest-<node>.json or .rc: the job's self-test "
                            "stage did not run there")
-    nodes, reports = [], []
+    shared = _shared_report(job_dir)  # rank 0's report: every rank's checks, the collective
+    results, reports = [], []
     for name in names:
         rc_path, rep_path = job_dir / f"selftest-{name}.rc", job_dir / f"selftest-{name}.json"
         code: int | None = None
@@ -216,6 +248,15 @@ def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
                 report = loaded if isinstance(loaded, dict) else {}
             except (OSError, json.JSONDecodeError) as exc:
                 reason = f"{rep_path.name}: {exc}"
+        elif code is not None and shared is not None:
+            # a rank other than 0: its own exit code (the ranks' agreed verdict); its checks are
+            # in rank 0's shared report, its GPU facts are not recorded per node
+            results.append(NodeResult(
+                name, code, EXIT_NAMES.get(code, "error"),
+                f"checks in the ranks' shared report {shared[0]}",
+                {"status": "pending", "reason": "not recorded per node: only rank 0 of the "
+                 "self-test writes a report"} if _has_gpus(family) else {"status": NONE}))
+            continue
         else:
             reason = f"no {rep_path.name}"
         overall = str(report.get("overall") or ("unreadable" if rep_path.exists() else "missing"))
@@ -224,13 +265,13 @@ def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
             failing = [str(c.get("id")) for c in report.get("checks") or ()
                        if isinstance(c, dict) and c.get("status") == FAIL]
             reason = reason or (f"failing: {', '.join(failing[:5])}" if failing else "")
-        nodes.append(NodeResult(name, code, overall, reason, _node_gpu(report, family)))
+        results.append(NodeResult(name, code, overall, reason, _node_gpu(report, family)))
     inter, world = _inter_node(reports)
     stamp = now or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     subject = {"name": sif.name, "digest": file_digest(sif),
                "target": labels.get("org.verl-env.target"), "family": family}
-    return ClusterVerdict(cluster, subject, job or job_dir.name, stamp, tuple(nodes), world,
-                          inter)
+    return ClusterVerdict(cluster, subject, job or job_dir.name, stamp, tuple(results), world,
+                          inter, runtime)
 
 
 def write(verdict: ClusterVerdict, path: Path) -> Path:
@@ -263,6 +304,12 @@ def add_arguments(p: Any) -> None:
                    help="the site/cluster name the verdict holds for")
     p.add_argument("--output", type=Path, default=None, metavar="PATH",
                    help=f"where the verdict goes (default: JOBDIR/{FILE_NAME})")
+    p.add_argument("--nodes", default="", metavar="NODE,...",
+                   help="the job's nodes: one that left no result is a missing (failed) node")
+    p.add_argument("--job", default=None, metavar="ID", help="the job's name in the verdict "
+                   "(default: the job directory's name)")
+    p.add_argument("--runtime", default=None, metavar="NAME",
+                   help="the container runtime the job ran the image with")
     p.add_argument("--sign-key", type=Path, default=os.environ.get("VERL_ENV_SIGN_KEY") or None,
                    metavar="PATH", help="sign it and append it to SIF.clusters.intoto.jsonl "
                    "(env VERL_ENV_SIGN_KEY)")
@@ -271,7 +318,8 @@ def add_arguments(p: Any) -> None:
 
 def run(args: Any) -> int:
     """Collect (and sign) the job's cluster verdict; exit 0 when it passed, 1 when not."""
-    verdict = collect(args.job_dir, args.sif, args.cluster)
+    verdict = collect(args.job_dir, args.sif, args.cluster, job=args.job,
+                      nodes=tuple(n for n in args.nodes.split(",") if n), runtime=args.runtime)
     path = write(verdict, args.output or Path(args.job_dir) / FILE_NAME)
     if args.sign_key:
         from builder.trust.cluster import sign_cluster

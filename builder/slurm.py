@@ -278,6 +278,11 @@ class SlurmJob:
     # OpenPGP signature with trust_pgp)
     trust_key: str | None = None
     trust_pgp: str | None = None
+    # the job's cluster verdict (builder/cluster.py, run by build-env on the batch host): the
+    # site/cluster it holds for (None: Slurm's $SLURM_CLUSTER_NAME) and the SIF it names (None:
+    # the SIF the job runs; ch-run runs an unpacked directory: the SIF it was unpacked from)
+    cluster: str | None = None
+    verdict_sif: str | None = None
 
     def __post_init__(self) -> None:
         if self.job_name is None:
@@ -306,6 +311,11 @@ def validate(job: SlurmJob) -> None:
         raise _fail("--trust-key checks a SIF (or its registry reference); ch-run runs an "
                     "unpacked directory, which carries no attestations", job)
     _check_image(job)
+    if job.cluster is not None and not _SBATCH_VALUE.fullmatch(job.cluster):
+        raise _fail(f"cluster {job.cluster!r} has characters a cluster name cannot hold", job)
+    if job.verdict_sif is not None and not job.verdict_sif.endswith(".sif"):
+        raise _fail(f"--verdict-sif names the SIF the image came from (a .sif file), not "
+                    f"{job.verdict_sif!r}", job)
     if job.trust_pgp and not job.trust_key:
         raise _fail("--trust-pgp goes with --trust-key", job)
     if job.nodes < 1 or (job.cpus_per_task is not None and job.cpus_per_task < 1):
@@ -350,7 +360,7 @@ def validate(job: SlurmJob) -> None:
         if timeout < 1:
             raise _fail("timeouts must be >= 1 s", job)
     _check_ports(job)
-    for text in (job.cache_dir, job.hf_home or "", job.runtime, job.ray_tmp_root, job.job_dir,
+    for text in (job.cache_dir, job.hf_home or "", job.verdict_sif or "", job.runtime, job.ray_tmp_root, job.job_dir,
                  job.selftest_phases or "", job.selftest_args, *job.env.values(), command,
                  *(p for b in job.inputs.all_binds() for p in (b.src, b.dst))):
         try:
@@ -614,6 +624,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "with this public key (needs build-env on the batch node)")
     parser.add_argument("--trust-pgp", default=None, metavar="PUB.asc",
                         help="also check the SIF's own OpenPGP signature (local SIFs)")
+    verdict = parser.add_argument_group("the job's cluster verdict (written by build-env cluster "
+                                        "on the batch host, when installed there)")
+    verdict.add_argument("--cluster", default=None, metavar="NAME",
+                         help="the site/cluster name the verdict holds for (default: Slurm's "
+                              "$SLURM_CLUSTER_NAME)")
+    verdict.add_argument("--verdict-sif", default=None, metavar="PATH",
+                         help="the SIF the verdict names (default: the SIF the job runs; with "
+                              "ch-run: the SIF the image directory was unpacked from)")
     parser.add_argument("--output", "-o", default=None, help="write here (default: stdout)")
 
 
@@ -640,6 +658,9 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
         ray_wait_timeout=args.ray_wait_timeout, exclusive=args.exclusive,
         trust_key=_absolute(args.trust_key, "--trust-key") if args.trust_key else None,
         trust_pgp=_absolute(args.trust_pgp, "--trust-pgp") if args.trust_pgp else None,
+        cluster=args.cluster,
+        verdict_sif=(_absolute(args.verdict_sif, "--verdict-sif") if args.verdict_sif
+                     else None),
     )
 
 

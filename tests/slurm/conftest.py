@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm.unit_runtime import standin_runtime  # noqa: F401  (fixture for the unit tests)
+from tests.trust.conftest import keypair  # noqa: F401  (signs the job's cluster verdict)
 
 SLURM_TOOLS = ("slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "srun")
 

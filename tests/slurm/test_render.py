@@ -46,6 +46,7 @@ OPTION_SETS: dict[str, dict[str, object]] = {
     "trusted-remote": dict(trust_key="/site/keys/verl-env.pub"),
     "trusted-local": dict(sif="/shared/images/verl.sif", trust_key="/site/keys/verl-env.pub",
                           trust_pgp="/site/keys/verl-env-sif.pub.asc"),
+    "cluster-verdict": dict(cluster="site-a", verdict_sif="/shared/images/${USER}/verl.sif"),
 }
 INPUTS = Inputs.from_options(data="/shared/data/gsm8k", model="/shared/models/qwen",
                              checkpoint_dir="/shared/ckpt")
@@ -499,6 +500,67 @@ def test_cpu_map_expands_slurm_counts() -> None:
             '\ncpu_map; echo "${CPUS_OF[n1]} ${CPUS_OF[n2]} ${CPUS_OF[n3]} ${CPUS_OF[n4]} $MIN_CPUS"')
     out = _bash(code, {"SLURM_JOB_CPUS_PER_NODE": "72(x2),36,8", "SLURM_JOB_NODELIST": "x"})
     assert out == "72 72 36 8 8"
+
+
+def _verdict_bash(tmp_path: Path, job: SlurmJob, tool: str | None) -> tuple[int, str]:
+    """cluster_verdict() of the rendered script with a stand-in build-env (``tool``: its body;
+    None: none on PATH); prints CLUSTER_VERDICT. Returns (exit code, output)."""
+    text = render_sbatch(job)
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "build-env").unlink(missing_ok=True)
+    if tool is not None:
+        (bindir / "build-env").write_text("#!/bin/bash\necho \"ARGS $*\"\n" + tool)
+        (bindir / "build-env").chmod(0o755)
+    jobdir = tmp_path / "job"
+    jobdir.mkdir(exist_ok=True)
+    code = ("set -eu\nlog() { echo \"LOG $*\"; }\nfail() { echo \"FAIL $*\"; exit 1; }\n"
+            + "\n".join(line for line in text.splitlines()
+                        if line.startswith(("CLUSTER_NAME=", "VERDICT_SIF=", "RUNTIME=")))
+            + "\nNODES=(node1 node2)\n" + _function(text, "cluster_verdict")
+            + '\ncluster_verdict; echo "VERDICT=$CLUSTER_VERDICT"')
+    proc = subprocess.run(["bash", "-c", code], capture_output=True, text=True,
+                          env={"PATH": f"{bindir}:/usr/bin:/bin", "VERL_ENV_JOB_DIR": str(jobdir),
+                               "SLURM_JOB_ID": "77", "SLURM_CLUSTER_NAME": "slurm-says",
+                               "VERL_ENV_SIF": job.sif, "CLUSTER_VERDICT": "none"})
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_cluster_verdict_runs_build_env_cluster_on_the_batch_host(tmp_path: Path) -> None:
+    """The job's verdict step: build-env cluster with the job's nodes, id, runtime, the cluster
+    name (Slurm's unless --cluster) and the SIF (the one run unless --verdict-sif); its exit 1
+    with a verdict written is a failed verdict, an exit without one stops the job; no build-env
+    or no SIF: the job goes on and says how to assemble it later."""
+    write = 'echo "{}" > "$VERL_ENV_JOB_DIR/cluster-verdict.json"\n'
+    rc, out = _verdict_bash(tmp_path, job_for("cuda", sif="/img/run.sif"), write + "exit 0")
+    assert rc == 0 and "VERDICT=pass" in out, out
+    assert ("ARGS cluster {0}/job --sif /img/run.sif --cluster slurm-says --nodes node1,node2 "
+            "--job 77 --runtime apptainer").format(tmp_path) in out
+    rc, out = _verdict_bash(tmp_path, job_for("cpu", runtime="ch-run", sif="/img/dir",
+                                              cluster="site-a", verdict_sif="/img/x.sif"),
+                            write + "exit 1")
+    assert rc == 0 and "VERDICT=fail" in out and "cluster verdict: FAIL on site-a" in out, out
+    assert "--sif /img/x.sif --cluster site-a" in out and "--runtime ch-run" in out
+    rc, out = _verdict_bash(tmp_path, job_for("cuda", sif="/img/run.sif"), "exit 1")
+    assert rc == 1 and "FAIL build-env cluster could not assemble the cluster verdict (exit 1" \
+        in out, out
+    rc, out = _verdict_bash(tmp_path, job_for("cuda", sif="/img/run.sif"), None)
+    assert rc == 0 and "VERDICT=none" in out and "build-env is not on the PATH" in out, out
+    assert f"later: build-env cluster {tmp_path}/job --sif /img/run.sif" in out
+    rc, out = _verdict_bash(tmp_path, job_for("cpu", runtime="ch-run", sif="/img/dir"),
+                            write + "exit 0")
+    assert rc == 0 and "VERDICT=none" in out and "no SIF names this image" in out, out
+
+
+def test_cluster_verdict_options_are_checked() -> None:
+    with pytest.raises(SlurmError, match="--verdict-sif names the SIF"):
+        job_for("cpu", runtime="ch-run", sif="/img/dir", verdict_sif="/img/dir.sqsh")
+    with pytest.raises(SlurmError, match="cluster 'a b' has characters"):
+        job_for("cuda", cluster="a b")
+    args = _parse(["--family", "cpu", "--runtime", "ch-run", "--sif", "/img/dir", "--train-cmd",
+                   "true", "--cluster", "site-a", "--verdict-sif", "/img/x.sif"])
+    job = slurm.job_from_args(args)
+    assert job.cluster == "site-a" and job.verdict_sif == "/img/x.sif"
 
 
 def test_site_options_become_sbatch_lines() -> None:

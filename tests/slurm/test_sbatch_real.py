@@ -389,7 +389,9 @@ def test_failing_node_stops_job_before_training(any_bench: Bench) -> None:
     assert info["ExitCode"] == "13:0"
     assert "self-test node2: FAIL" in out
     assert re.search(r"fail env\.\S*visible\S*", out, re.I), out
-    assert re.search(r"self-test did not pass \(exit codes node1=\d node2=1, srun \d+;", out), out
+    assert re.search(r"self-test did not pass on (node1 )?node2 \(exit codes node1=\d node2=1, "
+                     r"srun \d+;", out), out
+    assert "cluster verdict: not written: no SIF names this image" in out  # a directory, no SIF
     assert "result: FAILED at stage selftest (exit 13)" in out
     assert "=== stage training ===" not in out and "TRAIN-STANDIN" not in out
     assert _leftover_ray(bench) == [], "Ray processes outlived the failed job"

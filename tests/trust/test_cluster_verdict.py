@@ -4,8 +4,8 @@ refused when tampered with, signed by another key, or about another file.
 
 The node reports are real self-test reports: the one-GPU report of the lent H100
 (``docs/gpu-h100/gpus-1.json``) and two-rank CPU reports written by the self-test's own report
-code. Not covered here: a job on the two-node Slurm producing the directory (the job template's
-part), ``publish --attach``."""
+code. The job on the two-node Slurm that writes the directory and its verdict, and
+``publish --attach`` of it: tests/slurm/test_cluster_verdict_real.py."""
 
 from __future__ import annotations
 
@@ -84,6 +84,13 @@ def test_a_two_node_cpu_job_is_one_cluster_verdict(tmp_path: Path) -> None:
     assert v.inter_node["checks"]["collective.gloo_allreduce"]["status"] == "pass"
     assert v.inter_node["busbw_gbps"] == 0.41 and v.inter_node["transport"] == "inter-node"
     assert cluster.ClusterVerdict.from_dict(v.to_dict()).to_dict() == v.to_dict()
+    # the job names its nodes and runtime: a node of the job that left nothing is a fail
+    named = cluster.collect(job, sif, "fake-cluster", nodes=("node1", "node2", "node3"),
+                            runtime="apptainer", job="42")
+    assert named.overall == "fail" and named.runtime == "apptainer" and named.job == "42"
+    assert "node3: missing (exit None): no selftest-node3.json" in named.problems
+    assert "apptainer" in named.describe()
+    assert cluster.ClusterVerdict.from_dict(named.to_dict()).to_dict() == named.to_dict()
     # a node that failed, and a node that left nothing: a fail naming them, never a skip
     _cpu_reports(job, fail_node2=True)
     bad = cluster.collect(job, sif, "fake-cluster")
@@ -95,6 +102,21 @@ def test_a_two_node_cpu_job_is_one_cluster_verdict(tmp_path: Path) -> None:
     (job / "selftest-node2.rc").unlink()
     gone = cluster.collect(job, sif, "fake-cluster")
     assert "1 node result(s) for a collective of 2 rank(s)" in gone.problems
+    # as the job leaves them: only rank 0 writes a report (every rank's checks and the collective);
+    # node2 left its exit code, the ranks' agreed verdict
+    _cpu_reports(job)
+    (job / "selftest-node2.json").unlink()
+    ranked = cluster.collect(job, sif, "fake-cluster", nodes=("node1", "node2"))
+    assert ranked.overall == "pass", ranked.problems
+    assert [(n.node, n.exit_code, n.overall) for n in ranked.nodes] == [
+        ("node1", 0, "pass"), ("node2", 0, "pass")]
+    assert ranked.nodes[1].reason == "checks in the ranks' shared report selftest-node1.json"
+    (job / "selftest-node2.rc").write_text("1\n")
+    assert "node2: fail (exit 1): checks in the ranks' shared report selftest-node1.json" in \
+        cluster.collect(job, sif, "fake-cluster").problems
+    (job / "selftest-node2.rc").unlink()
+    assert "1 node result(s) for a collective of 2 rank(s)" in \
+        cluster.collect(job, sif, "fake-cluster").problems
     with pytest.raises(ClusterError, match="no selftest-<node>.json"):
         cluster.collect(tmp_path, sif, "fake-cluster")
     with pytest.raises(ClusterError, match="name the cluster"):
