@@ -340,18 +340,6 @@ def run_doctor(interface: str = "ib0", hf_home: str | None = None, runtime: str 
     return findings
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``build-env doctor``."""
-    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
-    parser.add_argument("--interface", default="ib0", help="interface Ray/NCCL will use")
-    parser.add_argument("--hf-home", default=None, help="HF cache to test (default $HF_HOME)")
-    parser.add_argument("--runtime", default="apptainer",
-                        help="container runtime command (apptainer, singularity, ch-run; pyxis: "
-                             "srun --container-image and enroot)")
-    parser.add_argument("--cuda", default=None, metavar="X.Y",
-                        help="hold the node's driver to this CUDA (default: the --target's)")
-
-
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``build-env doctor``: 0 when nothing failed, 1 otherwise."""
     findings = run_doctor(interface=args.interface, hf_home=args.hf_home, runtime=args.runtime,

@@ -460,44 +460,6 @@ def publish_verified(engine: Engine, image: ImageInfo, registry: str, *, target:
 # --------------------------------------------------------------------------- command line
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Options of ``build-env publish`` (``--matrix``/``--snapshot`` come from the CLI)."""
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--target", help="publish the release image of this matrix target")
-    src.add_argument("--image", metavar="REF", help="publish this image (reference or ID)")
-    p.add_argument("--sif", type=Path, default=None, metavar="PATH",
-                   help="also push this SIF (made from the same image) as an ORAS artifact")
-    p.add_argument("--registry", required=True, metavar="HOST[:PORT]/REPO",
-                   help="where to push (plain HTTP for loopback hosts)")
-    p.add_argument("--tag", default=None, help="registry tag (default: the target name, or the "
-                                               "image's tag)")
-    p.add_argument("--sif-tag", default=None, help="tag of the SIF artifact (default: TAG-sif)")
-    p.add_argument("--tag-prefix", default="verl-env", metavar="REPO",
-                   help="repository of the local release tags (default: verl-env)")
-    p.add_argument("--record", type=Path, default=None, metavar="PATH",
-                   help="publish record (default: build/<target>/publish.json)")
-    p.add_argument("--insecure", action="store_true", help="plain HTTP to a non-loopback host")
-    p.add_argument("--attempts", type=int, default=4,
-                   help="tries per registry operation on transient errors (default: 4)")
-    p.add_argument("--force", action="store_true",
-                   help="publish an image that has no passing verdict")
-    p.add_argument("--require", choices=verdicts.LEVELS, default=None,
-                   help="the verdict level the image needs: build (default; GPU phases may be "
-                        f"pending) or gpu (GPU phases proven); env {verdicts.REQUIRE_ENV}")
-    p.add_argument("--sign-key", type=Path, default=os.environ.get("VERL_ENV_SIGN_KEY") or None,
-                   metavar="PATH", help="sign the verdict, SBOM and provenance statements with "
-                   "this ECDSA key and push them as OCI referrers of the image (and the SIF) "
-                   "(env VERL_ENV_SIGN_KEY)")
-    p.add_argument("--report", type=Path, default=None, metavar="PATH",
-                   help="the build's report.json, for the provenance statement (default: "
-                        "build/<target>/report.json)")
-    p.add_argument("--attach", type=Path, action="append", default=[], metavar="FILE",
-                   help="a cluster verdict (`build-env cluster`) about --sif: signed with "
-                        "--sign-key and pushed as a referrer of the image and the SIF; repeat "
-                        "for several")
-    p.add_argument("--json", action="store_true", help="print the record as JSON")
-
-
 def _default_tag(ref: str, target: str | None) -> str:
     if target:
         return target

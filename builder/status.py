@@ -13,19 +13,6 @@ from builder.errors import TrustError
 from builder.trust.cluster import Entry
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("sifs", nargs="+", metavar="SIF_OR_REF",
-                   help="a SIF file, or HOST/REPO@sha256:<hex> (:TAG; oras://... for a SIF "
-                        "artifact): its referrers")
-    p.add_argument("--insecure", action="store_true",
-                   help="plain HTTP to a non-loopback registry")
-    p.add_argument("--key", type=Path, action="append", required=True,
-                   help="trusted ECDSA public key (PEM); repeat for several")
-    p.add_argument("--cluster", default=None, metavar="NAME",
-                   help="answer which of the SIFs last passed on this cluster")
-    p.add_argument("--json", action="store_true", help="print the entries as JSON")
-
-
 def _remote(ref: str, keys: list[Path], insecure: bool) -> list[Entry]:
     """The verdicts attached to a registry reference (every referrer checked as `trust verify`
     does: one that does not verify refuses the whole reference)."""

@@ -8,6 +8,7 @@ import sys
 
 from builder import slurm as lib
 from builder.commands import _shared
+from builder.slurm import DEFAULT_CHECKPOINT_DIR, FAMILY_NAMES, RUNTIMES, SlurmJob
 
 NAME = "slurm"
 HELP = "write an sbatch script"
@@ -16,7 +17,7 @@ HELP = "write an sbatch script"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     _shared.common(p)
     p.add_argument("--target", default=None, help="matrix target (sets the accelerator family)")
-    lib.add_arguments(p)
+    _options(p)
     _shared.json_flag(p, "what was written (with --output) or the script itself")
     _shared.quiet(p)
 
@@ -41,3 +42,79 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     return 0
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
+    """Options of ``build-env slurm`` (the CLI adds ``--target`` and resolves it to a family)."""
+    d = SlurmJob(target="t", family="cpu", sif="x.sif", train_cmd="true")
+    parser.add_argument("--family", choices=FAMILY_NAMES, help="accelerator family of the target")
+    parser.add_argument("--sif", "--image", dest="sif", default=None,
+                        help="oras://…@sha256:…, docker://…@sha256:… or a .sif path (apptainer, "
+                             "singularity); docker://…@sha256:… or an enroot .sqsh path "
+                             "(pyxis); an unpacked image directory (ch-run)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default=d.runtime,
+                        help="container runtime on the nodes: apptainer, singularity, pyxis "
+                             "(srun --container-image, enroot underneath) or ch-run (cpu family "
+                             "only)")
+    io = parser.add_argument_group("what the trainer reads and writes (bound into every container)")
+    io.add_argument("--data", default=None, metavar="DIR",
+                    help="directory holding train.parquet and test.parquet (verl's preprocessing "
+                         "output)")
+    io.add_argument("--train-files", default=None, metavar="PATH", help="training parquet file")
+    io.add_argument("--val-files", default=None, metavar="PATH", help="validation parquet file")
+    io.add_argument("--model", default=None, metavar="PATH_OR_ID",
+                    help="model directory (bound read-only) or a hub id fetched into --hf-home")
+    io.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                    help=f"where verl writes checkpoints (default {DEFAULT_CHECKPOINT_DIR})")
+    io.add_argument("--bind", action="append", default=[], metavar="SRC[:DST[:ro]]",
+                    help="another path bound into every container (repeatable)")
+    io.add_argument("--train-cmd", default=None,
+                    help="training command in the image (default: verl.trainer.main_ppo with "
+                         "data, model, checkpoints and the cluster shape filled in)")
+    alloc = parser.add_argument_group("allocation (a #SBATCH line only for what you give)")
+    alloc.add_argument("--nodes", type=int, default=d.nodes)
+    alloc.add_argument("--gpus-per-node", type=int, default=None)
+    alloc.add_argument("--cpus-per-task", type=int, default=None,
+                       help="CPUs per node (Ray's --num-cpus otherwise comes from the allocation)")
+    alloc.add_argument("--partition", default=None)
+    alloc.add_argument("--time", default=None, help="time limit (MM, HH:MM:SS, D-HH:MM:SS)")
+    alloc.add_argument("--mem", default=None, help="memory per node (e.g. 500G; 0: all of it)")
+    alloc.add_argument("--account", default=None)
+    alloc.add_argument("--qos", default=None)
+    alloc.add_argument("--constraint", default=None, help="node features (e.g. 'a100&ib')")
+    alloc.add_argument("--reservation", default=None)
+    alloc.add_argument("--cpu-bind", default=d.cpu_bind,
+                       help=f"--cpu-bind of every step (default {d.cpu_bind}); each step asks "
+                            "for all CPUs of its node's allocation")
+    alloc.add_argument("--no-exclusive", dest="exclusive", action="store_false",
+                       help="share nodes (default: #SBATCH --exclusive, whole nodes)")
+    net = parser.add_argument_group("network")
+    net.add_argument("--interface", default=d.interface,
+                     help="network interface for Ray, NCCL and gloo (default ib0)")
+    net.add_argument("--env", action="append", metavar="KEY=VALUE",
+                     help="site NCCL/RCCL setting, passed into the container so that it wins over "
+                          "the image's own (repeatable)")
+    net.add_argument("--roce", action="store_true",
+                     help="NCCL_IB_HCA also lists RoCE (Ethernet link layer) ports")
+    parser.add_argument("--cache-dir", default=d.cache_dir, help="shared SIF cache directory")
+    parser.add_argument("--hf-home", default=None,
+                        help="shared Hugging Face cache (default: the user's $HF_HOME, else "
+                             "$HOME/.cache/huggingface)")
+    parser.add_argument("--selftest-phases", default=None, help="phases for the node self-test")
+    parser.add_argument("--selftest-args", default="",
+                        help="more self-test options (e.g. '--strict --bw-ref FILE')")
+    parser.add_argument("--ray-wait-timeout", type=int, default=d.ray_wait_timeout)
+    parser.add_argument("--trust-key", default=None, metavar="PUB",
+                        help="before any node starts, run `build-env trust verify` on the SIF "
+                             "with this public key (needs build-env on the batch node)")
+    parser.add_argument("--trust-pgp", default=None, metavar="PUB.asc",
+                        help="also check the SIF's own OpenPGP signature (local SIFs)")
+    verdict = parser.add_argument_group("the job's cluster verdict (written by build-env cluster "
+                                        "on the batch host, when installed there)")
+    verdict.add_argument("--cluster", default=None, metavar="NAME",
+                         help="the site/cluster name the verdict holds for (default: Slurm's "
+                              "$SLURM_CLUSTER_NAME)")
+    verdict.add_argument("--verdict-sif", default=None, metavar="PATH",
+                         help="the SIF the verdict names (default: the SIF the job runs; with "
+                              "ch-run: the SIF the image directory was unpacked from)")
+    parser.add_argument("--output", "-o", default=None, help="write here (default: stdout)")

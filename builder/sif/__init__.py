@@ -5,9 +5,8 @@ command), the native writer streaming ``docker export`` into ``mksquashfs`` (:mo
 
 from __future__ import annotations
 
-from builder.sif.convert import (add_arguments, convert, convert_verified, pick_backend, run,
-                                 summary)
+from builder.sif.convert import convert, convert_verified, pick_backend, run, summary
 from builder.sif.verify import DEFAULT_PHASES, verify_sif
 
-__all__ = ["DEFAULT_PHASES", "add_arguments", "convert", "convert_verified", "pick_backend",
-           "run", "summary", "verify_sif"]
+__all__ = ["DEFAULT_PHASES", "convert", "convert_verified", "pick_backend", "run", "summary",
+           "verify_sif"]

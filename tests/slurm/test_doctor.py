@@ -261,7 +261,9 @@ def test_run_doctor_covers_every_area(tmp_path: Path) -> None:
 
 def _args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    doctor.add_arguments(parser)
+    from builder.commands import doctor as command
+
+    command.add_arguments(parser)  # the command's options, as build-env parses them
     return parser.parse_args(argv)
 
 

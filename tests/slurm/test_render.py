@@ -372,7 +372,9 @@ def test_write_sbatch_is_atomic_and_executable(tmp_path: Path) -> None:
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    slurm.add_arguments(parser)
+    from builder.commands import slurm as command
+
+    command.add_arguments(parser)  # the command's options, as build-env parses them
     return parser.parse_args(argv)
 
 
