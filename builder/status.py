@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
                       and e.overall == "pass"]
         best = max(candidates, key=lambda pair: pair[1].recorded_at or "", default=None)
     if args.json:
-        print(json.dumps({"sifs": {k: [e.to_dict() for e in v] for k, v in listing.items()},
+        print(json.dumps({"schema": "verl-env/status/v1", "sifs": {k: [e.to_dict() for e in v] for k, v in listing.items()},
                           "last_passed": None if best is None else
                           {"sif": best[0], **best[1].to_dict()}}, indent=2,
                          sort_keys=True))

@@ -97,13 +97,15 @@ def _verify(args: argparse.Namespace) -> int:
         ref = remote.verify_reference(args.sif, args.key, insecure=args.insecure,
                                       require=_level(args))
         if args.json:
-            print(json.dumps(ref.to_dict(), indent=2, sort_keys=True))
+            print(json.dumps({"schema": "verl-env/trust-verify/v1", **ref.to_dict()}, indent=2,
+                             sort_keys=True))
         else:
             print("\n".join(remote.summary_lines(ref)))
         return 0
     checked = verify_sif(path, args.key, args.pgp, args.sidecar, require=_level(args))
     if args.json:
-        print(json.dumps(checked.to_dict(), indent=2, sort_keys=True))
+        print(json.dumps({"schema": "verl-env/trust-verify/v1", **checked.to_dict()}, indent=2,
+                         sort_keys=True))
     else:
         print("\n".join(summary_lines(checked)))
     return 0
