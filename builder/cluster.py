@@ -165,6 +165,27 @@ def _node_gpu(report: Mapping[str, Any], family: str | None) -> dict[str, Any]:
             if k in ("status", "count", "models", "driver", "runtime", "library")}
 
 
+def host_view(report: Mapping[str, Any], host: str) -> dict[str, Any]:
+    """One node's part of a multi-host report: the self-test's rank 0 report holds every rank's
+    local checks with ids suffixed ``@host`` (selftest.distributed.merge); this keeps ``host``'s,
+    without the suffix, and the checks that belong to no host (the collective). A report with
+    no suffixed ids (one host) is returned as it is."""
+    checks = [c for c in report.get("checks") or () if isinstance(c, dict)]
+    if not any("@" in str(c.get("id", "")) for c in checks):
+        return dict(report)
+    mine = []
+    for c in checks:
+        cid = str(c.get("id", ""))
+        if "@" not in cid:
+            mine.append(c)
+        elif cid.rsplit("@", 1)[1] == host:
+            mine.append({**c, "id": cid.rsplit("@", 1)[0]})
+    view = {**report, "checks": mine}
+    if str(report.get("host") or "") not in ("", host):
+        view.pop("platform", None)  # the writer's platform section is rank 0's node, not this
+    return view
+
+
 def _inter_node(reports: list[dict[str, Any]]) -> tuple[dict[str, Any], int | None]:
     sizes = [int(r["world_size"]) for r in reports if isinstance(r.get("world_size"), int)]
     world = max(sizes) if sizes else None
@@ -249,13 +270,17 @@ def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
             except (OSError, json.JSONDecodeError) as exc:
                 reason = f"{rep_path.name}: {exc}"
         elif code is not None and shared is not None:
-            # a rank other than 0: its own exit code (the ranks' agreed verdict); its checks are
-            # in rank 0's shared report, its GPU facts are not recorded per node
+            # a rank other than 0: its own exit code (the ranks' agreed verdict); its checks, and
+            # so its GPU facts, are in rank 0's shared report under ids suffixed @<node>
+            view = host_view(shared[1], name)
+            own = [c for c in view.get("checks") or () if str(c.get("phase")) == "gpu"]
+            gpu = _node_gpu(view, family) if own else (
+                {"status": "pending", "reason": f"no gpu checks for {name} in {shared[0]} (the "
+                 "node's hostname differs from its Slurm name, or one host ran every rank)"}
+                if _has_gpus(family) else {"status": NONE})
             results.append(NodeResult(
                 name, code, EXIT_NAMES.get(code, "error"),
-                f"checks in the ranks' shared report {shared[0]}",
-                {"status": "pending", "reason": "not recorded per node: only rank 0 of the "
-                 "self-test writes a report"} if _has_gpus(family) else {"status": NONE}))
+                f"checks in the ranks' shared report {shared[0]}", gpu))
             continue
         else:
             reason = f"no {rep_path.name}"
@@ -265,7 +290,8 @@ def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
             failing = [str(c.get("id")) for c in report.get("checks") or ()
                        if isinstance(c, dict) and c.get("status") == FAIL]
             reason = reason or (f"failing: {', '.join(failing[:5])}" if failing else "")
-        results.append(NodeResult(name, code, overall, reason, _node_gpu(report, family)))
+        results.append(NodeResult(name, code, overall, reason,
+                                  _node_gpu(host_view(report, name), family)))
     inter, world = _inter_node(reports)
     stamp = now or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     subject = {"name": sif.name, "digest": file_digest(sif),

@@ -137,6 +137,35 @@ def test_a_gpu_node_report_gives_a_gpu_level_with_its_facts(tmp_path: Path) -> N
     assert "NVIDIA H100 80GB HBM3" in v.describe() and "gpu level" in v.describe()
 
 
+def test_each_nodes_gpu_facts_come_from_rank_0s_shared_report(tmp_path: Path) -> None:
+    """Rank 0 writes one report with every rank's local checks suffixed @host (the self-test's
+    distributed merge); node2, which left only its exit code, gets its own GPU facts from it,
+    not node1's, and a node whose checks are not there stays pending, saying why."""
+    sif = _sif(tmp_path, {"org.verl-env.accelerator": "cuda"})
+    job = tmp_path / "job-2"
+    job.mkdir()
+    h100 = json.loads((ROOT / "docs" / "gpu-h100" / "gpus-1.json").read_text())
+    local = [c for c in h100["checks"] if c.get("phase") != "collective"]
+    shared = dict(h100, world_size=2, hosts=["gpu1", "gpu2"], host="gpu1", checks=[
+        *({**c, "id": f"{c['id']}@gpu1"} for c in local),
+        *({**c, "id": f"{c['id']}@gpu2", **({"value": {**c["value"], "driver": "575.51.03"}}
+                                            if c["id"] == "gpu.driver" else {})}
+          for c in local),
+        *(c for c in h100["checks"] if c.get("phase") == "collective")])
+    (job / "selftest-gpu1.json").write_text(json.dumps(shared))
+    (job / "selftest-gpu1.rc").write_text("0\n")
+    (job / "selftest-gpu2.rc").write_text("0\n")
+    v = cluster.collect(job, sif, "two-h100", nodes=("gpu1", "gpu2"))
+    gpu1, gpu2 = (n.gpu for n in v.nodes)
+    assert gpu1["driver"] == "580.159.04" and gpu2["driver"] == "575.51.03"  # each its own
+    assert gpu2["count"] == 1 and gpu2["library"] == "NCCL 2.28.9"
+    assert gpu1["models"] == ["NVIDIA H100 80GB HBM3"]  # the writer's platform section
+    (job / "selftest-gpu3.rc").write_text("0\n")
+    v3 = cluster.collect(job, sif, "two-h100", nodes=("gpu1", "gpu2", "gpu3"))
+    assert v3.nodes[2].gpu["status"] == "pending" and "no gpu checks for gpu3" in \
+        v3.nodes[2].gpu["reason"]
+
+
 def test_signed_listed_newest_first_and_tampering_refused(
         tmp_path: Path, keypair: KeyFiles, other_keypair: KeyFiles) -> None:
     labels = {"org.verl-env.accelerator": "cpu", "org.verl-env.target": "cpu-x86_64"}
