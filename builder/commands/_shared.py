@@ -87,10 +87,7 @@ def build_options(p: argparse.ArgumentParser) -> None:
                         "target's family; 0 for an emulated build)")
     p.add_argument("--reverify", action="store_true",
                    help="run the gate again even when the content tag holds a release verdict")
-    p.add_argument("--require", choices=("build", "gpu"), default=None,
-                   help="the verdict level that unlocks tags, SIF and publish: build (default; "
-                        "a GPU family's GPU phases may be pending) or gpu (they passed on GPUs); "
-                        "env VERL_ENV_REQUIRE; config: require")
+    require(p)
     p.add_argument("--sif", type=Path, default=None, metavar="PATH",
                    help="also convert the verified image to this .sif (a directory for several "
                         "targets: DIR/<target>.sif)")
@@ -140,3 +137,25 @@ def progress(args: argparse.Namespace, what: str) -> Iterator[None]:
         took = f"{time.monotonic() - start:.1f} s"
         end = f"done in {took}" if ok else f"stopped after {took}"
         print(f"\r{what}: {end}" if tty else f"{what}: {end}", file=sys.stderr, flush=True)
+
+
+def require(p: argparse.ArgumentParser) -> None:
+    """``--require build|gpu``: the verdict level that unlocks tags, SIF and publish."""
+    from builder import verdicts
+
+    p.add_argument("--require", choices=verdicts.LEVELS, default=None,
+                   help="the verdict level the image needs: build (default; a GPU family's GPU "
+                        f"phases may be pending) or gpu (they passed on GPUs); env "
+                        f"{verdicts.REQUIRE_ENV}; config: require")
+
+
+def verified_image(p: argparse.ArgumentParser, verb: str) -> None:
+    """The image a command takes from the gate: a target's release image or a reference, the
+    repository of the release tags, and ``--force`` for one without a passing verdict."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--target", help=f"{verb} the release image of this matrix target")
+    src.add_argument("--image", metavar="REF", help=f"{verb} this image (reference or ID)")
+    p.add_argument("--tag-prefix", default="verl-env", metavar="REPO",
+                   help="repository of the local release tags (default: verl-env)")
+    p.add_argument("--force", action="store_true",
+                   help=f"{verb} an image that has no passing verdict")

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from builder import publish as lib
 from builder.commands import _shared
-from builder import verdicts
 
 NAME = "publish"
 HELP = "push image and SIF"
@@ -25,9 +24,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _options(p: argparse.ArgumentParser) -> None:
     """Options of ``build-env publish`` (``--matrix``/``--snapshot`` come from the CLI)."""
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--target", help="publish the release image of this matrix target")
-    src.add_argument("--image", metavar="REF", help="publish this image (reference or ID)")
+    _shared.verified_image(p, "publish")
     p.add_argument("--sif", type=Path, default=None, metavar="PATH",
                    help="also push this SIF (made from the same image) as an ORAS artifact")
     p.add_argument("--registry", required=True, metavar="HOST[:PORT]/REPO",
@@ -35,18 +32,12 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", default=None, help="registry tag (default: the target name, or the "
                                                "image's tag)")
     p.add_argument("--sif-tag", default=None, help="tag of the SIF artifact (default: TAG-sif)")
-    p.add_argument("--tag-prefix", default="verl-env", metavar="REPO",
-                   help="repository of the local release tags (default: verl-env)")
     p.add_argument("--record", type=Path, default=None, metavar="PATH",
                    help="publish record (default: build/<target>/publish.json)")
     p.add_argument("--insecure", action="store_true", help="plain HTTP to a non-loopback host")
     p.add_argument("--attempts", type=int, default=4,
                    help="tries per registry operation on transient errors (default: 4)")
-    p.add_argument("--force", action="store_true",
-                   help="publish an image that has no passing verdict")
-    p.add_argument("--require", choices=verdicts.LEVELS, default=None,
-                   help="the verdict level the image needs: build (default; GPU phases may be "
-                        f"pending) or gpu (GPU phases proven); env {verdicts.REQUIRE_ENV}")
+    _shared.require(p)
     p.add_argument("--sign-key", type=Path, default=os.environ.get("VERL_ENV_SIGN_KEY") or None,
                    metavar="PATH", help="sign the verdict, SBOM and provenance statements with "
                    "this ECDSA key and push them as OCI referrers of the image (and the SIF) "

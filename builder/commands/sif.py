@@ -7,7 +7,6 @@ from pathlib import Path
 
 from builder.commands import _shared
 from builder import sif as lib
-from builder import verdicts
 from builder.sif.convert import DEFAULT_PHASES
 
 NAME = "sif"
@@ -25,21 +24,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _options(p: argparse.ArgumentParser) -> None:
     """Options of ``build-env sif`` (``--matrix``/``--snapshot`` are added by the CLI)."""
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--target", help="convert the release image of this matrix target")
-    src.add_argument("--image", metavar="REF", help="convert this image (reference or ID)")
+    _shared.verified_image(p, "convert")
     p.add_argument("--output", "-o", type=Path, default=None, metavar="PATH",
                    help="the .sif to write (default: ./<target>.sif)")
     p.add_argument("--backend", choices=["auto", "apptainer", "native"], default="auto",
                    help="apptainer (through spython) or native (mksquashfs + SIF writer); "
                         "auto: apptainer when installed")
-    p.add_argument("--tag-prefix", default="verl-env", metavar="REPO",
-                   help="repository of the release tags (default: verl-env)")
-    p.add_argument("--force", action="store_true",
-                   help="convert an image that has no passing verdict")
-    p.add_argument("--require", choices=verdicts.LEVELS, default=None,
-                   help="the verdict level the image needs: build (default; GPU phases may be "
-                        f"pending) or gpu (GPU phases proven); env {verdicts.REQUIRE_ENV}")
+    _shared.require(p)
     p.add_argument("--phases", default=DEFAULT_PHASES,
                    help=f"self-test phases run from the SIF (default: {DEFAULT_PHASES})")
     p.add_argument("--no-run", action="store_true",

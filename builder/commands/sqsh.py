@@ -24,15 +24,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _options(p: argparse.ArgumentParser) -> None:
     """Options of ``build-env sqsh`` (``--matrix``/``--snapshot`` are added by the CLI)."""
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--target", help="convert the release image of this matrix target")
-    src.add_argument("--image", metavar="REF", help="convert this image (reference or ID)")
+    _shared.verified_image(p, "convert")
     p.add_argument("--output", "-o", type=Path, default=None, metavar="PATH",
                    help="the .sqsh to write (default: ./<target>.sqsh)")
-    p.add_argument("--tag-prefix", default="verl-env", metavar="REPO",
-                   help="repository of the release tags (default: verl-env)")
-    p.add_argument("--force", action="store_true",
-                   help="convert an image that has no passing verdict")
     p.add_argument("--compression", choices=sorted(COMPRESSIONS), default="gzip",
                    help="squashfs compression (default gzip; none: fastest to write)")
     p.add_argument("--tmpdir", type=Path, default=None,
