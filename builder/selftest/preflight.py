@@ -96,6 +96,22 @@ def decide_libibverbs(found: str | None, accelerator: str) -> Check:
                         "between nodes (install libibverbs1 librdmacm1 in the image)")
 
 
+def decide_node_devices(listed: str | None, present: dict[str, bool]) -> Check:
+    """The device paths the Slurm job found on the node and bound into the container
+    (``VERL_ENV_NODE_DEVICES``: NVL72's IMEX channels) must be there inside it; recorded."""
+    cid = "preflight.node_devices"
+    wanted = [d for d in (listed or "").split(",") if d.strip()]
+    if not wanted:
+        return skip(cid, PHASE, "no node devices listed by the job (no IMEX channels on this "
+                                "node, or not run by the generated Slurm job)", applies=False)
+    missing = [d for d in wanted if not present.get(d)]
+    if missing:
+        return Check(cid, PHASE, FAIL, value=wanted,
+                     reason=f"the node has {', '.join(missing)} but the container does not "
+                            "(multi-node NVLink needs the IMEX channels inside)")
+    return Check(cid, PHASE, PASS, value=wanted, reason="every node device is in the container")
+
+
 def probe_shm(path: str = "/dev/shm") -> int | None:
     """Total size of /dev/shm in bytes, or None if missing."""
     try:
@@ -162,6 +178,10 @@ def plan(run: Run) -> list[Step]:
     if acc == "rocm":
         steps.append(Step(("preflight.rocm_devices",), rocm, required=expect.expected,
                           applies=expect.applies))
+    listed = os.environ.get("VERL_ENV_NODE_DEVICES")
+    steps.append(Step(("preflight.node_devices",), lambda r: decide_node_devices(
+        listed, {d: os.path.exists(d) for d in (listed or "").split(",") if d}),
+        required=bool(listed), applies=bool(listed)))
     steps.append(Step(("preflight.libibverbs",), lambda r: decide_libibverbs(
         probe_libibverbs(), acc), required=False, applies=acc != "cpu"))
     return steps

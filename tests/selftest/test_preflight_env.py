@@ -205,3 +205,16 @@ class TestHfCache:
         assert good.status == "pass"
         bad = el.lint_hf_cache([("HF_HOME", "/ro", False, "exists, not writable")])
         assert bad.status == "fail" and "HF_HOME=/ro" in bad.reason
+
+
+def test_node_devices_the_job_bound_must_be_in_the_container() -> None:
+    """NVL72: the job lists the IMEX channels it found on the node (VERL_ENV_NODE_DEVICES); the
+    self-test records them, and fails when one did not reach the container."""
+    from builder.selftest.preflight import decide_node_devices
+
+    imex = "/dev/nvidia-caps-imex-channels"
+    assert decide_node_devices(None, {}).status == "skip"
+    ok = decide_node_devices(imex, {imex: True})
+    assert ok.status == "pass" and ok.value == [imex]
+    bad = decide_node_devices(imex, {imex: False})
+    assert bad.status == "fail" and imex in bad.reason
