@@ -32,8 +32,9 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+from builder import records
 from builder.errors import LockError, RenderError
-from builder.files import atomic_write_text, sha256_file
+from builder.files import sha256_file
 from builder.spec import Package, Target
 
 PREBUILT_SCHEMA = "verl-env/prebuilt/v1"
@@ -183,24 +184,12 @@ def lock_prebuilt(target: Target) -> dict[str, dict[str, Any]]:
 
 
 def write_record(lock: Path, record: dict[str, dict[str, Any]]) -> None:
-    path = record_path(lock)
-    if record:
-        atomic_write_text(path, json.dumps({"schema": PREBUILT_SCHEMA, "packages": record},
-                                           indent=2, sort_keys=True) + "\n")
-    elif path.exists():
-        path.unlink()
+    records.write_packages(record_path(lock), PREBUILT_SCHEMA, record)
 
 
 def load_record(lock: Path | None) -> dict[str, dict[str, Any]]:
-    if lock is None or not record_path(lock).is_file():
-        return {}
-    try:
-        data = json.loads(record_path(lock).read_text())
-    except (OSError, ValueError) as exc:
-        raise LockError(f"{record_path(lock)}: not a verl-env prebuilt record ({exc})") from None
-    if data.get("schema") != PREBUILT_SCHEMA:
-        raise LockError(f"{record_path(lock)}: not a verl-env prebuilt record")
-    return dict(data.get("packages", {}))
+    return {} if lock is None else records.read_packages(record_path(lock), PREBUILT_SCHEMA,
+                                                           "prebuilt")
 
 
 def record_problem(target: Target, lock: Path) -> str | None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import re
 import shutil
@@ -31,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from builder import records
 from builder.errors import LockError, RenderError
-from builder.files import atomic_write_text
 from builder.metadata import Snapshot
 from builder.spec import Package, Target
 
@@ -105,16 +104,7 @@ def git_packages(target: Target) -> list[Package]:
 
 
 def load_record(lock: Path) -> dict[str, dict[str, str]]:
-    path = record_path(lock)
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise LockError(f"{path}: not a verl-env sources record ({exc})") from None
-    if not isinstance(data, dict) or data.get("schema") != SOURCES_SCHEMA:
-        raise LockError(f"{path}: not a verl-env sources record (schema {SOURCES_SCHEMA})")
-    return dict(data.get("packages", {}))
+    return records.read_packages(record_path(lock), SOURCES_SCHEMA, "sources")
 
 
 def moved_message(target: Target, p: Package, ref: str, recorded: str, found: str) -> str:
@@ -150,12 +140,7 @@ def pin_git(target: Target, lock: Path, *, previous: Path | None = None,
 
 def write_record(lock: Path, out: dict[str, dict[str, str]]) -> None:
     """The git pins beside ``lock`` (no file when there are none)."""
-    path = record_path(lock)
-    if out:
-        atomic_write_text(path, json.dumps({"schema": SOURCES_SCHEMA, "packages": out},
-                                           indent=2, sort_keys=True) + "\n")
-    elif path.exists():
-        path.unlink()
+    records.write_packages(record_path(lock), SOURCES_SCHEMA, out)
 
 
 def record_problem(target: Target, lock: Path) -> str | None:
