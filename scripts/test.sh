@@ -32,22 +32,35 @@ if [ $# -gt 0 ]; then
   exit
 fi
 
-# The whole suite, in two independent groups run side by side, each with its own engine: the
-# builds under QEMU emulation (arm64; long, mostly waiting on one emulated core) and the rest.
-# The emulated group's output follows the other's. Their temporary directories stay under /tmp:
-# the Slurm tests bind job directories into images run by ch-run, which binds the host's /tmp
-# (a bind destination elsewhere must exist in the read-only image).
+# The whole suite, in three independent groups run side by side, each with its own engine: the
+# builds under QEMU emulation (arm64; long, mostly waiting on one emulated core), the jobs on the
+# real two-node Slurm (mostly waiting on daemons and Ray start-up), and the rest. The side
+# groups' output follows the main one's. Their temporary directories stay under /tmp: the Slurm
+# tests bind job directories into images run by ch-run, which binds the host's /tmp (a bind
+# destination elsewhere must exist in the read-only image).
 tmp=$(mktemp -d /tmp/verl-env-pytest.XXXXXX) || exit 1
-"${pytest[@]}" --basetemp="$tmp/emulated" -m emulated >"$root/emulated.log" 2>&1 &
-emulated_pid=$!
-trap 'kill -INT "$emulated_pid" 2>/dev/null; wait "$emulated_pid"; rm -rf "$root" "$tmp"' EXIT
-"${pytest[@]}" --basetemp="$tmp/main" -m "not emulated"
+declare -A side=([emulated]="emulated" [slurm]="slurm and not emulated")
+declare -A pids=()
+for name in "${!side[@]}"; do
+  "${pytest[@]}" --basetemp="$tmp/$name" -m "${side[$name]}" >"$root/$name.log" 2>&1 &
+  pids[$name]=$!
+done
+# shellcheck disable=SC2317  # called by the EXIT trap
+stop_side_groups() {
+  local pid
+  for pid in "${pids[@]}"; do kill -INT "$pid" 2>/dev/null; done
+  wait
+  rm -rf "$root" "$tmp"
+}
+trap stop_side_groups EXIT
+"${pytest[@]}" --basetemp="$tmp/main" -m "not emulated and not slurm"
 verdict "the main group" $?
-main_status=$?
-wait "$emulated_pid"
-emulated_status=$?
-echo "==================== the emulated group (-m emulated) ===================="
-cat "$root/emulated.log"
-verdict "the emulated group" "$emulated_status"
-emulated_status=$?
-[ "$main_status" -eq 0 ] && [ "$emulated_status" -eq 0 ]
+status=$?
+for name in slurm emulated; do
+  wait "${pids[$name]}"
+  group_status=$?
+  echo "==================== the $name group (-m '${side[$name]}') ===================="
+  cat "$root/$name.log"
+  verdict "the $name group" "$group_status" || status=1
+done
+exit "$status"
