@@ -50,7 +50,9 @@ class Need:
 @dataclass(frozen=True)
 class Work:
     partial: Path
-    scratch: Path
+    scratch: Path  # this run's directory under ``base``
+    base: Path  # --tmpdir, else the output's directory
+    free: dict[str, int]  # free bytes when the conversion started: "output", "scratch"
 
 
 def mib(n: int) -> str:
@@ -101,9 +103,8 @@ def preflight(output: Path, base: Path, needs: list[Need], target: str | None) -
     """Refuse (SifError) when a place has less free space than the floor of what it needs;
     return warnings for places with less than the estimate."""
     places = {"output": output.parent, "scratch": base}
-    if _same_fs(output.parent, base):  # one file system holds both: the needs add up
-        needs = [Need("output", sum(n.floor for n in needs), sum(n.estimate for n in needs),
-                      " and ".join(n.what for n in needs))] if needs else []
+    if _same_fs(output.parent, base):
+        needs = _combined(needs)
     warnings = []
     for need in needs:
         where = places[need.where]
@@ -120,49 +121,52 @@ def preflight(output: Path, base: Path, needs: list[Need], target: str | None) -
     return warnings
 
 
+#: A failure with less free space than this where the conversion writes is a full disk (the
+#: writer's own message may be lost: mksquashfs's log lives on the file system that filled).
+FULL_BELOW = 1 << 20
+
+
 def is_disk_full(exc: BaseException) -> bool:
+    """The error says so (ENOSPC, or a tool's "No space left on device")."""
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return True
     return NO_SPACE in str(exc)
 
 
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
+def _filled(output: Path, work: Work) -> bool:
+    return any(free_bytes(p) < FULL_BELOW for p in (output.parent, work.scratch) if p.exists())
 
 
-def _tree_size(path: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        total += sum(_size(Path(dirpath) / f) for f in files)
-    return total
+def _combined(needs: list[Need]) -> list[Need]:
+    """One file system holds the output and the scratch: their needs add up."""
+    if not needs:
+        return []
+    return [Need("output", sum(n.floor for n in needs), sum(n.estimate for n in needs),
+                 " and ".join(n.what for n in needs))]
 
 
 def disk_full_error(exc: BaseException, output: Path, work: Work, needs: list[Need],
                     target: str | None) -> SifError:
-    """The clear message for a write that filled a file system (measured before the partial
-    file and the scratch directory are removed)."""
+    """The clear message for a write that filled a file system."""
     filename = getattr(exc, "filename", None)
-    candidates = {"output": output.parent, "scratch": work.scratch}
-    if filename and Path(str(filename)).absolute().is_relative_to(work.scratch):
-        where = "scratch"
-    elif filename or _same_fs(output.parent, work.scratch):
-        where = "output"
+    same = _same_fs(output.parent, work.base)
+    candidates = {"output": output.parent, "scratch": work.base}
+    if same:
+        where, needs = "output", _combined(needs)
+    elif filename:
+        where = "scratch" if Path(str(filename)).absolute().is_relative_to(work.base) \
+            else "output"
     else:  # the fuller of the two
         where = min(candidates, key=lambda k: free_bytes(candidates[k]))
     place = candidates[where]
-    written = _size(work.partial) if where == "output" else _tree_size(work.scratch)
     need = next((n for n in needs if n.where == where), None)
     wanted = f"; {need.what} needs up to about {mib(need.estimate)}" if need else ""
     option = "--tmpdir" if where == "scratch" else "--output"
     label = "the scratch directory" if where == "scratch" else "the output directory"
     return SifError(
-        f"no space left on device in {label} {place} after writing {mib(written)} "
-        f"({mib(free_bytes(place))} free now){wanted}. Nothing was left at {output} and the "
-        f"partial files were removed; free space there or choose another {option}",
-        target=target)
+        f"no space left on device in {label} {place} ({mib(work.free[where])} were free when "
+        f"the conversion started){wanted}. Nothing was left at {output} and the partial files "
+        f"were removed; free space there or choose another {option}", target=target)
 
 
 @contextmanager
@@ -185,11 +189,12 @@ def placing(output: Path, tmpdir: Path | None, *, what: str, needs: list[Need],
         except OSError as exc:
             raise SifError(f"cannot create a scratch directory in {base}: {exc.strerror}",
                            target=target) from None
-        work = Work(partial_path(output), scratch)
+        work = Work(partial_path(output), scratch, base,
+                    {"output": free_bytes(output.parent), "scratch": free_bytes(base)})
         try:
             yield work
-        except BaseException as exc:
-            if is_disk_full(exc):
+        except Exception as exc:
+            if is_disk_full(exc) or _filled(output, work):
                 raise disk_full_error(exc, output, work, needs, target) from None
             raise
         finally:
