@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import os
 import shutil
@@ -85,11 +86,11 @@ def sweep(output: Path, tmpdir: Path | None) -> list[Path]:
     removed: list[Path] = []
     base = scratch_base(output, tmpdir)
     if output.parent.is_dir():
-        for p in output.parent.glob(f".{output.name}.partial-*"):
+        for p in output.parent.glob(f".{glob.escape(output.name)}.partial-*"):
             p.unlink(missing_ok=True)
             removed.append(p)
     if base.is_dir():
-        for d in base.glob(f"{_tag(output)}*"):
+        for d in base.glob(f"{glob.escape(_tag(output))}*"):
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
     return removed
