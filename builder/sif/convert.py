@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import tarfile
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 from builder import verdicts
 from builder.engine import Engine, ImageInfo, interrupts_raise
 from builder.errors import EngineError, SifError
+from builder.files import atomic_write_text
 from builder.sif import native as sif_native
 from builder.sif.overlay import OverlayError
 from builder.sif.placement import Need, is_disk_full, mib, placing
@@ -73,7 +73,12 @@ def run(args: argparse.Namespace) -> int:
                      phases=args.phases, timeout=args.timeout, tmpdir=args.tmpdir,
                      require=verdicts.requirement(args.require))
     if args.report:
-        _write_json(args.report, report)
+        try:
+            _write_json(args.report, report)
+        except OSError as exc:
+            raise SifError(f"{args.report}: cannot write the report ({exc.strerror or exc}); "
+                           f"the SIF at {report['output']} is complete and verified",
+                           target=target) from None
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
@@ -330,9 +335,5 @@ def build_apptainer(engine: Engine, image: ImageInfo, partial: Path, source: str
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(f.name, path)
-
+    """Atomically (a failed write, a full disk included, leaves no temporary file)."""
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

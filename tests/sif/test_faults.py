@@ -277,3 +277,32 @@ def test_two_sif_runs_to_one_path(blob: Any, tmp_path: Path) -> None:
     assert "removed what an interrupted run left" not in (tmp_path / "second.log").read_text()
     assert listing(outdir) == ["blob.sif"]
     assert_sif(out)
+
+
+def test_report_disk_full(layered: Any, tmp_path: Path,
+                          tmpfs: Callable[[str, int], Path]) -> None:
+    """``--report`` on a full file system: the SIF (already verified and placed) stays, the
+    error says so, and no temporary report file is left; with room, the same command completes."""
+    from tests.sif.images import LAYERED_TAG
+
+    need_tools("mksquashfs", "siftool", "unsquashfs")
+    full = tmpfs("report", 1)
+    with open(full / "filler", "wb") as f:  # fill it
+        with pytest.raises(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+    out = tmp_path / "out" / "x.sif"
+    args = ["sif", "--image", LAYERED_TAG, "--force", "--no-run", "--output", str(out),
+            "--report", str(full / "r.json")]
+    proc = run_build_env(*args, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: sif: {full / 'r.json'}: cannot write the report (No space left on device); "
+        f"the SIF at {out} is complete and verified")
+    assert listing(full) == ["filler"] and listing(out.parent) == ["x.sif"]
+    assert_sif(out)
+    (full / "filler").unlink()
+    proc = run_build_env(*args, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert listing(full) == ["r.json"] and listing(out.parent) == ["x.sif"]
