@@ -68,7 +68,7 @@ def free_bytes(path: Path) -> int:
 
 def _tag(output: Path) -> str:
     """The scratch directories of one output path share this prefix (name + hash of the path)."""
-    digest = hashlib.sha256(str(output).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(str(output.resolve()).encode()).hexdigest()[:12]
     return f"{SCRATCH_PREFIX}{output.name}-{digest}-"
 
 
@@ -143,7 +143,7 @@ def _combined(needs: list[Need]) -> list[Need]:
     if not needs:
         return []
     return [Need("output", sum(n.floor for n in needs), sum(n.estimate for n in needs),
-                 " and ".join(n.what for n in needs))]
+                 " together with ".join(n.what for n in needs))]
 
 
 def disk_full_error(exc: BaseException, output: Path, work: Work, needs: list[Need],
