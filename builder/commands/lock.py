@@ -10,6 +10,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from builder import runlock
 from builder.commands import _shared
 from builder.errors import CompatError, LockError
 
@@ -83,13 +84,17 @@ def run(args: argparse.Namespace) -> int:
         if problems:
             raise CompatError("; ".join(str(p) for p in problems), target=t.name)
         path = lock_path(site.path, t)
-        record = base_record(args, t, path, args.probe)
-        before = path.read_text() if path.is_file() else None
-        with _shared.progress(args, f"{t.name}: resolving with uv"):
-            lock = compile_lock(t, snapshot, path, offline=args.offline, record=record,
-                                prefer=None if args.upgrade else path,
-                                upgrade_packages=tuple(args.upgrade_packages),
-                                repin=args.repin)
+        # One `lock` of a target at a time: the lock file and its records (base, sources,
+        # prebuilt, build tools) are read and written as one set; a second run waits, then
+        # starts from the first one's lock (usually: unchanged).
+        with runlock.held(runlock.key_for_path(path), what=f"lock of {t.name} ({path})"):
+            record = base_record(args, t, path, args.probe)
+            before = path.read_text() if path.is_file() else None
+            with _shared.progress(args, f"{t.name}: resolving with uv"):
+                lock = compile_lock(t, snapshot, path, offline=args.offline, record=record,
+                                    prefer=None if args.upgrade else path,
+                                    upgrade_packages=tuple(args.upgrade_packages),
+                                    repin=args.repin)
         moved = moved_pins(before, lock.text)
         count = len(parse_lock(lock.text))
         results.append({"target": t.name, "lock": str(lock.path), "seconds": round(lock.seconds, 2),

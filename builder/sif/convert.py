@@ -9,7 +9,9 @@ Backends: ``apptainer`` (the real one, driven through ``spython`` from a one-lay
 The SIF is built under a temporary name beside the output, verified (:func:`verify_sif`: siftool,
 unsquashfs, and the self-test run from it by a real runtime), and only then renamed to the output
 path. A failed or interrupted conversion leaves nothing at the output path (a file that was there
-before stays untouched) and no temporary files behind.
+before stays untouched) and no temporary files behind; a full disk is named with the space the
+conversion needs; two runs writing one path take turns; what a killed run left is removed by the
+next run of the same output (:mod:`builder.sif.placement`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import json
 import os
 import shutil
 import tarfile
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,8 +32,10 @@ from typing import Any
 from builder import verdicts
 from builder.engine import Engine, ImageInfo, interrupts_raise
 from builder.errors import EngineError, SifError
+from builder.files import atomic_write_text
 from builder.sif import native as sif_native
 from builder.sif.overlay import OverlayError
+from builder.sif.placement import Need, is_disk_full, mib, placing
 from builder.sif.verify import DEFAULT_PHASES, verify_sif
 
 __all__ = ["run", "convert", "convert_verified", "verify_sif"]
@@ -70,7 +73,12 @@ def run(args: argparse.Namespace) -> int:
                      phases=args.phases, timeout=args.timeout, tmpdir=args.tmpdir,
                      require=verdicts.requirement(args.require))
     if args.report:
-        _write_json(args.report, report)
+        try:
+            _write_json(args.report, report)
+        except OSError as exc:
+            raise SifError(f"{args.report}: cannot write the report ({exc.strerror or exc}); "
+                           f"the SIF at {report['output']} is complete and verified",
+                           target=target) from None
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
@@ -142,29 +150,37 @@ def convert(engine: Engine, image: ImageInfo, *, output: Path, source: str,
     labels = verdict.labels() if verdict is not None else {}
     chosen = pick_backend(backend, target)
     output = output.absolute()
-    partial = output.parent / f".{output.name}.partial-{os.getpid()}"
-    scratch: Path | None = None
-    started = time.monotonic()
-    try:
-        with interrupts_raise():
-            scratch = sif_native.scratch_dir(output, tmpdir)
-            partial.unlink(missing_ok=True)
-            details = _build(engine, chosen, image, partial, source, scratch, target, labels)
-            converted = time.monotonic() - started
-            verification = verify_sif(partial, run=run, phases=phases, timeout=timeout,
-                                      flags=_runtime_flags(image))
-            _accept(verification, run, target)
-            os.replace(partial, output)
-    finally:
-        partial.unlink(missing_ok=True)
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+    with interrupts_raise(), placing(output, tmpdir, what=f"sif of {source} to {output}",
+                                     needs=space_needs(chosen, image.size),
+                                     target=target) as work:
+        started = time.monotonic()
+        details = _build(engine, chosen, image, work.partial, source, work.scratch, target,
+                         labels)
+        converted = time.monotonic() - started
+        verification = verify_sif(work.partial, run=run, phases=phases, timeout=timeout,
+                                  flags=_runtime_flags(image))
+        _accept(verification, run, target)
+        os.replace(work.partial, output)
     return {"schema": REPORT_SCHEMA, "target": target, "image_id": image.id, "source": source,
             "output": str(output), "backend": chosen, "size": output.stat().st_size,
             "image_size": image.size, "build": details,
             "seconds": {"convert": round(converted, 1),
                         "total": round(time.monotonic() - started, 1)},
             "verification": verification, "verdict": labels}
+
+
+def space_needs(backend: str, image_size: int) -> list[Need]:
+    """What a conversion of an image of ``image_size`` bytes (the engine's uncompressed size)
+    needs. The SIF is a gzip squashfs: at most about the image's size, rarely under an eighth of
+    it. The apptainer backend also writes the image's export as an archive into the scratch
+    directory (about the image's size, at least half of it) and unpacks it there again."""
+    sif = Need("output", image_size // 8, image_size,
+               f"the SIF (a gzip squashfs of a {mib(image_size)} image)")
+    if backend != "apptainer":
+        return [sif]
+    return [sif, Need("scratch", image_size // 2, 2 * image_size,
+                      f"the apptainer backend's scratch (the image archive and its unpacked "
+                      f"tree, {mib(image_size)} each)")]
 
 
 def _runtime_flags(image: ImageInfo) -> tuple[str, ...]:
@@ -207,6 +223,8 @@ def _build(engine: Engine, backend: str, image: ImageInfo, partial: Path, source
     except EngineError as exc:
         raise SifError(exc.args[0], target=target) from None
     except (OSError, ValueError, RuntimeError, OverlayError, tarfile.TarError) as exc:
+        if is_disk_full(exc):
+            raise  # placing() names the file system that filled
         raise SifError(f"{backend} conversion failed: {exc}", target=target) from None
 
 
@@ -317,9 +335,5 @@ def build_apptainer(engine: Engine, image: ImageInfo, partial: Path, source: str
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(f.name, path)
-
+    """Atomically (a failed write, a full disk included, leaves no temporary file)."""
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -16,12 +16,14 @@ Nothing but the SIF itself (and mksquashfs's log) is written to disk.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -86,10 +88,18 @@ def mksquashfs_command(output: Path, offset: int) -> list[str]:
 
 
 def run_mksquashfs(command: list[str], pieces: Iterable[Piece], log_path: Path) -> str:
-    """Run mksquashfs fed from ``pieces``; raises RuntimeError with its output on failure."""
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=log)
-    assert proc.stdin is not None
+    """Run mksquashfs fed from ``pieces``; raises RuntimeError with its output on failure.
+
+    Its output is collected in memory by a thread (and then written to ``log_path`` where that
+    still can be): on a full disk the file system that filled may hold the log, and the message
+    that says so ("No space left on device") must not be lost with it."""
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    assert proc.stdin is not None and proc.stdout is not None
+    output = proc.stdout
+    out: list[bytes] = []
+    reader = threading.Thread(target=lambda: out.append(output.read()), daemon=True)
+    reader.start()
     try:
         try:
             fcntl.fcntl(proc.stdin.fileno(), F_SETPIPE_SZ, 1 << 20)
@@ -105,7 +115,11 @@ def run_mksquashfs(command: list[str], pieces: Iterable[Piece], log_path: Path) 
         proc.kill()
         proc.wait()
         raise
-    text = log_path.read_text(errors="replace")
+    finally:
+        reader.join(10)
+    text = b"".join(out).decode(errors="replace")
+    with contextlib.suppress(OSError):
+        log_path.write_text(text)
     if code != 0:
         raise RuntimeError(f"mksquashfs exited {code}: {text.strip()[-1500:]}")
     return text

@@ -10,7 +10,8 @@ into ``mksquashfs - OUT -tar -all-root``. The files are those ``enroot import`` 
 entrypoint and command), an empty ``/etc/rc.local`` and ``/etc/fstab`` (the image's volumes).
 
 The file is written under a temporary name beside the output, checked (``unsquashfs``: the
-superblock and the environment read back), then renamed; a failure leaves nothing behind.
+superblock and the environment read back), then renamed; a failure leaves nothing behind, a full
+disk is named, and two runs of one output take turns (:mod:`builder.sif.placement`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import datetime
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import tarfile
 import time
@@ -34,6 +34,7 @@ from builder.errors import EngineError, SifError
 from builder.sif import meta as sif_meta
 from builder.sif import native as sif_native
 from builder.sif.overlay import Overlay, OverlayError, Piece, file_entry, header
+from builder.sif.placement import Need, is_disk_full, mib, placing
 
 REPORT_SCHEMA = "verl-env/sqsh-report/v1"
 
@@ -131,6 +132,14 @@ def check(path: Path, config: dict[str, Any] | None) -> None:
                        f"({proc.stderr.decode(errors='replace').strip()[-300:]})")
 
 
+def space_needs(compression: str, image_size: int) -> list[Need]:
+    """The squashfs is at most about the image's size; compressed rarely under an eighth of it,
+    uncompressed (``none``) rarely under half."""
+    floor = image_size // 2 if compression == "none" else image_size // 8
+    return [Need("output", floor, image_size,
+                 f"the squashfs ({compression}) of a {mib(image_size)} image")]
+
+
 def convert(engine: Engine, image: ImageInfo, *, output: Path, source: str,
             target: str | None = None, force: bool = False, compression: str = "gzip",
             tmpdir: Path | None = None) -> dict[str, Any]:
@@ -139,22 +148,18 @@ def convert(engine: Engine, image: ImageInfo, *, output: Path, source: str,
         raise SifError(f"image {source} ({image.id[7:19]}) has no passing verdict; run "
                        "`build-env verify` on it first, or pass --force", target=target)
     output = output.absolute()
-    partial = output.parent / f".{output.name}.partial-{os.getpid()}"
-    scratch = None
-    try:
-        with interrupts_raise():
-            scratch = sif_native.scratch_dir(output, tmpdir)
-            try:
-                details = build(engine, image, partial, source=source, workdir=scratch,
-                                compression=compression)
-            except (RuntimeError, OverlayError) as exc:
-                raise SifError(str(exc), target=target) from None
-            check(partial, dict(image.config))
-            os.replace(partial, output)
-    finally:
-        partial.unlink(missing_ok=True)
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+    with interrupts_raise(), placing(output, tmpdir, what=f"sqsh of {source} to {output}",
+                                     needs=space_needs(compression, image.size),
+                                     target=target) as work:
+        try:
+            details = build(engine, image, work.partial, source=source, workdir=work.scratch,
+                            compression=compression)
+        except (RuntimeError, OverlayError) as exc:
+            if is_disk_full(exc):
+                raise  # placing() names the file system that filled
+            raise SifError(str(exc), target=target) from None
+        check(work.partial, dict(image.config))
+        os.replace(work.partial, output)
     return {"schema": REPORT_SCHEMA, "target": target, "image_id": image.id, "source": source,
             "output": str(output), "size": output.stat().st_size, "build": details}
 

@@ -1,0 +1,94 @@
+"""Two ``build-env lock`` of one target at once (a row in docs/reliability.md): the second waits
+for the first (the run lock on the lock file's path), then starts from the first one's lock and
+finds it unchanged; whenever the lock file exists it is whole (polled throughout)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from builder import runlock
+from builder.lock import parse_lock
+from tests.conftest import FIXTURE, installed_build_env
+
+pytestmark = [pytest.mark.network, pytest.mark.fault]
+
+
+def _start(site: Path, log: Path) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with open(log, "w") as f:
+        return subprocess.Popen([str(installed_build_env()), "lock", "--target", "cpu-x86_64"],
+                                cwd=site, env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(what: str, check: object, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_two_locks_of_one_target(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    shutil.copy(FIXTURE, site / "matrix.yaml")
+    shutil.copytree(FIXTURE.parent / "metadata", site / "metadata")
+    lock = site / "locks" / "cpu-x86_64.txt"
+    # the run lock's file, as the runs (same XDG_STATE_HOME) name it
+    holder_file = runlock._file_for(runlock.key_for_path(lock))
+    texts: set[str] = set()
+    torn: list[str] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            try:
+                text = lock.read_text()
+            except FileNotFoundError:
+                text = None
+            if text is not None:
+                if not text.startswith("# ") or not text.endswith("\n") or \
+                        "verl==0.9.1" not in text:
+                    torn.append(text[-200:])
+                texts.add(text)
+            time.sleep(0.005)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    first = _start(site, tmp_path / "first.log")
+    second = None
+    try:
+        _wait_for("the first run to hold the run lock",
+                  lambda: holder_file.is_file() and
+                  holder_file.read_text().startswith(f"pid {first.pid}: lock of cpu-x86_64"))
+        first.send_signal(signal.SIGSTOP)
+        second = _start(site, tmp_path / "second.log")
+        _wait_for("the second run to wait",
+                  lambda: f"waiting for pid {first.pid}: lock of cpu-x86_64"
+                  in (tmp_path / "second.log").read_text())
+        first.send_signal(signal.SIGCONT)
+        assert first.wait(600) == 0, (tmp_path / "first.log").read_text()
+        assert second.wait(600) == 0, (tmp_path / "second.log").read_text()
+    finally:
+        stop.set()
+        poller.join()
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait()
+    assert torn == []
+    final = lock.read_text()
+    assert texts == {final}  # one lock ever seen: the first one's, kept by the second
+    assert "unchanged" in (tmp_path / "second.log").read_text()
+    assert "--hash=sha256:" in final and "verl" in parse_lock(final)
+    assert sorted(p.name for p in lock.parent.iterdir()) == ["cpu-x86_64.txt"]
