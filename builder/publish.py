@@ -3,16 +3,16 @@
 * :func:`preflight` first (also called by the pipeline before a build with ``--push``): the
   registry answers ``/v2/``, the credentials are accepted, and they may push to the repository
   (a blob upload is started and cancelled), in seconds.
-* The image goes through the Docker Engine (``images.push`` with the credentials as
-  ``auth_config``; dockerd does the Basic or Bearer token flow itself; its stream never raises:
+* The image goes through the Docker Engine under the staging tag ``TAG-staging``
+  (``images.push`` with the credentials as ``auth_config``; dockerd does the Basic or Bearer token flow itself; its stream never raises:
   every event is scanned for ``error``/``errorDetail``). Its manifest digest is then read back
   from the registry API with the v2/OCI ``Accept`` headers (without them a registry may answer
   with a schema1 manifest whose digest differs) and must equal the digest the engine reported.
 * The SIF goes as an ORAS artifact with the media types ``apptainer pull oras://`` accepts
   (config ``application/vnd.sylabs.sif.config.v1+json`` = ``{}``, one
   ``application/vnd.sylabs.sif.layer.v1.sif`` layer with a title), spoken directly over the OCI
-  distribution API (:mod:`builder.registry`: monolithic blob uploads, manifest ``PUT``). Its
-  manifest is read back, and its layer must have the SIF's own sha256 and size.
+  distribution API (:mod:`builder.registry`: monolithic blob uploads, manifest ``PUT`` by its
+  digest). Its manifest is read back, and its layer must have the SIF's own sha256 and size.
 * With a signing key (``--sign-key``, the build's ``report.json`` for provenance): the
   verdict, SBOM and provenance statements are signed (DSSE) about the image manifest digest
   (and, for the SIF, about its ORAS manifest digest and the file's sha256) and pushed as OCI 1.1
@@ -20,9 +20,13 @@
   where the registry has no referrers API, cosign's ``.att`` tag). Everything that can refuse
   (the key, a release verdict, the report describing this image, the SBOM inventory) is checked
   before anything is pushed.
-* Only then the publish record (target, pins, both digests, SIF size, attestations, time) is
-  written, atomically. An auth failure or a digest mismatch is an error and no record is
-  written.
+* Only then the release tags move (``TAG-sif``, then ``TAG``: the manifest bytes served for
+  each digest ``PUT`` under the tag), and the publish record (target, pins, both digests, SIF
+  size, attestations, time) is written, atomically. An auth failure or a digest mismatch is an
+  error and no record is written. From the first byte sent until then,
+  ``publish.incomplete.json`` (:class:`Progress`) says which stage the run is in, what is in the
+  registry by digest and what is not published; a failed stage is one error naming it. A re-run
+  sends nothing the registry already holds.
 
 Credentials: see :mod:`builder.registry` (environment, then the Docker config's
 ``credHelpers``/``credsStore``/``auths``); they are never printed, logged or recorded, and

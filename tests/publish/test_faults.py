@@ -216,8 +216,13 @@ def restarted() -> Iterator[list[RegistryServer]]:
 # --------------------------------------------------------------------------- helpers
 
 
-def _kill_registry(reg: RegistryServer) -> Callable[[], None]:
+def _kill_registry(reg: RegistryServer, *, once_uploaded: int = 0) -> Callable[[], None]:
+    """SIGKILL the registry (its triggering request held meanwhile), once its log shows
+    ``once_uploaded`` completed blob uploads (at most 20 s later)."""
     def kill() -> None:
+        deadline = time.monotonic() + 20
+        while len(_uploaded(reg.log())) < once_uploaded and time.monotonic() < deadline:
+            time.sleep(0.05)
         reg.proc.send_signal(signal.SIGKILL)
         reg.proc.wait(timeout=10)
     return kill
@@ -350,13 +355,14 @@ def _assert_incomplete(tmp_path: Path, stage: str, done: list[str]) -> dict[str,
 def test_registry_dies_during_image_push(registry: RegistryServer, proxies: Any,
                                          restarted: list[RegistryServer], layered: Any,
                                          layered_sif: Path, tmp_path: Path) -> None:
-    """The registry is SIGKILLed while the engine sends an image layer (after 64 KiB of a
-    layer's ``PATCH``), and stays down while the engine retries: exit 1 naming the image push;
+    """The registry is SIGKILLed while the engine sends an image layer (64 KiB into a layer's
+    ``PATCH``, held there until two other blobs are complete), and stays down while the engine
+    retries (its own 5 tries, about 50 s, then ``--attempts``): exit 1 naming the image push;
     no release tag moved; then, on the same storage, the same command finishes, uploading only
     the blobs the registry did not hold."""
     previous = _previous_release(registry, ("layers", "layers-sif"))
     proxy = proxies(registry.host)
-    proxy.arm(_layer_patch, 64 * KIB, _kill_registry(registry))
+    proxy.arm(_layer_patch, 64 * KIB, _kill_registry(registry, once_uploaded=3))
     started = time.monotonic()
     proc = _run(proxy.host, tmp_path, layered_sif, "--attempts", "2")
     first_s = time.monotonic() - started
@@ -371,6 +377,8 @@ def test_registry_dies_during_image_push(registry: RegistryServer, proxies: Any,
     proxy.disarm()
     again, log1 = _restart(registry, restarted, proxy)
     held = _stored_blobs(again)  # what the killed registry had completed
+    completed = set(_uploaded(log1))  # the previous release's config and 2+ layers
+    assert len(completed) >= 3 and completed <= held, (completed, held)
     assert _tag_digest(again, "layers", publish.OCI_MANIFEST) == previous  # never moved
     assert _tag_digest(again, "layers-sif", publish.OCI_MANIFEST) == previous
     assert _tag_digest(again, "layers-staging", publish.MANIFEST_ACCEPT) is None
