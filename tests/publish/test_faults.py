@@ -218,11 +218,14 @@ def restarted() -> Iterator[list[RegistryServer]]:
 
 def _kill_registry(reg: RegistryServer, *, once_uploaded: int = 0) -> Callable[[], None]:
     """SIGKILL the registry (its triggering request held meanwhile), once its log shows
-    ``once_uploaded`` completed blob uploads (at most 20 s later)."""
+    ``once_uploaded`` completed blob uploads (at most 20 s later) and their answers have had a
+    second to reach the client."""
     def kill() -> None:
         deadline = time.monotonic() + 20
         while len(_uploaded(reg.log())) < once_uploaded and time.monotonic() < deadline:
             time.sleep(0.05)
+        if once_uploaded:
+            time.sleep(1.0)
         reg.proc.send_signal(signal.SIGKILL)
         reg.proc.wait(timeout=10)
     return kill
@@ -386,7 +389,7 @@ def test_registry_dies_during_image_push(registry: RegistryServer, proxies: Any,
     proc = _run(proxy.host, tmp_path, layered_sif, "--attempts", "2")
     record = _assert_complete_rerun(proc, tmp_path, again)
     uploaded = _uploaded(again.log())
-    assert uploaded and not set(uploaded) & held, (uploaded, held)
+    assert uploaded and not set(uploaded) & held, (set(uploaded) & held, completed)
     assert len(uploaded) == len(set(uploaded))
     assert record["sif"]["blob_digest"] in uploaded
     assert _stored_blobs(again) >= set(uploaded) | held
