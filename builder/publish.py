@@ -4,8 +4,9 @@
   registry answers ``/v2/``, the credentials are accepted, and they may push to the repository
   (a blob upload is started and cancelled), in seconds.
 * The image goes through the Docker Engine under the staging tag ``TAG-staging``
-  (``images.push`` with the credentials as ``auth_config``; dockerd does the Basic or Bearer token flow itself; its stream never raises:
-  every event is scanned for ``error``/``errorDetail``). Its manifest digest is then read back
+  (``images.push`` with the credentials as ``auth_config``; dockerd does the Basic or Bearer
+  token flow itself; its stream never raises: every event is scanned for
+  ``error``/``errorDetail``). Its manifest digest is then read back
   from the registry API with the v2/OCI ``Accept`` headers (without them a registry may answer
   with a schema1 manifest whose digest differs) and must equal the digest the engine reported.
 * The SIF goes as an ORAS artifact with the media types ``apptainer pull oras://`` accepts
