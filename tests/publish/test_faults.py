@@ -32,10 +32,14 @@ from typing import Any
 import pytest
 import requests
 
-from builder import publish
+from builder import publish, verdicts
+from builder.engine import Engine
+from builder.errors import PublishError
+from builder.trust import keys
 from tests.conftest import OUTSIDE, installed_build_env
 from tests.publish.conftest import REPO, RegistryServer, start_registry
 from tests.sif.images import LAYERED_TAG
+from tests.trust.conftest import keypair, report, sbom_doc  # noqa: F401
 
 pytestmark = [pytest.mark.fault, pytest.mark.docker, pytest.mark.registry]
 
@@ -341,13 +345,14 @@ def _assert_complete_rerun(proc: subprocess.CompletedProcess[str], tmp_path: Pat
     return record
 
 
-def _assert_incomplete(tmp_path: Path, stage: str, done: list[str]) -> dict[str, Any]:
+def _assert_incomplete(tmp_path: Path, stage: str, done: list[str],
+                       stages: tuple[str, ...] = ("image push", "SIF upload", "release tags")
+                       ) -> dict[str, Any]:
     assert not (tmp_path / "record.json").exists()  # nothing that looks finished
     left = json.loads(publish.incomplete_path(tmp_path / "record.json").read_text())
     assert left["status"] == "incomplete" and left["stage"] == stage
     assert left["stages_done"] == done
-    assert left["not_published"] == [s for s in ("image push", "SIF upload", "release tags")
-                                     if s not in done]
+    assert left["not_published"] == [s for s in stages if s not in done]
     assert set(left["release_tags"].values()) == {"not moved (names what it named before)"}
     return left
 
@@ -432,6 +437,64 @@ def test_registry_dies_during_sif_upload(registry: RegistryServer, proxies: Any,
     assert _uploaded(log) == [sif_blob]  # the image's layers and the config: not again
     assert '"PATCH /v2/' not in log
     print(f"re-run sent {proxy.sent} bytes; the SIF is {layered_sif.stat().st_size}")
+
+
+def test_registry_dies_during_attestations(registry: RegistryServer, proxies: Any,
+                                          restarted: list[RegistryServer], layered: Any,
+                                          layered_sif: Path, keypair: keys.KeyFiles,
+                                          report: Path, sbom_doc: dict[str, Any],
+                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    """``publish --sign-key``: the registry is SIGKILLed as the first signed statement goes up
+    (the first blob upload after the SIF manifest): the error names the attestations stage;
+    image and SIF are in the registry by digest, no release tag names them; after a restart the same
+    publish attaches the statements, moves the tags and uploads neither image nor SIF again."""
+    monkeypatch.setattr(publish, "RETRY_BASE_S", 0.1)
+    own = tmp_path / "report.json"  # the build report, about the layered image
+    own.write_text(json.dumps({**json.loads(report.read_text()), "image_id": layered.id}))
+    verdict = verdicts.Verdict(layered.id, 0, {"overall": "pass",
+                                               "gate": {"scope": "release", "family": "cpu"}})
+    previous = _previous_release(registry, ("layers", "layers-sif"))
+    proxy = proxies(registry.host)
+    sif_manifest_sent: list[bytes] = []
+
+    def first_envelope(line: bytes) -> bool:
+        if line.startswith(b"PUT ") and b"/manifests/sha256:" in line:
+            sif_manifest_sent.append(line)
+        return bool(sif_manifest_sent) and line.startswith(b"PUT ") and b"/blobs/" in line
+
+    proxy.arm(first_envelope, 0, _kill_registry(registry))
+    engine = Engine.connect()
+    image = engine.image(LAYERED_TAG)
+    record_path = tmp_path / "record.json"
+
+    def run() -> dict[str, Any]:
+        return publish.publish(engine, image, f"{proxy.host}/{REPO}", tag="layers",
+                               sif=layered_sif, target=None, record_path=record_path,
+                               attempts=2, sign_key=keypair.private, report=own,
+                               verdict=verdict, sbom_doc=sbom_doc)
+
+    with pytest.raises(PublishError, match=r"^publish: attestations failed: ") as err:
+        run()
+    assert proxy.fired.is_set() and "no release tag was moved" in str(err.value)
+    left = _assert_incomplete(tmp_path, "attestations", ["image push", "SIF upload"],
+                              ("image push", "SIF upload", "attestations", "release tags"))
+    assert set(left["published"]) == {"image", "sif"}
+
+    proxy.disarm()
+    again, _ = _restart(registry, restarted, proxy)
+    assert _tag_digest(again, "layers", publish.MANIFEST_ACCEPT) == previous
+    assert _tag_digest(again, "layers-sif", publish.OCI_MANIFEST) == previous
+    held = _stored_blobs(again)
+    assert left["published"]["sif"]["blob_digest"] in held
+    record = run()
+    assert json.loads(record_path.read_text())["published_at"] == record["published_at"]
+    _assert_released(again, record)
+    assert record["image_digest"] == left["published"]["image"]["digest"]
+    assert {"image", "sif"} <= set(record["attestations"])
+    assert not publish.incomplete_path(record_path).exists()
+    uploaded = _uploaded(again.log())
+    assert uploaded and not set(uploaded) & held, set(uploaded) & held  # only the envelopes
 
 
 # --------------------------------------------------------------------------- killed with SIGKILL
