@@ -3,16 +3,17 @@
 * :func:`preflight` first (also called by the pipeline before a build with ``--push``): the
   registry answers ``/v2/``, the credentials are accepted, and they may push to the repository
   (a blob upload is started and cancelled), in seconds.
-* The image goes through the Docker Engine (``images.push`` with the credentials as
-  ``auth_config``; dockerd does the Basic or Bearer token flow itself; its stream never raises:
-  every event is scanned for ``error``/``errorDetail``). Its manifest digest is then read back
+* The image goes through the Docker Engine under the staging tag ``TAG-staging``
+  (``images.push`` with the credentials as ``auth_config``; dockerd does the Basic or Bearer
+  token flow itself; its stream never raises: every event is scanned for
+  ``error``/``errorDetail``). Its manifest digest is then read back
   from the registry API with the v2/OCI ``Accept`` headers (without them a registry may answer
   with a schema1 manifest whose digest differs) and must equal the digest the engine reported.
 * The SIF goes as an ORAS artifact with the media types ``apptainer pull oras://`` accepts
   (config ``application/vnd.sylabs.sif.config.v1+json`` = ``{}``, one
   ``application/vnd.sylabs.sif.layer.v1.sif`` layer with a title), spoken directly over the OCI
-  distribution API (:mod:`builder.registry`: monolithic blob uploads, manifest ``PUT``). Its
-  manifest is read back, and its layer must have the SIF's own sha256 and size.
+  distribution API (:mod:`builder.registry`: monolithic blob uploads, manifest ``PUT`` by its
+  digest). Its manifest is read back, and its layer must have the SIF's own sha256 and size.
 * With a signing key (``--sign-key``, the build's ``report.json`` for provenance): the
   verdict, SBOM and provenance statements are signed (DSSE) about the image manifest digest
   (and, for the SIF, about its ORAS manifest digest and the file's sha256) and pushed as OCI 1.1
@@ -20,9 +21,13 @@
   where the registry has no referrers API, cosign's ``.att`` tag). Everything that can refuse
   (the key, a release verdict, the report describing this image, the SBOM inventory) is checked
   before anything is pushed.
-* Only then the publish record (target, pins, both digests, SIF size, attestations, time) is
-  written, atomically. An auth failure or a digest mismatch is an error and no record is
-  written.
+* Only then the release tags move (``TAG-sif``, then ``TAG``: the manifest bytes served for
+  each digest ``PUT`` under the tag), and the publish record (target, pins, both digests, SIF
+  size, attestations, time) is written, atomically. An auth failure or a digest mismatch is an
+  error and no record is written. From the first byte sent until then,
+  ``publish.incomplete.json`` (:class:`Progress`) says which stage the run is in, what is in the
+  registry by digest and what is not published; a failed stage is one error naming it. A re-run
+  sends nothing the registry already holds.
 
 Credentials: see :mod:`builder.registry` (environment, then the Docker config's
 ``credHelpers``/``credsStore``/``auths``); they are never printed, logged or recorded, and
@@ -50,7 +55,7 @@ from builder import verdicts
 from builder.files import sha256_file
 from builder.sif import format as sif_format
 from builder.engine import Engine, ImageInfo
-from builder.errors import EngineError, PublishError
+from builder.errors import BuildEnvError, EngineError, PublishError
 from builder.registry import (PASSWORD_ENV, TIMEOUT_S, USER_ENV, Client, Credentials, Transient,
                               docker_config_path, parse_reference, resolve_credentials)
 
@@ -167,26 +172,65 @@ def sif_manifest(blob: str, size: int, title: str, created: str) -> tuple[bytes,
     return config, json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()
 
 
-def push_sif(sif: Path, reg: Client, tag: str, attempts: int, *, blob: str | None = None
-             ) -> tuple[str, dict[str, Any]]:
+def push_sif(sif: Path, reg: Client, tag: str, attempts: int, *, blob: str | None = None,
+             move_tag: bool = True) -> tuple[str, dict[str, Any]]:
     """Push the SIF as apptainer's ORAS artifact (config blob, SIF blob, manifest; blobs the
     registry already has are not sent again); returns the manifest digest read back and the
-    manifest."""
+    manifest. The manifest goes up by its digest; ``move_tag`` then points ``tag`` at it (the
+    publish moves its tags itself, last: :func:`release_tags`)."""
     target = f"{reg.host}/{reg.repo}:{tag}"
     blob = blob or sha256_file(sif)
     created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     config, manifest = sif_manifest(blob, sif.stat().st_size, sif.name, created)
     config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
+    digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
     retrying(lambda: reg.put_blob(config, config_digest), f"ORAS push {target} (config)",
              attempts)
     retrying(lambda: reg.put_blob(sif, blob), f"ORAS push {target} (SIF blob)", attempts)
-    pushed = retrying(lambda: reg.put_manifest(tag, manifest, OCI_MANIFEST),
+    pushed = retrying(lambda: reg.put_manifest(digest, manifest, OCI_MANIFEST),
                       f"ORAS push {target} (manifest)", attempts)
-    digest, served = manifest_digest(reg, tag, attempts, accept=OCI_MANIFEST)
-    if digest != pushed:
-        raise PublishError(f"{target}: the registry serves {digest}, the SIF manifest pushed "
-                           f"was {pushed}")
-    return digest, served
+    served_digest, served = manifest_digest(reg, pushed, attempts, accept=OCI_MANIFEST)
+    if served_digest != pushed:
+        raise PublishError(f"{target}: the registry serves {served_digest}, the SIF manifest "
+                           f"pushed was {pushed}")
+    if move_tag:
+        release_tags(reg, [(tag, pushed, OCI_MANIFEST)], attempts)
+    return served_digest, served
+
+
+def release_tags(reg: Client, moves: list[tuple[str, str, str]], attempts: int,
+                 moved: list[str] | None = None) -> list[str]:
+    """Point each ``(tag, digest, accept)`` at the manifest already in the registry under that
+    digest (its bytes as served, re-``PUT`` under the tag), in order, each read back by tag.
+    Returns the tags moved (also appended to ``moved`` as they move); on an error,
+    :class:`PublishError` says which were."""
+    moved = [] if moved is None else moved
+    for tag, digest, accept in moves:
+        try:
+            _move_tag(reg, tag, digest, accept, attempts)
+        except PublishError as exc:
+            done = ", ".join(moved) or "none"
+            raise PublishError(f"{exc.args[0]} (tags moved before this: {done})") from None
+        moved.append(tag)
+    return moved
+
+
+def _move_tag(reg: Client, tag: str, digest: str, accept: str, attempts: int) -> None:
+    def fetch() -> tuple[str, bytes, str] | None:
+        return reg.fetch_manifest(digest, accept)
+
+    got = retrying(fetch, f"read back {reg.repo}@{digest}", attempts)
+    assert got is not None
+    _, data, media = got
+
+    def put() -> str:
+        return reg.put_manifest(tag, data, media or accept)
+
+    retrying(put, f"move tag {reg.host}/{reg.repo}:{tag}", attempts)
+    served, _ = manifest_digest(reg, tag, attempts, accept=accept)
+    if served != digest:
+        raise PublishError(f"{reg.host}/{reg.repo}:{tag} names {served} after it was moved to "
+                           f"{digest}")
 
 
 def check_sif_manifest(manifest: dict[str, Any], blob_digest: str, size: int) -> None:
@@ -232,6 +276,88 @@ def write_record(path: Path, record: dict[str, Any]) -> None:
         json.dump(record, f, indent=2, sort_keys=True)
         f.write("\n")
     os.replace(f.name, path)
+
+
+def incomplete_path(record_path: Path) -> Path:
+    """Where a publish that has not finished says what it did and did not publish
+    (``publish.json`` -> ``publish.incomplete.json``)."""
+    return record_path.with_name(f"{record_path.stem}.incomplete{record_path.suffix}")
+
+
+def clean_leftovers(record_path: Path) -> list[Path]:
+    """The temp files a killed run left beside the records (``.publish.json.XXXX``): removed.
+    Called under the record's run lock, so no live run is writing them."""
+    removed = []
+    for name in (record_path.name, incomplete_path(record_path).name):
+        for stale in record_path.parent.glob(f".{name}.*"):
+            try:
+                stale.unlink()
+                removed.append(stale)
+            except OSError:
+                pass
+    return removed
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Progress:
+    """What this publish has pushed so far, kept on disk beside the record
+    (:func:`incomplete_path`) from the first byte sent until the record is written: a run that
+    fails, or is killed, leaves a file that says which stage it was in, what is in the registry
+    by digest and what was not published; no release tag has moved unless it says so."""
+
+    def __init__(self, record_path: Path, base: dict[str, Any], stages: list[str],
+                 tags: list[str]) -> None:
+        self.path = incomplete_path(record_path)
+        self.base = base
+        self.stages = stages
+        self.tags = tags  # the release tags, HOST/REPO:TAG
+        self.stage: str | None = None
+        self.done: list[str] = []
+        self.published: dict[str, Any] = {}
+        self.moved: list[str] = []  # bare tags moved
+        self.started = _now()
+
+    def enter(self, stage: str) -> None:
+        self.stage = stage
+        self.save()
+
+    def finish(self, stage: str, **published: Any) -> None:
+        self.done.append(stage)
+        self.published.update(published)
+        self.save()
+
+    def save(self, error: str | None = None) -> None:
+        moved = {t for t in self.tags if t.rsplit(":", 1)[1] in self.moved}
+        write_record(self.path, {
+            **self.base, "status": "incomplete", "pid": os.getpid(),
+            "started_at": self.started, "updated_at": _now(), "stage": self.stage,
+            "error": error, "stages_done": list(self.done),
+            "not_published": [s for s in self.stages if s not in self.done],
+            "published": dict(self.published),
+            "release_tags": {t: "moved" if t in moved else "not moved (names what it named "
+                             "before)" for t in self.tags}})
+
+    def failure(self, exc: Exception) -> PublishError:
+        """Record ``exc`` and make the one-line error the user sees: the stage, the cause,
+        what is (not) released, where the record of it is."""
+        reason = str(exc.args[0]) if exc.args else str(exc)
+        self.save(error=reason)
+        pushed = ", ".join(f"{what} {info['digest']}" for what, info in self.published.items()
+                           if isinstance(info, dict) and info.get("digest")) or "nothing"
+        moved = [t for t in self.tags if t.rsplit(":", 1)[1] in self.moved]
+        released = (f"tags moved: {', '.join(moved)}" if moved
+                    else "no release tag was moved")
+        return PublishError(f"{self.stage} failed: {reason}; {released}; in the registry by "
+                            f"digest: {pushed}; what was and was not published: {self.path}")
+
+
+def staging_tag(tag: str) -> str:
+    """The tag the engine pushes the image under (the engine pushes only tags); the release tag
+    is moved to the same manifest last, when everything else is in."""
+    return f"{tag}-staging"
 
 
 @dataclass(frozen=True)
@@ -294,20 +420,30 @@ def publish(engine: Engine, image: ImageInfo, registry: str, *, tag: str, sif: P
             report: Path | None = None, require: str = verdicts.BUILD,
             attach: tuple[Path, ...] = (), verdict: verdicts.Verdict | None = None,
             sbom_doc: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Push image (and SIF), read both digests back, with ``sign_key`` push the signed
-    attestations as referrers, write the record. Returns the record. ``require``: the verdict
-    level the attestations need (the caller has checked the image's verdict). ``attach``:
-    cluster verdicts (``build-env cluster``) about ``sif``, signed with ``sign_key`` and pushed
-    as referrers of the image and of the SIF artifact. ``verdict``: the image's recorded
-    verdict when the caller holds it (else it is read once); ``sbom_doc``: its SBOM, likewise
-    (else inventoried once, when signing)."""
+    """Push image (and SIF) by digest, read both back, with ``sign_key`` push the signed
+    attestations as referrers, then move the release tags, then write the record. Returns the
+    record. ``require``: the verdict level the attestations need (the caller has checked the
+    image's verdict). ``attach``: cluster verdicts (``build-env cluster``) about ``sif``, signed
+    with ``sign_key`` and pushed as referrers of the image and of the SIF artifact. ``verdict``:
+    the image's recorded verdict when the caller holds it (else it is read once); ``sbom_doc``:
+    its SBOM, likewise (else inventoried once, when signing).
+
+    One publish at a time writes one record (:mod:`builder.runlock`, keyed on the record's
+    path): a second waits, then publishes over what the first left (nothing is uploaded twice:
+    blobs the registry has are skipped)."""
+    from builder import runlock
+
     if verdict is None:
         verdict = verdicts.lookup(image.id)
     try:
-        return _publish(engine, image, registry, tag=tag, sif=sif, target=target,
-                        record_path=record_path, pins=pins, sif_tag=sif_tag,
-                        insecure=insecure, attempts=attempts, sign_key=sign_key, report=report,
-                        require=require, attach=attach, verdict=verdict, sbom_doc=sbom_doc)
+        with runlock.held(runlock.key_for_path(record_path),
+                          what=f"publish of {image.id[7:19]} to {registry}:{tag}"):
+            clean_leftovers(record_path)
+            return _publish(engine, image, registry, tag=tag, sif=sif, target=target,
+                            record_path=record_path, pins=pins, sif_tag=sif_tag,
+                            insecure=insecure, attempts=attempts, sign_key=sign_key,
+                            report=report, require=require, attach=attach, verdict=verdict,
+                            sbom_doc=sbom_doc)
     except PublishError as exc:
         exc.target = exc.target or target
         raise
@@ -319,8 +455,6 @@ def _publish(engine: Engine, image: ImageInfo, registry: str, *, tag: str, sif: 
              report: Path | None, require: str, attach: tuple[Path, ...],
              verdict: verdicts.Verdict | None, sbom_doc: dict[str, Any] | None
              ) -> dict[str, Any]:
-    from builder.trust import statements as st
-
     clusters = _clusters_to_attach(attach, sif, sign_key)
     reg, cred_source = connect(registry, insecure=insecure)
     labels = image.labels
@@ -330,45 +464,83 @@ def _publish(engine: Engine, image: ImageInfo, registry: str, *, tag: str, sif: 
                                     verdict=verdict, sbom_doc=sbom_doc)
                if sign_key is not None else None)
     check_access(reg, attempts)
-    pushed = push_image(engine, image, reg, tag, attempts)
-    digest, _ = manifest_digest(reg, tag, attempts)
-    if digest != pushed:
-        raise PublishError(f"{reg.host}/{reg.repo}:{tag}: the registry serves {digest}, the "
-                           f"engine pushed {pushed}")
-    attestations: dict[str, Any] | None = None
-    if signing is not None:
-        attestations = {"keyid": signing.keyid, "image": attest(
-            reg, signing, digest, [st.subject(f"{reg.host}/{reg.repo}", digest)], attempts)}
-    record: dict[str, Any] = {
+    where = f"{reg.host}/{reg.repo}"
+    stag = sif_tag or f"{tag}-sif"
+    stages = ["image push"] + (["SIF upload"] if sif is not None else []) + (
+        ["attestations"] if signing is not None or clusters else []) + ["release tags"]
+    base: dict[str, Any] = {
         "schema": RECORD_SCHEMA, "target": target, "image_id": image.id,
-        "pins": pins_from_labels(labels) or dict(pins or {}),
-        "registry": f"{reg.host}/{reg.repo}", "credentials": cred_source,
-        "image": {"tag": f"{reg.host}/{reg.repo}:{tag}", "digest": digest,
-                  "reference": f"{reg.host}/{reg.repo}@{digest}"},
-        "image_digest": digest, "sif": None, "verdict": _verdict_summary(verdict)}
+        "pins": pins_from_labels(labels) or dict(pins or {}), "registry": where,
+        "credentials": cred_source}
+    progress = Progress(record_path, base, stages,
+                        [f"{where}:{tag}"] + ([f"{where}:{stag}"] if sif is not None else []))
+    try:
+        record = _transfer(engine, image, reg, progress, tag=tag, stag=stag, sif=sif,
+                           attempts=attempts, signing=signing, clusters=clusters,
+                           sign_key=sign_key)
+    except BuildEnvError as exc:  # PublishError, EngineError, a refused signature
+        raise progress.failure(exc) from None
+    record = {**base, "status": "published", **record, "verdict": _verdict_summary(verdict),
+              "published_at": _now()}
+    write_record(record_path, record)
+    progress.path.unlink(missing_ok=True)
+    record["record"] = str(record_path)
+    return record
+
+
+def _transfer(engine: Engine, image: ImageInfo, reg: Client, progress: Progress, *, tag: str,
+              stag: str, sif: Path | None, attempts: int, signing: Attestations | None,
+              clusters: list[Any], sign_key: Path | None) -> dict[str, Any]:
+    """The stages that send bytes, in order: image (under its staging tag) and SIF by digest,
+    the attestations about both digests, and only then the release tags."""
+    from builder.trust import statements as st
+
+    where = f"{reg.host}/{reg.repo}"
+    progress.enter("image push")
+    staging = staging_tag(tag)
+    pushed = push_image(engine, image, reg, staging, attempts)
+    digest, _ = manifest_digest(reg, staging, attempts)
+    if digest != pushed:
+        raise PublishError(f"{where}:{staging}: the registry serves {digest}, the engine "
+                           f"pushed {pushed}")
+    image_rec = {"tag": f"{where}:{tag}", "digest": digest, "reference": f"{where}@{digest}"}
+    progress.finish("image push", image={**image_rec, "staging_tag": f"{where}:{staging}"})
+    record: dict[str, Any] = {"image": image_rec, "image_digest": digest, "sif": None}
+    moves = [(tag, digest, MANIFEST_ACCEPT)]
     if sif is not None:
-        stag = sif_tag or f"{tag}-sif"
+        progress.enter("SIF upload")
         blob, size = sha256_file(sif), sif.stat().st_size
-        sif_digest, manifest = push_sif(sif, reg, stag, attempts, blob=blob)
+        sif_digest, manifest = push_sif(sif, reg, stag, attempts, blob=blob, move_tag=False)
         check_sif_manifest(manifest, blob, size)
-        record["sif"] = {"tag": f"{reg.host}/{reg.repo}:{stag}", "digest": sif_digest,
-                         "reference": f"oras://{reg.host}/{reg.repo}@{sif_digest}",
+        record["sif"] = {"tag": f"{where}:{stag}", "digest": sif_digest,
+                         "reference": f"oras://{where}@{sif_digest}",
                          "blob_digest": blob, "size": size, "media_type": SIF_LAYER_MEDIA,
                          "file": sif.name}
-        if signing is not None and attestations is not None:
+        progress.finish("SIF upload", sif=record["sif"])
+        moves.insert(0, (stag, sif_digest, OCI_MANIFEST))  # the image's tag moves last
+    attestations: dict[str, Any] | None = None
+    if signing is not None or clusters:
+        progress.enter("attestations")
+    if signing is not None:
+        attestations = {"keyid": signing.keyid, "image": attest(
+            reg, signing, digest, [st.subject(where, digest)], attempts)}
+        if sif is not None:
+            assert record["sif"] is not None
             attestations["sif"] = attest(
-                reg, signing, sif_digest,
-                [st.subject(f"oras://{reg.host}/{reg.repo}", sif_digest),
-                 st.subject(sif.name, blob)], attempts)
+                reg, signing, record["sif"]["digest"],
+                [st.subject(f"oras://{where}", record["sif"]["digest"]),
+                 st.subject(sif.name, record["sif"]["blob_digest"])], attempts)
     record["attestations"] = attestations
     if clusters:
         assert sign_key is not None and sif is not None
         record["clusters"] = _attach_clusters(reg, clusters, sign_key, digest,
                                               record["sif"], sif.name, attempts)
-    record["published_at"] = datetime.datetime.now(datetime.timezone.utc).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
-    write_record(record_path, record)
-    record["record"] = str(record_path)
+    if signing is not None or clusters:
+        progress.finish("attestations", attestations=attestations,
+                        clusters=record.get("clusters"))
+    progress.enter("release tags")
+    release_tags(reg, moves, attempts, moved=progress.moved)
+    progress.finish("release tags")
     return record
 
 

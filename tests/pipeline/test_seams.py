@@ -120,6 +120,7 @@ def seams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNam
     monkeypatch.setattr(publish, "manifest_digest", lambda *a, **k: ("sha256:" + "1" * 64, {}))
     monkeypatch.setattr(publish, "push_sif", lambda *a, **k: ("sha256:" + "2" * 64, {}))
     monkeypatch.setattr(publish, "check_sif_manifest", lambda *a, **k: None)
+    monkeypatch.setattr(publish, "release_tags", lambda reg, moves, *a, **k: [m[0] for m in moves])
     monkeypatch.setattr(publish, "attest", attest)
     yield seen
 
