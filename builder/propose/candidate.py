@@ -31,7 +31,7 @@ from builder.files import (
 from builder.lock import compile_lock, lock_path, moved_pins, parse_lock
 from builder.metadata import Snapshot, load_snapshot, save_snapshot
 from builder.propose.proposal import Proposal, candidate_target
-from builder.propose.search import ProposeError
+from builder.propose.search import NotProven, ProposeError
 from builder.spec import Target, load_matrix
 
 MARKER = ".verl-env-proposal"
@@ -340,7 +340,7 @@ def apply(out: Path, site_matrix: Path, snapshot_file: Path) -> list[Path]:
     the snapshot's new releases. An unproven one is refused and nothing is written."""
     proposal = load(out)
     if proposal.status != "proven":
-        raise ProposeError(f"{out}: the proposal is {proposal.status}, not proven: only a "
+        raise NotProven(f"{out}: the proposal is {proposal.status}, not proven: only a "
                            "proposal whose candidate passed the gate (`build-env propose "
                            "--output DIR --build`) is applied; nothing was written")
     site = load_matrix(site_matrix)

@@ -7,7 +7,7 @@ body of a pull request.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from packaging.version import Version
@@ -71,7 +71,8 @@ class Proposal:
             raise ProposeError(f"{where}: not a proposal (schema {data.get('schema')!r}, "
                                f"expected {PROPOSAL_SCHEMA})")
         try:
-            body = {k: v for k, v in data.items() if k != "schema"}
+            known = {f.name for f in fields(Proposal)}
+            body = {k: v for k, v in data.items() if k in known}
             body["pins"] = [Pin(**p) for p in body["pins"]]
             return Proposal(**body)
         except (KeyError, TypeError) as exc:

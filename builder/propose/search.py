@@ -41,6 +41,12 @@ class ProposeError(BuildEnvError):
     stage = "propose"
 
 
+class NotProven(ProposeError):
+    """``--apply`` of a proposal whose candidate did not pass the gate: a check failed."""
+
+    exit_code = 1
+
+
 @dataclass(frozen=True)
 class Anchors:
     """What the search may not choose freely: ``hold`` keeps pins, ``want`` fixes versions,
