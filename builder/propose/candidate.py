@@ -86,7 +86,10 @@ def entry(target: Target, site_dir: Path) -> dict[str, Any]:
             d.pop(k, None)
     if target.description:
         d = {"description": target.description, **d}
-    for pkg in d["packages"].values():
+    for name, pkg in d["packages"].items():
+        pin = target.package(name)
+        if pin is not None and pin.import_name:  # not part of to_dict(): the gate checks it
+            pkg["import"] = pin.import_name
         src = pkg.get("source")
         if isinstance(src, dict) and "path" in src and not Path(src["path"]).is_absolute():
             src["path"] = str((site_dir / src["path"]).resolve())
@@ -110,7 +113,7 @@ def edited_matrix(site_matrix: Path, target: Target, proposal: Proposal) -> str:
     lines = text.splitlines(keepends=True)
     before = load_matrix(site_matrix)
     start = before.targets[target.name].lines.get("")
-    own = _own_lines(before, target.name)
+    own = _own_lines(before, target.name, len(lines))
     inserts: list[tuple[int, str]] = []
     for p in proposal.pins:
         if not p.moved:
@@ -139,14 +142,14 @@ def edited_matrix(site_matrix: Path, target: Target, proposal: Proposal) -> str:
     return out
 
 
-def _own_lines(matrix: Any, name: str) -> set[int]:
-    """The line numbers of ``targets.NAME``'s own block (up to the next target)."""
+def _own_lines(matrix: Any, name: str, count: int) -> range:
+    """The line numbers of ``targets.NAME``'s own block (up to the next target or the end of
+    the file's ``count`` lines)."""
     starts = sorted((t.lines.get("") or 0, n) for n, t in matrix.targets.items())
     for i, (line, n) in enumerate(starts):
         if n == name:
-            end = starts[i + 1][0] if i + 1 < len(starts) else 10 ** 9
-            return set(range(line, end))
-    return set()
+            return range(line, starts[i + 1][0] if i + 1 < len(starts) else count + 1)
+    return range(0)
 
 
 def _replace_version(raw: str, old: str, new: str) -> str | None:

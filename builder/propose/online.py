@@ -1,7 +1,7 @@
 """``propose --online``: the snapshot refreshed for the releases a proposal may choose.
 
 For every pin the search may move: the index's version list, and for the releases from the
-current pin up (newest first, at most ``limit``) their metadata (Requires-Python, Requires-Dist
+current pin up (at most ``limit``: the ones just above the pin and the newest) their metadata (Requires-Python, Requires-Dist
 from the PEP 658 file or an HTTP range read of the wheel: never a whole wheel) and their wheel
 file names (the platform tags). Then the version lists of unpinned dependencies two pinned
 packages both constrain, so disjoint ranges can be told apart from ranges that meet.
@@ -24,14 +24,15 @@ from builder.spec import Target
 DEFAULT_LIMIT = 40
 
 
-def _wheels(client: IndexClient, name: str) -> dict[str, list[str]]:
+def _files(client: IndexClient, name: str) -> dict[str, list[str]]:
+    """Each version's files that are not yanked (a version whose files are all yanked is not
+    a candidate: an installer would not pick it)."""
     out: dict[str, list[str]] = {}
     for f in client.project(name).get("files", []):
         fn = f.get("filename", "")
-        if fn.endswith(".whl") and not f.get("yanked"):
-            v = _file_version(fn)
-            if v is not None:
-                out.setdefault(v, []).append(fn)
+        v = _file_version(fn) if not f.get("yanked") else None
+        if v is not None:
+            out.setdefault(v, []).append(fn)
     return out
 
 
@@ -45,7 +46,10 @@ def _candidates(versions: Iterable[str], current: str, limit: int) -> list[str]:
             continue
         if parsed >= cur and (not parsed.is_prerelease or v == current):
             out.append(parsed)
-    return [str(v) for v in sorted(out, reverse=True)[:limit]]
+    ordered = sorted(out)
+    if len(ordered) > limit:  # the releases just above the pin (where a blocked package stops)
+        ordered = ordered[:limit // 2] + ordered[-(limit - limit // 2):]  # and the newest
+    return [str(v) for v in reversed(ordered)]
 
 
 def refresh_candidates(snapshot: Snapshot, targets: Iterable[Target], client: IndexClient,
@@ -63,8 +67,8 @@ def refresh_candidates(snapshot: Snapshot, targets: Iterable[Target], client: In
             if p.name in local and snapshot.release(p.name, p.version) is None:
                 continue  # a site's own source package: not on the index
             try:
-                versions = client.versions(p.name)
-                wheels = _wheels(client, p.name)
+                files = _files(client, p.name)
+                versions = [v for v in client.versions(p.name) if v in files]
             except MetadataError as exc:
                 missing.append(f"{p.name}: {exc}")
                 continue
@@ -83,7 +87,8 @@ def refresh_candidates(snapshot: Snapshot, targets: Iterable[Target], client: In
                     except MetadataError as exc:
                         missing.append(f"{p.name}=={v}: {exc}")
                         continue
-                snapshot.releases[key] = replace(rel, wheels=tuple(sorted(wheels.get(v, []))))
+                wheels = sorted(f for f in files.get(v, []) if f.endswith(".whl"))
+                snapshot.releases[key] = replace(rel, wheels=tuple(wheels))
     # unpinned dependencies constrained by two pinned packages' candidate releases
     constrainers: dict[str, set[str]] = {}
     for t in targets:

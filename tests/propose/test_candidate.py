@@ -64,3 +64,27 @@ def test_apply_refuses_an_unproven_proposal(site: Path, tmp_path: Path) -> None:
     # a directory that is not a proposal at all
     other = run_build_env("propose", "--matrix", str(site), "--apply", str(tmp_path))
     assert other.returncode == 2 and "not a proposal directory" in other.stderr
+
+
+def test_candidate_entry_keeps_every_key_of_the_target() -> None:
+    """The candidate's matrix entry reads back as the same target (import claims included: the
+    gate checks them) for every shipped and fixture target."""
+    import tempfile
+
+    import yaml
+
+    from builder.propose.candidate import entry
+    from builder.spec import load_matrix
+    from tests.conftest import REPO
+
+    for matrix in (REPO / "matrix.yaml", REPO / "tests/fixtures/cpu.yaml",
+                   REPO / "tests/fixtures/cuda/matrix.yaml"):
+        for t in load_matrix(matrix).targets.values():
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "matrix.yaml"
+                path.write_text(yaml.safe_dump({"schema": 1, "targets": {
+                    t.name: entry(t, matrix.parent)}}))
+                back = load_matrix(path).target(t.name)
+            assert back.to_dict() == t.to_dict(), t.name
+            assert {p.name: p.import_name for p in back.packages} == {
+                p.name: p.import_name for p in t.packages}, t.name
