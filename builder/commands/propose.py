@@ -62,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from builder.errors import SpecError
-    from builder.metadata import IndexClient
+    from builder.metadata import IndexClient, load_snapshot
     from builder.propose import candidate
     from builder.propose.online import refresh_candidates
     from builder.propose.proposal import propose
@@ -82,15 +82,16 @@ def run(args: argparse.Namespace) -> int:
     anchors = Anchors.parse(args.hold, args.want, args.only)
     names = list(dict.fromkeys(args.targets)) if args.targets else None
     targets = site.targets(names)
-    snapshot = site.snapshot(targets)
-    if args.online:
-        client = IndexClient()
+    if args.online:  # the site's snapshot is read, refreshed in memory, never written back
+        snapshot = load_snapshot(site.snapshot_file)
         with _shared.progress(args, "fetching the candidate releases' metadata"):
-            missing = refresh_candidates(snapshot, targets, client, limit=args.max_candidates,
-                                         note=lambda line: None)
+            missing = refresh_candidates(snapshot, targets, IndexClient(),
+                                         limit=args.max_candidates)
         if not args.quiet:
             for m in missing:
                 print(f"warning: not fetched: {m}", file=sys.stderr)
+    else:
+        snapshot = site.snapshot(targets)
     several = len(targets) > 1
     results, code = [], 0
     for t in targets:

@@ -76,6 +76,8 @@ def refresh_candidates(snapshot: Snapshot, targets: Iterable[Target], client: In
             chosen = _candidates(versions, p.version, limit)
             note(f"{t.name}: {p.name}: {len(chosen)} releases from {p.version} up")
             for v in chosen:
+                if v not in files:  # the pin itself may be a find-links build (2.13.0+cpu)
+                    continue
                 if (p.name, v) in seen:
                     continue
                 seen.add((p.name, v))
