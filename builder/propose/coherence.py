@@ -168,6 +168,10 @@ def unusable(package: Package, release: Release | None, version: str, target: Ta
         return Stop(f"{name} {version} requires python {release.requires_python}; targets."
                     f"{target.name}.python is {target.python}",
                     f"a python in {release.requires_python} (targets.{target.name}.python)")
+    if package.build == "source" and package.source is None and not release.sdist_sha256:
+        return Stop(f"{name} {version} has no sdist on the index to build from",
+                    f"a source of its own (packages.{name}.source: a git tag, a directory or "
+                    "an archive), or a release with an sdist")
     if package.build == "wheel":
         if not release.has_wheel:
             return Stop(f"{name} {version} has no wheel on the index (only an sdist)",

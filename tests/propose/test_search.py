@@ -158,3 +158,25 @@ def test_cli_json_and_text(site: Path) -> None:
     assert bad.returncode == 2 and "--want expects NAME==VERSION" in bad.stderr
     build = run_build_env("propose", "--matrix", str(site), "--target", "gpu", "--build")
     assert build.returncode == 2 and "--build needs --output" in build.stderr
+
+
+def test_a_source_build_needs_an_sdist(site: Path) -> None:
+    from builder.metadata import Release
+    from builder.propose import coherence
+    from builder.spec import Package, Source
+
+    t = load_matrix(site).target("gpu")
+    tags = coherence.supported_tags(t)
+    pkg = Package("flash-attn", "2.8.3", build="source")
+    sdist = Release("flash-attn", "2.8.4", ">=3.9", ("torch",), "ab" * 32, has_wheel=False)
+    assert coherence.unusable(pkg, sdist, "2.8.4", t, tags) is None
+    bare = replace(sdist, sdist_sha256=None)
+    stop = coherence.unusable(pkg, bare, "2.8.4", t, tags)
+    assert stop is not None and stop.reason == ("flash-attn 2.8.4 has no sdist on the index to "
+                                                "build from")
+    # a package with a source of its own (a git tag, a directory) does not need one
+    own = replace(pkg, source=Source("git", "git+https://example.invalid/x@v1"))
+    assert coherence.unusable(own, bare, "2.8.4", t, tags) is None
+    # and a wheel build needs a wheel
+    wheel = Package("flash-attn", "2.8.3")
+    assert "has no wheel on the index" in coherence.unusable(wheel, sdist, "2.8.4", t, tags).reason
