@@ -142,6 +142,8 @@ class Proposal:
                        "|---|---|---|---|"]
                 md += [f"| {ph} | {c.get('pass', 0)} | {c.get('fail', 0)} | {c.get('skip', 0)} |"
                        for ph, c in self.gate["coverage"].items()]
+            if self.gate.get("device_coverage"):
+                md += ["", "```", self.gate["device_coverage"].rstrip("\n"), "```"]
         if self.error:
             md += ["", f"**Error:** {self.error}"]
         if diff:
