@@ -53,6 +53,9 @@ class Release:
     requires_dist: tuple[str, ...]
     sdist_sha256: str | None = None
     has_wheel: bool = True
+    # the release's wheel file names (their tags tell the platforms), recorded by `propose
+    # --online`; empty when unknown (``has_wheel`` still says whether there is any wheel)
+    wheels: tuple[str, ...] = ()
 
     def requirements(self) -> list[Requirement]:
         out = []
@@ -80,7 +83,8 @@ class Snapshot:
             "releases": {k: {"requires_python": r.requires_python,
                              "requires_dist": list(r.requires_dist),
                              "sdist_sha256": r.sdist_sha256,
-                             "has_wheel": r.has_wheel}
+                             "has_wheel": r.has_wheel,
+                             **({"wheels": list(r.wheels)} if r.wheels else {})}
                          for k, r in sorted(self.releases.items())},
             "versions": {k: v for k, v in sorted(self.versions.items())},
         }
@@ -105,7 +109,7 @@ def load_snapshot(path: Path) -> Snapshot:
         name, version = key.split("==", 1)
         releases[key] = Release(name, version, r.get("requires_python"),
                                 tuple(r.get("requires_dist") or ()), r.get("sdist_sha256"),
-                                r.get("has_wheel", True))
+                                r.get("has_wheel", True), tuple(r.get("wheels") or ()))
     return Snapshot(releases, dict(data.get("versions", {})), data.get("fetched", ""))
 
 
