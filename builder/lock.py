@@ -183,7 +183,8 @@ def build_lock_path(lock: Path) -> Path:
 
 def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool = False,
                  prefer: Path | None = None, record: dict | None = None,
-                 upgrade_packages: tuple[str, ...] = (), repin: bool = False) -> Lock:
+                 upgrade_packages: tuple[str, ...] = (), repin: bool = False,
+                 fetch_git: bool = True) -> Lock:
     """Resolve ``target`` with uv and write the lock atomically to ``out``; when the target builds
     packages from source, also the build-tools lock beside it (constrained by the main lock).
     ``prefer``: a lock whose versions are kept wherever the pins allow (an override build moves
@@ -191,10 +192,11 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
     the committed lock, so a re-lock with no change is byte-identical). ``upgrade_packages``:
     moved to their newest allowed versions all the same. ``record``: the vendor base's record
     (builder.vendor): its freeze constrains the resolution. Git sources are pinned to their
-    commits beside the lock (builder.sources; a moved ref is refused unless ``repin``) and
+    commits beside the lock (builder.sources; a moved ref is refused unless ``repin``; without
+    ``fetch_git`` the recorded commits are kept, their refs not re-checked) and
     prebuilt wheels chosen (builder.prebuilt), before anything is written."""
     ihash = input_hash(target, snapshot, record)
-    git_pins = sources.pin_git(target, out, previous=prefer, repin=repin)
+    git_pins = sources.pin_git(target, out, previous=prefer, repin=repin, fetch=fetch_git)
     wheels = prebuilt.lock_prebuilt(target)  # prebuilt first: a source build only on a miss
     constraints, excludes = vendor.resolution(target, record)
     body, seconds = _uv_compile(

@@ -115,21 +115,30 @@ def moved_message(target: Target, p: Package, ref: str, recorded: str, found: st
 
 
 def pin_git(target: Target, lock: Path, *, previous: Path | None = None,
-            repin: bool = False) -> dict[str, dict[str, str]]:
+            repin: bool = False, fetch: bool = True) -> dict[str, dict[str, str]]:
     """Resolve every git source of ``target`` to its commit (the record to write beside
     ``lock`` with :func:`write_record`). A ref that moved since ``previous`` (default: the
-    record already beside ``lock``) recorded it is refused unless ``repin``."""
+    record already beside ``lock``) recorded it is refused unless ``repin``. Without ``fetch``
+    (a host that cannot reach the source) the recorded commit of an unchanged source is kept,
+    its ref not re-checked; a source with no record is refused."""
     old = load_record(previous or lock)
     out: dict[str, dict[str, str]] = {}
     for p in git_packages(target):
         assert p.source is not None
         url, ref = split_git(p.source.location)
+        before = old.get(p.name, {})
+        if not fetch:
+            if before.get("source") != p.source.location or not before.get("commit"):
+                raise LockError(f"{p.name}: no recorded commit for {p.source.location} to keep "
+                                "(--no-fetch): lock it once where the source is reachable",
+                                target=target.name)
+            out[p.name] = {"source": p.source.location, "ref": ref, "commit": before["commit"]}
+            continue
         try:
             found = remote_commit(url, ref)
         except LockError as exc:
             raise LockError(f"{p.name}: cannot pin {p.source.location} to a commit: {exc}",
                             target=target.name) from None
-        before = old.get(p.name, {})
         if (not repin and before.get("source") == p.source.location
                 and before.get("commit") not in (None, found)):
             raise LockError(moved_message(target, p, ref, before["commit"], found),

@@ -33,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repin", action="store_true",
                    help="git sources: record the commit a ref names now even when it moved "
                         "since the lock recorded it (review the new commit first)")
+    p.add_argument("--no-fetch", action="store_true",
+                   help="git sources: keep the recorded commit of each unchanged source without "
+                        "asking its remote (a host that cannot reach it); the ref is not "
+                        "re-checked, and a source with no record is refused")
     _shared.index_url(p)
     _shared.json_flag(p, "each target's lock and what moved")
     _shared.quiet(p)
@@ -94,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                 lock = compile_lock(t, snapshot, path, offline=args.offline, record=record,
                                     prefer=None if args.upgrade else path,
                                     upgrade_packages=tuple(args.upgrade_packages),
-                                    repin=args.repin)
+                                    repin=args.repin, fetch_git=not args.no_fetch)
         moved = moved_pins(before, lock.text)
         count = len(parse_lock(lock.text))
         results.append({"target": t.name, "lock": str(lock.path), "seconds": round(lock.seconds, 2),

@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--online: at most N releases per package, newest first (default 40)")
     p.add_argument("--no-lock", action="store_true",
                    help="the tool's own search only: skip uv's resolution of the candidate")
+    p.add_argument("--no-fetch", action="store_true",
+                   help="keep each git source's recorded commit (its ref is not re-checked "
+                        "against a remote this host cannot reach)")
     p.add_argument("--output", type=Path, default=None, metavar="DIR",
                    help="write the candidate here (matrix entry, matrix.diff, snapshot, lock, "
                         "PROPOSAL.md, proposal.json; DIR/<target> for several); never the site")
@@ -101,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
             locks = Path(tmp) / "locks"
             if not args.no_lock:
                 with _shared.progress(args, f"{t.name}: resolving the candidate with uv"):
-                    candidate.resolve(site.path, t, proposal, snapshot, locks)
+                    candidate.resolve(site.path, t, proposal, snapshot, locks,
+                                      fetch_git=not args.no_fetch)
             if out is not None:
                 candidate.write(out, site_matrix=site.path, target=t, proposal=proposal,
                                 snapshot=snapshot, locks=locks if not args.no_lock else None)

@@ -42,7 +42,7 @@ SITE_FILES = ("matrix.yaml", "metadata/pypi-snapshot.json")
 
 
 def resolve(site_matrix: Path, target: Target, proposal: Proposal, snapshot: Snapshot,
-            locks_dir: Path) -> Target:
+            locks_dir: Path, *, fetch_git: bool = True) -> Target:
     """uv's lock of the candidate into ``locks_dir`` (the site's lock is uv's preference; the
     moved pins are upgraded). Sets the proposal's ``lock`` and status (``resolved`` or
     ``unresolvable`` with uv's words); returns the candidate target."""
@@ -58,7 +58,8 @@ def resolve(site_matrix: Path, target: Target, proposal: Proposal, snapshot: Sna
     try:
         lock = compile_lock(cand, snapshot, out, prefer=current if current.is_file() else None,
                             record=vendor.load_record(cand, out),
-                            upgrade_packages=tuple(p.name for p in proposal.pins if p.moved))
+                            upgrade_packages=tuple(p.name for p in proposal.pins if p.moved),
+                            fetch_git=fetch_git)
     except (LockError, BuildEnvError) as exc:
         proposal.status, proposal.error = "unresolvable", str(exc)
         return cand

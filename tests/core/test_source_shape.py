@@ -246,6 +246,20 @@ def test_unreachable_git_source_cannot_be_locked(site: Path) -> None:
     assert errors == [] and "cannot confirm" in warnings[0]
 
 
+def test_no_fetch_keeps_the_recorded_commit_and_refuses_a_source_without_one(site: Path) -> None:
+    lock = site.parent / "locks" / "cuda-shaped.txt"
+    recorded = sources.load_record(lock)["verl-env-gitpkg"]
+    shutil.rmtree(site.parent / "gitpkg.git")  # the remote is gone: only the record is left
+    t = load_matrix(site).target("cuda-shaped")
+    kept = sources.pin_git(t, lock, fetch=False)["verl-env-gitpkg"]
+    assert kept == recorded
+    # a source whose location changed has no record to keep
+    sources.record_path(lock).write_text(sources.record_path(lock).read_text().replace(
+        recorded["source"], recorded["source"] + "-elsewhere"))
+    with pytest.raises(LockError, match="verl-env-gitpkg: no recorded commit for .*--no-fetch"):
+        sources.pin_git(t, lock, fetch=False)
+
+
 def test_directory_source_hash_is_in_labels_manifest_and_content_tag(site: Path,
                                                                      tmp_path: Path) -> None:
     a = _render(site, "cuda-shaped", tmp_path / "a")
