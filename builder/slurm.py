@@ -270,6 +270,9 @@ class SlurmJob:
     selftest_args: str = ""  # more self-test options, e.g. "--strict --bw-ref /shared/bw.json"
     selftest_port: int = 29500
     selftest_timeout: int = 900
+    # while Ray starts, the self-test and training run: seconds between checks that every node
+    # of the job still answers (a step on each; a lost node fails the stage, naming it)
+    node_check_interval: int = 30
     job_dir: str = "${SLURM_SUBMIT_DIR}/verl-env-${SLURM_JOB_ID}"
     exclusive: bool = True
     job_name: str | None = None
@@ -359,6 +362,8 @@ def validate(job: SlurmJob) -> None:
     for timeout in (job.ray_wait_timeout, job.selftest_timeout):
         if timeout < 1:
             raise _fail("timeouts must be >= 1 s", job)
+    if job.node_check_interval < 1:
+        raise _fail("the node check interval must be >= 1 s", job)
     _check_ports(job)
     for text in (job.cache_dir, job.hf_home or "", job.verdict_sif or "", job.runtime, job.ray_tmp_root, job.job_dir,
                  job.selftest_phases or "", job.selftest_args, *job.env.values(), command,

@@ -258,3 +258,112 @@ def processes_mentioning(text: str) -> list[int]:
         if text in cmdline:
             pids.append(int(entry.name))
     return pids
+
+
+# ---- a node dies (tests/slurm/test_node_faults.py) ----------------------------------------------
+
+def _children() -> dict[int, list[int]]:
+    """Parent PID -> child PIDs of every process now."""
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def stepds_of(cluster: SlurmCluster, node: str, job_id: str = "") -> list[int]:
+    """PIDs of the slurmstepd processes of ``node`` (of job ``job_id`` only, when given): the
+    owners of the step sockets under that node's spool directory (every fake node is
+    localhost, so the spool tells them apart)."""
+    spool = f"{cluster.root}/spool-{node}/{node}_{job_id + '.' if job_id else ''}"
+    inodes = set()
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 8 and parts[7].startswith(spool):
+            inodes.add(f"socket:[{parts[6]}]")
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (entry / "fd").iterdir()):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _slurmd(cluster: SlurmCluster, node: str) -> int:
+    """Index in ``cluster.procs`` of ``node``'s slurmd."""
+    for i, proc in enumerate(cluster.procs):
+        args = list(proc.args)  # type: ignore[arg-type]
+        if args[0] == "slurmd" and args[args.index("-N") + 1] == node:
+            return i
+    raise LookupError(f"no slurmd for {node}")
+
+
+@dataclass
+class DeadNode:
+    """What :func:`kill_node` killed, and how to start its slurmd again."""
+
+    node: str
+    args: list[str]
+    env: dict[str, str]
+    pids: list[int]
+
+
+def kill_node(cluster: SlurmCluster, node: str) -> DeadNode:
+    """A host dies: ``node``'s slurmd, its slurmstepds and every process under them stop at
+    once (SIGSTOP first, so nothing forks away while the tree is collected; then SIGKILL). The
+    slurmctld is not told: it finds out as it would about a real host."""
+    index = _slurmd(cluster, node)
+    slurmd = cluster.procs[index]
+    env = dict(line.split("=", 1) for line in Path(f"/proc/{slurmd.pid}/environ").read_bytes()
+               .decode(errors="replace").split("\0") if "=" in line)
+    stopped: set[int] = set()
+    frontier = [slurmd.pid, *stepds_of(cluster, node)]
+    while frontier:  # stop the tree top-down, collecting children of what is stopped
+        for pid in frontier:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.add(pid)
+            except ProcessLookupError:
+                pass
+        tree = _children()
+        frontier = [c for pid in stopped for c in tree.get(pid, []) if c not in stopped]
+    for pid in stopped:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    slurmd.wait(timeout=10)
+    return DeadNode(node, list(slurmd.args), env, sorted(stopped))  # type: ignore[arg-type]
+
+
+def revive_node(cluster: SlurmCluster, dead: DeadNode, timeout: float = 60) -> None:
+    """Start the dead node's slurmd again (same arguments and environment; stopped by PID with
+    the cluster) and wait until the controller sees it answer."""
+    index = _slurmd(cluster, dead.node)
+    if cluster.procs[index].poll() is None:
+        return
+    with open(cluster.root / f"daemons-{dead.node}-revived.out", "ab") as log:
+        cluster.procs[index] = subprocess.Popen(dead.args, env=dead.env, stdout=log,
+                                                stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        try:
+            state = cluster.run("sinfo", "-h", "-n", dead.node, "-o", "%t").strip()
+        except (RuntimeError, subprocess.TimeoutExpired):
+            state = ""
+        if state in {"idle", "mix", "alloc"}:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{dead.node} not back after {timeout}s (sinfo: {state!r}); "
+                       f"logs in {cluster.root}")
