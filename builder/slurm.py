@@ -585,6 +585,7 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
         reservation=args.reservation, mem=args.mem, cpu_bind=args.cpu_bind,
         selftest_phases=args.selftest_phases, selftest_args=args.selftest_args,
         ray_wait_timeout=args.ray_wait_timeout, exclusive=args.exclusive,
+        node_check_interval=args.node_check_interval,
         trust_key=_absolute(args.trust_key, "--trust-key") if args.trust_key else None,
         trust_pgp=_absolute(args.trust_pgp, "--trust-pgp") if args.trust_pgp else None,
         cluster=args.cluster,

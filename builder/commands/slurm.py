@@ -104,6 +104,10 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--selftest-args", default="",
                         help="more self-test options (e.g. '--strict --bw-ref FILE')")
     parser.add_argument("--ray-wait-timeout", type=int, default=d.ray_wait_timeout)
+    parser.add_argument("--node-check-interval", type=int, default=d.node_check_interval,
+                        metavar="SECONDS",
+                        help="how often a watched stage checks that every node still answers "
+                             f"(a lost node fails the stage naming it; default {d.node_check_interval})")
     parser.add_argument("--trust-key", default=None, metavar="PUB",
                         help="before any node starts, run `build-env trust verify` on the SIF "
                              "with this public key (needs build-env on the batch node)")

@@ -329,6 +329,7 @@ def test_shell_word_round_trips_through_bash(value: str) -> None:
     (dict(ray_ports=RayPorts(gcs=80)), "outside 1024-65535"),
     (dict(port_stride=1, nodes=2), "used twice"),
     (dict(ray_wait_timeout=0), "timeouts"),
+    (dict(node_check_interval=0), "node check interval must be >= 1 s"),
     (dict(trust_pgp="/k.asc"), "goes with --trust-key"),
 ])
 def test_invalid_jobs_are_refused(overrides: dict[str, object], message: str) -> None:
@@ -772,8 +773,9 @@ def test_installed_cli_writes_every_runtime(tmp_path: Path) -> None:
         out = tmp_path / f"{runtime}.sbatch"
         proc = run_build_env("slurm", "--family", "cpu", "--runtime", runtime, "--image", image,
                              "--train-cmd", "python3 train.py", "--account", "p", "--output",
-                             str(out), timeout=120)
+                             str(out), "--node-check-interval", "7", timeout=120)
         assert proc.returncode == 0, proc.stderr
         text = out.read_text()
         assert f'RUNTIME="{runtime}"' in text and "#SBATCH --account=p" in text
+        assert "\nNODE_CHECK_INTERVAL=7 " in text
         assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
