@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from builder import __version__, verdicts
 from builder.errors import BuildEnvError
@@ -29,6 +29,10 @@ from builder.naming import Names, content_hash, names
 from builder.spec import Target
 from builder.verdicts import Verdict
 from builder.verify import summary_lines, verify_image
+
+if TYPE_CHECKING:
+    from builder.metadata import Snapshot
+    from builder.targets import Site
 
 REPORT_SCHEMA = "verl-env/build-report/v1"
 
@@ -230,8 +234,8 @@ def run(req: BuildRequest) -> Outcome:
 Gated = tuple[str, Verdict, Report, Path]  # the released image, its verdict, the report
 
 
-def _build_and_gate(req: BuildRequest, site: Any, target: Target, snapshot: Any, workdir: Path,
-                    console: Console, engine: Engine) -> Outcome | Gated:
+def _build_and_gate(req: BuildRequest, site: Site, target: Target, snapshot: Snapshot,
+                    workdir: Path, console: Console, engine: Engine) -> Outcome | Gated:
     """Under the target's run lock: render, then reuse the verified image of the content tag or
     build, verify and tag one. An Outcome when the run ends here (refused, failed, interrupted),
     else what ``--sif``/``--push`` continue from."""
@@ -240,7 +244,8 @@ def _build_and_gate(req: BuildRequest, site: Any, target: Target, snapshot: Any,
     from builder.render import render_context
 
     t0 = time.monotonic()
-    with faults.stage(engine, "render", what="reading the base image", target=target.name):
+    with faults.stage(engine, "render", what="the preparation of the build (base image, content "
+                      "tag)", target=target.name):
         removed = engine.remove_orphans()
         if removed:
             console.stage("engine", "clean", "removed containers of runs that died: "
@@ -288,8 +293,7 @@ def _build_and_gate(req: BuildRequest, site: Any, target: Target, snapshot: Any,
                 console.stage("build", "ok", f"{image_id[7:19]}  {result.steps} steps, "
                               f"{result.cache_hits} cached, {result.seconds:.1f} s")
 
-        stage, what = "verify", f"the gate of image {image_id[:19]}"
-        with interrupts_raise():
+            stage, what = "verify", f"the gate of image {image_id[:19]}"
             gpus = None if req.gpus == "none" else req.gpus
             v = verify_image(engine, image_id, timeout=req.verify_timeout, gpus=gpus,
                              expect_gpus=req.expect_gpus)
@@ -304,8 +308,7 @@ def _build_and_gate(req: BuildRequest, site: Any, target: Target, snapshot: Any,
                                problem)
             console.stage("verify", "pass", f"{v.seconds:.1f} s, {_level(v)}" + _skips(v))
 
-        stage, what = "tag", f"tagging image {image_id[:19]}"
-        with interrupts_raise():
+            stage, what = "tag", f"tagging image {image_id[:19]}"
             engine.tag_once(image_id, tags.content)
             for ref in tags.release:
                 engine.tag(image_id, ref)

@@ -111,9 +111,10 @@ def data_root_full(engine: Engine, *, stage: str, what: str, evidence: str,
         "its free space cannot be measured from here (the engine is not on this machine)"]
     if cache:
         facts.append(f"{human(cache)} of build cache not in use (docker builder prune frees it)")
+    said = "; ".join(facts)
     return DataRootFull(
         f"{engine.where} ran out of space in {where} during {what}; the engine said: "
-        f"{evidence[:300]!r}. {'; '.join(facts).capitalize()}. Nothing was tagged. Free space "
+        f"{evidence[:300]!r}. {said[:1].upper()}{said[1:]}. Nothing was tagged. Free space "
         "there or give the data root more room, then run the same command again: the steps "
         "that finished come from the build cache.", stage=stage, target=target)
 
