@@ -3,7 +3,11 @@
 An image gets its release tags only after the self-test passed inside it. A failed verification
 tags nothing (the previous release tag keeps pointing at the previous image) and removes the
 candidate unless ``--keep-candidate``. SIGINT/SIGTERM: the build is cancelled, the verification
-container removed, the untagged candidate deleted, and no report claims success.
+container removed, the untagged candidate deleted, and no report claims success. The engine
+dying or its data root filling up mid-stage ends the run with one error naming the stage and the
+engine (:mod:`builder.engine.faults`), no tag and no verdict; the same command completes once the
+engine is back. Two runs of one target take turns (:func:`build_lock_key`): the second reuses
+what the first verified.
 
 The run connects to the engine once (:func:`preflight`) and hands that engine, the verdict it
 recorded and (when signing) the one SBOM inventory down to ``--sif``, the signature and

@@ -162,6 +162,7 @@ class PlainProgress:
         self.failed: list[tuple[dict[str, Any] | None, str]] = []
         self.other: deque[str] = deque(maxlen=30)  # lines outside any vertex (final errors)
         self.finished: set[int] = set()  # id() of the steps done, cached or failed
+        self.texts: dict[int, str] = {}  # id() of a step -> its whole instruction
 
     def feed(self, line: str) -> None:
         line = line.rstrip("\n")
@@ -178,6 +179,7 @@ class PlainProgress:
                 entry = {"step": p.step, "stage": stage, "at": f"{m.group('x')}/{m.group('y')}",
                          "instruction": m.group("text")[:100], "cached": False, "seconds": 0.0}
                 self.vertices[vid] = entry
+                self.texts[id(entry)] = m.group("text")
                 p.steps.append(entry)
             return
         m = _STATE.match(line)
@@ -225,11 +227,15 @@ class PlainProgress:
                 return entry
         return self.progress.steps[-1] if self.progress.steps else None
 
-    @staticmethod
-    def describe(entry: dict[str, Any]) -> str:
-        """``stage-0 2/13 (RUN apt-get update ...)``."""
+    def describe(self, entry: dict[str, Any]) -> str:
+        """``stage-0 2/13 (RUN apt-get update ...)``: the command without its ``--mount``s, its
+        head and tail when long (a layer's file name is at the end)."""
         where = f"{entry['stage']} {entry['at']}".strip()
-        return f"{where} ({' '.join(entry['instruction'].split())[:80]})"
+        full = self.texts.get(id(entry), entry["instruction"])
+        text = " ".join(re.sub(r"\s--mount=\S+", "", " " + full).split())
+        if len(text) > 110:
+            text = f"{text[:64]} ... {text[-42:]}"
+        return f"{where} ({text})"
 
 
 def _stop_group(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
