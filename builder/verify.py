@@ -620,7 +620,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_on_engine(engine: Engine, args: argparse.Namespace) -> int:
-    engine.remove_orphans()
     extra = shlex.split(args.selftest_args)
     gpus = None if args.gpus == "none" else args.gpus
     image = engine.image(args.image)
