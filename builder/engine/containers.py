@@ -164,7 +164,7 @@ class ContainersMixin:
             raise EngineError(f"could not run {image}: {exc.explanation or exc}") from None
         except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
             if faults.connection_lost(exc) and not self.alive():  # type: ignore[attr-defined]
-                left = (f"The container {name} stays in the engine; the next run removes it."
+                left = (f"The container {name} stays in the engine; the next build removes it."
                         if container is not None else "")
                 raise faults.engine_down(self, stage="engine", what=what,  # type: ignore[arg-type]
                                          left=left) from None
