@@ -334,7 +334,8 @@ class BuildMixin(PlatformsMixin):
         if not self.alive():  # type: ignore[attr-defined]
             last = [ln.strip() for ln in parser.other if ln.strip()][-1:]
             said = f" (the build client said: {last[0][:200]})" if last else ""
-            raise faults.engine_down(self, stage="build", what=what + said,  # type: ignore[arg-type]
+            raise faults.engine_down(self, stage="build",  # type: ignore[arg-type]
+                                     what=what + said,
                                      target=target)
 
     def prune_build_cache(self) -> int:

@@ -186,17 +186,15 @@ def test_the_step_under_way_is_named() -> None:
 # --------------------------------------------------------------------------- the engine dies
 
 
-@pytest.mark.fault
-@pytest.mark.docker
-@pytest.mark.network
-@pytest.mark.slow
-def test_the_engine_dies_during_the_build(private: Private, ca_bundle: Path, tmp_path: Path
-                                          ) -> None:
-    workdir = tmp_path / "build"
+def _kill_during_a_run_step(private: Private, ca_bundle: Path, workdir: Path
+                            ) -> tuple[bool, int, str]:
+    """Build with ``-v``; once the first RUN step's process prints, SIGKILL dockerd's PID.
+    Returns whether it was killed, the run's exit status and its stderr."""
     proc = _popen(private.host, "-v", *_args(ca_bundle, workdir))
-    assert proc.stderr is not None
+    assert proc.stderr is not None and proc.stdout is not None
     seen: list[str] = []
     running = None  # the vertex of the first RUN step, once its process prints
+    killed = False
     for line in proc.stderr:
         seen.append(line)
         m = _VERTEX.match(line.rstrip("\n"))
@@ -204,16 +202,32 @@ def test_the_engine_dies_during_the_build(private: Private, ca_bundle: Path, tmp
             running = m.group(1)
         elif running and re.match(rf"#{running} \d+\.\d+ ", line):
             private.kill()  # the step's process runs: SIGKILL to dockerd's PID
+            killed = True
             break
-    else:
-        proc.wait()
-        pytest.fail("the build ended before a RUN step ran:\n" + "".join(seen[-40:]))
     rest = proc.stderr.read()  # through the same buffered reader as the lines above
-    assert proc.stdout is not None
     proc.stdout.read()
     proc.wait(timeout=300)
-    stderr = "".join(seen) + rest
-    assert proc.returncode == 1, stderr[-3000:]
+    return killed, proc.returncode, "".join(seen) + rest
+
+
+@pytest.mark.fault
+@pytest.mark.docker
+@pytest.mark.network
+@pytest.mark.slow
+def test_the_engine_dies_during_the_build(private: Private, ca_bundle: Path, tmp_path: Path
+                                          ) -> None:
+    workdir = tmp_path / "build"
+    for attempt in (1, 2):
+        killed, code, stderr = _kill_during_a_run_step(private, ca_bundle, workdir)
+        if killed:
+            break
+        # the build failed on its own before the fault could be injected (seen once: BuildKit
+        # 20.10 ending a fresh engine's first RUN with "rpc error: ... unexpected EOF"); the
+        # fault was not tried, so the build is started again once
+        print(f"attempt {attempt}: the build ended before a RUN step ran:\n{stderr[-1500:]}")
+    else:
+        pytest.fail("the build ended twice before a RUN step ran:\n" + stderr[-3000:])
+    assert code == 1, stderr[-3000:]
     [error] = _errors(stderr)
     assert re.match(rf"error: build: \[{TARGET}\] the Docker Engine at {re.escape(private.host)} "
                     r"stopped answering during the build, at step stage-0 \d+/\d+ \(RUN ", error
