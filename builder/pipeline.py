@@ -3,7 +3,11 @@
 An image gets its release tags only after the self-test passed inside it. A failed verification
 tags nothing (the previous release tag keeps pointing at the previous image) and removes the
 candidate unless ``--keep-candidate``. SIGINT/SIGTERM: the build is cancelled, the verification
-container removed, the untagged candidate deleted, and no report claims success.
+container removed, the untagged candidate deleted, and no report claims success. The engine
+dying or its data root filling up mid-stage ends the run with one error naming the stage and the
+engine (:mod:`builder.engine.faults`), no tag and no verdict; the same command completes once the
+engine is back. Two runs of one target take turns (:func:`build_lock_key`): the second reuses
+what the first verified.
 
 The run connects to the engine once (:func:`preflight`) and hands that engine, the verdict it
 recorded and (when signing) the one SBOM inventory down to ``--sif``, the signature and
@@ -19,16 +23,20 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from builder import __version__, verdicts
 from builder.errors import BuildEnvError
 from builder.files import atomic_write_text
-from builder.engine import BuildProgress, Engine, interrupts_raise
+from builder.engine import BuildProgress, Engine, faults, interrupts_raise
 from builder.naming import Names, content_hash, names
 from builder.spec import Target
 from builder.verdicts import Verdict
 from builder.verify import summary_lines, verify_image
+
+if TYPE_CHECKING:
+    from builder.metadata import Snapshot
+    from builder.targets import Site
 
 REPORT_SCHEMA = "verl-env/build-report/v1"
 
@@ -197,11 +205,20 @@ def preflight(req: BuildRequest, target: Target) -> Engine:
     return engine
 
 
+def build_lock_key(matrix: Path, target: str) -> str:
+    """The run lock of one target's build (:mod:`builder.runlock`): two ``build-env --target T``
+    of one matrix take turns, so the second finds the first's verified image instead of building
+    a second one under the same content tag."""
+    return f"target:{Path(matrix).resolve()}:{target}"
+
+
 def run(req: BuildRequest) -> Outcome:
-    """render -> (reuse | build) -> verify -> tag, then ``--sif``/``--push``."""
-    from builder import vendor
-    from builder.lock import lock_for, lock_path
-    from builder.render import render_context
+    """render -> (reuse | build) -> verify -> tag, then ``--sif``/``--push``.
+
+    One build of a target at a time (:func:`build_lock_key`): a second run of the same target
+    says whom it waits for, waits, and then reuses what the first one verified (or, when the
+    first failed, builds itself). ``--sif``/``--push`` run after the lock is released."""
+    from builder import runlock
     from builder.targets import open_site, resolve_target
 
     site = open_site(req.matrix, req.snapshot)
@@ -210,27 +227,53 @@ def run(req: BuildRequest) -> Outcome:
     console = Console(target.name, req.verbose, req.quiet)
     snapshot = site.snapshot([target])
     engine = preflight(req, target)
+    with runlock.held(build_lock_key(site.path, target.name), what=f"build of {target.name}"):
+        done = _build_and_gate(req, site, target, snapshot, workdir, console, engine)
+    if isinstance(done, Outcome):
+        return done
+    image_id, verdict, report, report_path = done
+    return _extend(req, target, engine, image_id, verdict, report, report_path, console)
+
+
+Gated = tuple[str, Verdict, Report, Path]  # the released image, its verdict, the report
+
+
+def _build_and_gate(req: BuildRequest, site: Site, target: Target, snapshot: Snapshot,
+                    workdir: Path, console: Console, engine: Engine) -> Outcome | Gated:
+    """Under the target's run lock: render, then reuse the verified image of the content tag or
+    build, verify and tag one. An Outcome when the run ends here (refused, failed, interrupted),
+    else what ``--sif``/``--push`` continue from."""
+    from builder import vendor
+    from builder.lock import lock_for, lock_path
+    from builder.render import render_context
 
     t0 = time.monotonic()
-    base_record = vendor.load_record(target, lock_path(site.path, target))
-    if base_record is not None and not base_record.get("inspected"):
-        vendor.first_inspection(engine, target, lock_path(site.path, target))
-    lock_text, lock_file = lock_for(site.path, target, snapshot, workdir)
-    ctx = render_context(target, lock_text, snapshot, workdir / "context", lock_file=lock_file,
-                         ca_bundle=req.ca_bundle, templates=req.templates,
-                         base_record=base_record)
-    bases = [engine.identity(ref) for ref in dict.fromkeys(
-        [target.base.ref, target.base.source_image or target.base.ref])]
-    content = content_hash(ctx.path, bases, __version__)
-    tags = names(target, req.tag_prefix, content)
+    with faults.stage(engine, "render", what="the preparation of the build (base image, content "
+                      "tag)", target=target.name):
+        removed = engine.remove_orphans()
+        if removed:
+            console.stage("engine", "clean", "removed containers of runs that died: "
+                          + ", ".join(removed))
+        base_record = vendor.load_record(target, lock_path(site.path, target))
+        if base_record is not None and not base_record.get("inspected"):
+            vendor.first_inspection(engine, target, lock_path(site.path, target))
+        lock_text, lock_file = lock_for(site.path, target, snapshot, workdir)
+        ctx = render_context(target, lock_text, snapshot, workdir / "context",
+                             lock_file=lock_file, ca_bundle=req.ca_bundle,
+                             templates=req.templates, base_record=base_record)
+        bases = [engine.identity(ref) for ref in dict.fromkeys(
+            [target.base.ref, target.base.source_image or target.base.ref])]
+        content = content_hash(ctx.path, bases, __version__)
+        tags = names(target, req.tag_prefix, content)
+        image_id = engine.find(tags.content)
     report = Report(target.name, target.override, ctx.manifest["pins"], ctx.manifest["provided"],
                     ctx.manifest["matrix_hash"], ctx.lock_hash, content_hash=content, bases=bases)
     report.stages["render"] = {"seconds": round(time.monotonic() - t0, 2), "context": str(ctx.path)}
     console.stage("render", "ok", f"{ctx.path}  content {content[7:19]}")
     report_path = workdir / "report.json"
 
-    image_id = engine.find(tags.content)
     built = False
+    stage, what = "build", f"the build of {tags.content}"
     try:
         with interrupts_raise():
             if image_id is not None:
@@ -239,7 +282,7 @@ def run(req: BuildRequest) -> Outcome:
                 known = verdicts.lookup(image_id)
                 if known and verdicts.release_problem(known, req.require) is None \
                         and not req.reverify:
-                    return _reuse(engine, report, report_path, console, tags, known, req, target)
+                    return _reuse(engine, report, report_path, console, tags, known)
                 console.stage("build", "reuse", f"{tags.content} exists ({image_id[7:19]}); "
                               "verifying it")
             else:
@@ -254,6 +297,7 @@ def run(req: BuildRequest) -> Outcome:
                 console.stage("build", "ok", f"{image_id[7:19]}  {result.steps} steps, "
                               f"{result.cache_hits} cached, {result.seconds:.1f} s")
 
+            stage, what = "verify", f"the gate of image {image_id[:19]}"
             gpus = None if req.gpus == "none" else req.gpus
             v = verify_image(engine, image_id, timeout=req.verify_timeout, gpus=gpus,
                              expect_gpus=req.expect_gpus)
@@ -268,6 +312,7 @@ def run(req: BuildRequest) -> Outcome:
                                problem)
             console.stage("verify", "pass", f"{v.seconds:.1f} s, {_level(v)}" + _skips(v))
 
+            stage, what = "tag", f"tagging image {image_id[:19]}"
             engine.tag_once(image_id, tags.content)
             for ref in tags.release:
                 engine.tag(image_id, ref)
@@ -283,19 +328,25 @@ def run(req: BuildRequest) -> Outcome:
         console.stage("abort", "fail", "interrupted: no tag applied, candidate removed")
         return Outcome(report, 130)
     except BaseException as exc:
-        report.result, report.error = "error", str(exc)
+        fault = faults.translate(engine, exc, stage=stage, what=what, target=target.name) \
+            if isinstance(exc, Exception) else None
+        error: BaseException = fault or exc
         if image_id and built:
             engine.remove_candidate(image_id)
+            if isinstance(fault, faults.EngineDown):
+                fault.args = (f"{fault.args[0]} The candidate image {image_id[:19]} stays in "
+                              "the engine, untagged.",)
+        report.result, report.error = "error", str(error)
         report.write(report_path)
-        if isinstance(exc, BuildEnvError):
-            return Outcome(report, exc.exit_code, str(exc))
+        if isinstance(error, BuildEnvError):
+            return Outcome(report, error.exit_code, str(error))
         raise
     report.write(report_path)
-    return _extend(req, target, engine, image_id, recorded, report, report_path, console)
+    return image_id, recorded, report, report_path
 
 
 def _reuse(engine: Engine, report: Report, report_path: Path, console: Console, tags: Names,
-           known: Verdict, req: BuildRequest, target: Target) -> Outcome:
+           known: Verdict) -> Gated:
     """The content tag exists and holds a release verdict: nothing is built or re-verified."""
     assert report.image_id is not None
     for ref in tags.release:
@@ -311,7 +362,7 @@ def _reuse(engine: Engine, report: Report, report_path: Path, console: Console, 
     console.stage("verify", "pass", f"{tags.content} was verified {when} ({_level(known)}); "
                   "not rebuilt, not re-verified (--reverify to run the gate again)")
     report.write(report_path)
-    return _extend(req, target, engine, report.image_id, known, report, report_path, console)
+    return report.image_id, known, report, report_path
 
 
 def _level(v: Verdict) -> str:

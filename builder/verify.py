@@ -36,7 +36,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from builder.engine import Engine, ImageInfo
+from builder.engine import Engine, ImageInfo, faults
 from builder.errors import EngineError, VerifyError
 from builder.families import ALL_PHASES, FAMILIES, VENDORS
 from builder.files import atomic_write_text, sha256_file
@@ -303,6 +303,7 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
         gpu = expected_gpus(engine, img.id, family, expect_gpus=expect_gpus,
                             image_arch=img.architecture, dev_root=dev_root)
     except EngineError as exc:
+        _raise_engine_fault(engine, exc, "counting the engine host's GPUs")
         gate.update(scope=PARTIAL, partial_reason="the GPU expectation is unknown",
                     gpus={"expected": None, "reason": f"could not count the engine host's GPUs: "
                           f"{exc.args[0]}"})
@@ -333,6 +334,7 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
                             network=network, gpus=kind, files=files, dirs=[OUT_DIR],
                             collect=[REPORT], environment=environment)
     except EngineError as exc:
+        _raise_engine_fault(engine, exc, f"the self-test of {img.id[:19]}")
         if kind is None:
             raise
         # the engine could not hand the expected GPUs over: they are not visible, a fail
@@ -360,6 +362,15 @@ def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
     gate["gpus"]["in_image"] = _in_image_gpus(report, plan.phases)
     report["gate"] = gate
     return Verdict(image, code, report, result.logs, result.seconds)
+
+
+def _raise_engine_fault(engine: Engine, exc: EngineError, what: str) -> None:
+    """An engine that died or filled up is the run's error, never a verdict about the image."""
+    fault = faults.translate(engine, exc, stage="verify", what=what)
+    if fault is None and not engine.alive():
+        fault = faults.engine_down(engine, stage="verify", what=what)
+    if fault is not None:
+        raise fault from None
 
 
 # --------------------------------------------------------------------------- from a SIF
@@ -604,6 +615,11 @@ def run(args: argparse.Namespace) -> int:
     if args.runtime:
         raise VerifyError(f"--runtime applies to a SIF file; {args.image} is not one")
     engine = Engine.connect()
+    with faults.stage(engine, "verify", what=f"the gate of {args.image}"):
+        return _run_on_engine(engine, args)
+
+
+def _run_on_engine(engine: Engine, args: argparse.Namespace) -> int:
     extra = shlex.split(args.selftest_args)
     gpus = None if args.gpus == "none" else args.gpus
     image = engine.image(args.image)

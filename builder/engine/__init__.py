@@ -4,7 +4,8 @@ The rest of ``builder`` holds one :class:`Engine` (connected once per run and ha
 gets engine-neutral data back: :class:`ImageInfo` for an image, :class:`RunResult` for a
 container, :class:`BuildResult` for a build. Parts: :mod:`.client` (connection, contexts),
 :mod:`.buildkit` (builds and progress), :mod:`.containers` (run, export, copy), :mod:`.images`
-(inspect, tag, push), :mod:`.platforms` (architectures, emulation), :mod:`.signals`.
+(inspect, tag, push), :mod:`.platforms` (architectures, emulation), :mod:`.signals`, and
+:mod:`.faults` (the engine dying or its data root filling up, as one error naming the stage).
 """
 
 from builder.engine.buildkit import (CLI_OVERRIDE, FALLBACK_CLIS, BuildKitCli, BuildProgress,

@@ -161,6 +161,8 @@ class PlainProgress:
         self.stage_totals: dict[str, int] = {}
         self.failed: list[tuple[dict[str, Any] | None, str]] = []
         self.other: deque[str] = deque(maxlen=30)  # lines outside any vertex (final errors)
+        self.finished: set[int] = set()  # id() of the steps done, cached or failed
+        self.texts: dict[int, str] = {}  # id() of a step -> its whole instruction
 
     def feed(self, line: str) -> None:
         line = line.rstrip("\n")
@@ -177,12 +179,15 @@ class PlainProgress:
                 entry = {"step": p.step, "stage": stage, "at": f"{m.group('x')}/{m.group('y')}",
                          "instruction": m.group("text")[:100], "cached": False, "seconds": 0.0}
                 self.vertices[vid] = entry
+                self.texts[id(entry)] = m.group("text")
                 p.steps.append(entry)
             return
         m = _STATE.match(line)
         if m:
             entry = self.vertices.get(m.group(1))
             state = m.group(2)
+            if entry is not None:
+                self.finished.add(id(entry))
             if state == "CACHED" and entry is not None and not entry["cached"]:
                 entry["cached"] = True
                 # a base image is reported CACHED once any build used it: not a hit of ours
@@ -205,15 +210,35 @@ class PlainProgress:
             if entry is None:
                 continue
             vid = next(v for v, e in self.vertices.items() if e is entry)
-            where = f"{entry['stage']} {entry['at']}".strip()
             tail = "\n".join(self.output.get(vid, ()))
+            where = f"{entry['stage']} {entry['at']}".strip()
             return (f"build failed at step {where} ({entry['instruction'][:120]}): "
                     f"{message.strip()}\n{tail}")
         detail = "\n".join(line for line in self.other if line.strip()) or "no output"
-        return f"build failed before any step ran:\n{detail}"
+        last = self.current()
+        if last is None:
+            return f"build failed before any step ran:\n{detail}"
+        return f"build failed after step {self.describe(last)} had started:\n{detail}"
+
+    def current(self) -> dict[str, Any] | None:
+        """The step under way (started, not yet done or cached), else the last one started."""
+        for entry in reversed(self.progress.steps):
+            if id(entry) not in self.finished:
+                return entry
+        return self.progress.steps[-1] if self.progress.steps else None
+
+    def describe(self, entry: dict[str, Any]) -> str:
+        """``stage-0 2/13 (RUN apt-get update ...)``: the command without its ``--mount``s, its
+        head and tail when long (a layer's file name is at the end)."""
+        where = f"{entry['stage']} {entry['at']}".strip()
+        full = self.texts.get(id(entry), entry["instruction"])
+        text = " ".join(re.sub(r"\s--mount=\S+", "", " " + full).split())
+        if len(text) > 110:
+            text = f"{text[:64]} ... {text[-42:]}"
+        return f"{where} ({text})"
 
 
-def _stop_group(proc: subprocess.Popen[str], grace: float = 10) -> None:
+def _stop_group(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
     """Stop a build CLI and everything it started (its own process group): the daemon sees the
     session close and cancels the build."""
     if proc.poll() is None:
@@ -266,12 +291,14 @@ class BuildMixin(PlatformsMixin):
                     raise EngineError(f"build secret {sid}: no such file {src}", target=target)
                 cmd.append(f"--secret=id={sid},src={Path(src).resolve()}")
             cmd.append(str(context))
+            # bytes, split at "\n" only: a step's progress bars ("\r") stay inside its lines
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=self._cli_env(cli), text=True,
-                                    errors="replace", start_new_session=True)
+                                    stdin=subprocess.DEVNULL, env=self._cli_env(cli),
+                                    start_new_session=True)
             try:
                 assert proc.stdout is not None
-                for line in proc.stdout:
+                for raw in proc.stdout:
+                    line = raw.decode("utf-8", "replace")
                     log.append(line)
                     parser.feed(line)
                     if on_event:
@@ -280,6 +307,7 @@ class BuildMixin(PlatformsMixin):
             finally:
                 _stop_group(proc)
             if code != 0:
+                self._engine_fault(parser, "".join(log), target)
                 why = parser.error()
                 if "exec format error" in "".join(log).lower():
                     why += (f" (exec format error: a foreign-architecture binary ran without QEMU "
@@ -291,6 +319,24 @@ class BuildMixin(PlatformsMixin):
                               target=target)
         return BuildResult(image_id, progress.total, progress.cache_hits, progress.elapsed,
                            "".join(log), tuple(progress.steps))
+
+    def _engine_fault(self, parser: PlainProgress, log: str, target: str) -> None:
+        """Raise an EngineFault when the build failed because the engine did: its data root is
+        full, or it stopped answering (killed, restarted) in the middle of the build."""
+        from builder.engine import faults
+
+        step = parser.current()
+        what = f"the build, at step {parser.describe(step)}" if step else "the build"
+        line = faults.no_space(log)
+        if line:
+            raise faults.data_root_full(self, stage="build", what=what,  # type: ignore[arg-type]
+                                        evidence=line, target=target)
+        if not self.alive():  # type: ignore[attr-defined]
+            last = [ln.strip() for ln in parser.other if ln.strip()][-1:]
+            said = f" (the build client said: {last[0][:200]})" if last else ""
+            raise faults.engine_down(self, stage="build",  # type: ignore[arg-type]
+                                     what=what + said,
+                                     target=target)
 
     def prune_build_cache(self) -> int:
         """Drop the whole BuildKit cache, cache mounts (the uv cache) included; bytes freed."""

@@ -78,3 +78,16 @@ class Engine(BuildMixin, ImagesMixin, ContainersMixin):
         engine.host = host
         return engine
 
+    @property
+    def where(self) -> str:
+        """``the Docker Engine at unix:///var/run/docker.sock`` (for messages)."""
+        return f"the Docker Engine at {self._cli_host() or 'the default socket'}"
+
+    def alive(self, timeout: float = 5) -> bool:
+        """Whether the engine answers a ping within ``timeout`` seconds (never raises)."""
+        api = self.client.api
+        try:
+            return api._result(api._get(api._url("/_ping"), timeout=timeout)) == "OK"
+        except Exception:  # noqa: BLE001 - any failure means it does not answer
+            return False
+

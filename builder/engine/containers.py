@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import resource
+import socket
 import tarfile
 import time
 import uuid
@@ -25,6 +27,24 @@ from builder.families import VENDORS
 
 # Every container this tool starts carries this label, so leftovers are findable.
 OWNER_LABEL = "org.verl-env.owner"
+# ... and these: which host and process started it, so that a later run can tell a container
+# whose run died with the engine (or was killed) from one a running build-env still needs.
+HOST_LABEL, PID_LABEL = "org.verl-env.run-host", "org.verl-env.run-pid"
+_ROLES = {"verify": "the gate's self-test container", "gpu-probe": "the GPU probe container"}
+
+
+def _run_labels(role: str) -> dict[str, str]:
+    return {OWNER_LABEL: role, HOST_LABEL: socket.gethostname(), PID_LABEL: str(os.getpid())}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass(frozen=True)
@@ -111,14 +131,17 @@ class ContainersMixin:
                        timeout: float, network: str, files: Mapping[str, bytes],
                        dirs: Sequence[str], collect: Sequence[str], environment: dict[str, str],
                        shm_size: str, role: str, **kwargs: Any) -> RunResult:
+        from builder.engine import faults
+
         name = f"verl-env-{uuid.uuid4().hex[:12]}"
         start = time.monotonic()
         container = None
+        what = f"{_ROLES.get(role, f'the {role} container')} {name} (image {image[:19]})"
         try:
             container = self.client.containers.create(
                 image, list(command), entrypoint=list(entrypoint), name=name,
                 network_mode=network, environment=environment, shm_size=shm_size,
-                labels={OWNER_LABEL: role}, ulimits=[_memlock()], **kwargs)
+                labels=_run_labels(role), ulimits=[_memlock()], **kwargs)
             if files or dirs:
                 self._copy_in(container, files, dirs)
             container.start()
@@ -126,6 +149,9 @@ class ContainersMixin:
                 status = container.wait(timeout=timeout)
                 code: int | None = int(status.get("StatusCode", -1))
             except requests.exceptions.RequestException:
+                # over a unix socket a read timeout is a ConnectionError too: ask the engine
+                if not self.alive():  # type: ignore[attr-defined]
+                    raise
                 container.kill()
                 code = None
             logs = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
@@ -136,9 +162,18 @@ class ContainersMixin:
             raise EngineError(f"no such image: {image}") from None
         except docker.errors.APIError as exc:
             raise EngineError(f"could not run {image}: {exc.explanation or exc}") from None
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
+            if faults.connection_lost(exc) and not self.alive():  # type: ignore[attr-defined]
+                left = (f"The container {name} stays in the engine; the next build removes it."
+                        if container is not None else "")
+                raise faults.engine_down(self, stage="engine", what=what,  # type: ignore[arg-type]
+                                         left=left) from None
+            raise
         finally:
             if container is not None:
-                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError,
+                                         requests.RequestException,
+                                         urllib3.exceptions.HTTPError):
                     container.remove(force=True)
 
     @staticmethod
@@ -199,7 +234,7 @@ class ContainersMixin:
             container = self.client.containers.create(
                 image, [], entrypoint=["/.verl-env-export-never-started"], network_mode="none",
                 name=f"verl-env-export-{uuid.uuid4().hex[:12]}",
-                labels={OWNER_LABEL: "export"})
+                labels=_run_labels("export"))
             yield self.client.api.export(container.id, chunk_size=chunk_size)
         except docker.errors.ImageNotFound:
             raise EngineError(f"no such image: {image}") from None
@@ -211,6 +246,23 @@ class ContainersMixin:
             if container is not None:
                 with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                     container.remove(force=True)
+
+    def remove_orphans(self) -> list[str]:
+        """Remove the stopped containers that a run of this tool on this host left behind when
+        it died (its process is gone: killed, or the engine died under it and was restarted);
+        a container a live run still uses is never touched. Returns their names."""
+        removed = []
+        here = socket.gethostname()
+        for c in self.client.containers.list(all=True, filters={"label": PID_LABEL}):
+            labels = c.labels or {}
+            pid = labels.get(PID_LABEL, "")
+            if (labels.get(HOST_LABEL) != here or not pid.isdigit() or _pid_alive(int(pid))
+                    or c.status not in ("created", "exited", "dead")):
+                continue
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                c.remove(force=True)
+                removed.append(c.name)
+        return removed
 
     def leftover_containers(self) -> list[str]:
         return [c.name for c in self.client.containers.list(all=True,

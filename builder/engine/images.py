@@ -125,7 +125,9 @@ class ImagesMixin:
 
     def remove_candidate(self, image_id: str) -> None:
         """Remove an image only while no tag names it (a candidate nobody released), keeping its
-        parent layers (the build cache). A cached rebuild of a released image is left alone."""
-        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        parent layers (the build cache). A cached rebuild of a released image is left alone.
+        An engine that no longer answers keeps it (untagged; the next build reuses its layers)."""
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError,
+                                 requests.RequestException):
             if not self.client.images.get(image_id).tags:
                 self.client.api.remove_image(image_id, noprune=True)

@@ -26,6 +26,7 @@ class Dockerd:
     root: Path
     proc: subprocess.Popen[bytes]
     bridge: str = ""
+    data_root: Path | None = None  # None: root/data; else a path the caller owns (a test fs)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -36,13 +37,46 @@ class Dockerd:
                 self.proc.kill()
                 self.proc.wait()
         # dockerd's overlay mounts live under the data root; unmount anything left before removal
+        roots = [str(r) for r in (self.root, self.data_root) if r is not None]
         mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
-                  if str(self.root) in line.split()[1]]
+                  if any(r in line.split()[1] for r in roots)]
         for m in sorted(mounts, reverse=True):
             subprocess.run(["umount", "-l", m], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
+        if self.data_root is not None:
+            shutil.rmtree(self.data_root, ignore_errors=True)
         if self.bridge:
             subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+    def kill(self) -> None:
+        """The fault: SIGKILL to this dockerd's PID (nothing else), reaped. Its data root, exec
+        root and socket stay as a crash leaves them; :meth:`restart` starts on them again."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def restart(self, timeout: float = 60) -> Dockerd:
+        """A new dockerd on the same data root, exec root, socket and bridge (after
+        :meth:`kill`); this object is spent, stop the returned one."""
+        if self.proc.poll() is None:
+            raise RuntimeError(f"dockerd {self.proc.pid} still runs; kill() it first")
+        # The killed dockerd's containerd died with it, but nobody may reap it (PID 1 of a
+        # container often does not): its pid file then names a zombie, which dockerd takes
+        # for a running containerd and waits on forever. Only a live one may be reused.
+        pidfile = self.root / "exec" / "containerd" / "containerd.pid"
+        if pidfile.is_file() and not _running(pidfile.read_text().strip()):
+            pidfile.unlink()
+        return start_dockerd(timeout, root=self.root, data_root=self.data_root,
+                             bridge=self.bridge)
+
+
+def _running(pid: str) -> bool:
+    """Whether ``pid`` is a process that is neither gone nor a zombie."""
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError):
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 _BRIDGES = itertools.count()
@@ -70,17 +104,22 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def start_dockerd(timeout: float = 60) -> Dockerd:
-    root = Path(tempfile.mkdtemp(prefix="verl-env-dockerd-", dir="/var/tmp"))
+def start_dockerd(timeout: float = 60, *, root: Path | None = None,
+                  data_root: Path | None = None, bridge: str | None = None) -> Dockerd:
+    """A private dockerd. ``data_root``: where it keeps images and the build cache (default
+    ``root/data``), e.g. on a small filesystem a test mounted; ``root`` and ``bridge``: those of
+    an earlier dockerd to start again on (:meth:`Dockerd.restart`)."""
+    root = root or Path(tempfile.mkdtemp(prefix="verl-env-dockerd-", dir="/var/tmp"))
     sock = root / "docker.sock"
-    log = open(root / "dockerd.log", "wb")
-    bridge = _private_bridge()
+    log = open(root / "dockerd.log", "ab")
+    bridge = bridge or _private_bridge()
     proc = subprocess.Popen(
-        ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
-         "--pidfile", str(root / "dockerd.pid"), "-H", f"unix://{sock}", "--bridge", bridge,
-         "--iptables=false", "--ip6tables=false", "--ip-masq=false"],
+        ["dockerd", "--data-root", str(data_root or root / "data"), "--exec-root",
+         str(root / "exec"), "--pidfile", str(root / "dockerd.pid"), "-H", f"unix://{sock}",
+         "--bridge", bridge, "--iptables=false", "--ip6tables=false", "--ip-masq=false"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    d = Dockerd(f"unix://{sock}", root, proc, bridge)
+    log.close()
+    d = Dockerd(f"unix://{sock}", root, proc, bridge, data_root)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
