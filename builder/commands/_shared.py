@@ -61,6 +61,18 @@ def render_options(p: argparse.ArgumentParser) -> None:
                         "before the shipped ones")
 
 
+def gate_options(p: argparse.ArgumentParser) -> None:
+    """How a build's steps and its gate run (build and propose --build)."""
+    p.add_argument("--network", default="host",
+                   help="network for build steps (default: host; 'default' for the daemon's)")
+    p.add_argument("--verify-timeout", type=positive_float, default=900, metavar="SECONDS")
+    p.add_argument("--gpus", choices=["auto", "nvidia", "amd", "none"], default="auto",
+                   help="GPUs handed to the verification container (auto: what the host has)")
+    p.add_argument("--expect-gpus", type=non_negative_int, default=None, metavar="N",
+                   help="GPUs the gate must see (default: what the engine's host shows for the "
+                        "target's family; 0 for an emulated build)")
+
+
 def build_options(p: argparse.ArgumentParser) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--target", dest="targets", action="append",
@@ -77,14 +89,7 @@ def build_options(p: argparse.ArgumentParser) -> None:
                    help="keep a failed image, tagged <prefix>:<target>-candidate")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="stream the build output")
-    p.add_argument("--network", default="host",
-                   help="network for build steps (default: host; 'default' for the daemon's)")
-    p.add_argument("--verify-timeout", type=positive_float, default=900, metavar="SECONDS")
-    p.add_argument("--gpus", choices=["auto", "nvidia", "amd", "none"], default="auto",
-                   help="GPUs handed to the verification container (auto: what the host has)")
-    p.add_argument("--expect-gpus", type=non_negative_int, default=None, metavar="N",
-                   help="GPUs the gate must see (default: what the engine's host shows for the "
-                        "target's family; 0 for an emulated build)")
+    gate_options(p)
     p.add_argument("--reverify", action="store_true",
                    help="run the gate again even when the content tag holds a release verdict")
     require(p)

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from builder.argtypes import non_negative_int, positive_float, positive_int
+from builder.argtypes import positive_int
 from builder.commands import _shared
 
 NAME = "propose"
@@ -51,13 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag-prefix", default="verl-env-proposal", metavar="REPO",
                    help="repository of a proven candidate's tags (default: verl-env-proposal, "
                         "apart from the site's release tags)")
-    p.add_argument("--network", default="host",
-                   help="network for build steps (default: host; 'default' for the daemon's)")
-    p.add_argument("--verify-timeout", type=positive_float, default=900, metavar="SECONDS")
-    p.add_argument("--gpus", choices=["auto", "nvidia", "amd", "none"], default="auto",
-                   help="GPUs handed to the verification container")
-    p.add_argument("--expect-gpus", type=non_negative_int, default=None, metavar="N",
-                   help="GPUs the gate must see")
+    _shared.gate_options(p)
     _shared.index_url(p)
     _shared.json_flag(p, "each target's proposal")
     _shared.quiet(p)
