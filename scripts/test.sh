@@ -18,7 +18,7 @@ wheel=$(ls "$root"/dist/verl_env-*.whl) || exit 1
 uv venv -q --seed --python "$(command -v python3)" "$root/venv" || exit 1
 uv pip install -q --python "$root/venv/bin/python" "${wheel}[test]" || exit 1
 export VERL_ENV_CLI="$root/venv/bin/build-env" PATH="$root/venv/bin:$PATH"
-pytest=("$root/venv/bin/python" -m pytest -rs -p no:cacheprovider)
+pytest=("$root/venv/bin/python" -m pytest -rs -p no:cacheprovider --durations=15)
 
 # pytest exit 5 means no test was collected: that is a failure here, never a pass.
 verdict() {

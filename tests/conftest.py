@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,13 @@ from tests.support.dockerd import Dockerd, import_debian_base, start_dockerd, un
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "cpu.yaml"
 CA_BUNDLE = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"))
+
+# A shell without job control starts a background command (`pytest ... &`, as test.sh does for
+# its side groups, or a CI runner's `cmd &`) with SIGINT ignored, and every process it starts
+# inherits that: a test that interrupts `build-env` with SIGINT would then see it run on. The
+# tests start the tool as a user's terminal would, with SIGINT's default action.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

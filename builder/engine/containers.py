@@ -230,6 +230,9 @@ class ContainersMixin:
         overridden, so images without a command work too), its export streamed, and the
         container always removed when the ``with`` block ends, also on interrupts."""
         container = None
+        # a run killed during its export (SIGKILL: no cleanup ran) left its never-started
+        # container, which holds nothing: the next export removes it
+        self.remove_orphans(role="export")
         try:
             container = self.client.containers.create(
                 image, [], entrypoint=["/.verl-env-export-never-started"], network_mode="none",
@@ -247,17 +250,19 @@ class ContainersMixin:
                 with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                     container.remove(force=True)
 
-    def remove_orphans(self) -> list[str]:
+    def remove_orphans(self, role: str | None = None) -> list[str]:
         """Remove the stopped containers that a run of this tool on this host left behind when
         it died (its process is gone: killed, or the engine died under it and was restarted);
-        a container a live run still uses is never touched. Returns their names."""
+        a container a live run still uses is never touched. ``role``: only those of this role
+        (``export``, ``verify``, ...). Returns their names."""
         removed = []
         here = socket.gethostname()
         for c in self.client.containers.list(all=True, filters={"label": PID_LABEL}):
             labels = c.labels or {}
             pid = labels.get(PID_LABEL, "")
             if (labels.get(HOST_LABEL) != here or not pid.isdigit() or _pid_alive(int(pid))
-                    or c.status not in ("created", "exited", "dead")):
+                    or c.status not in ("created", "exited", "dead")
+                    or (role is not None and labels.get(OWNER_LABEL) != role)):
                 continue
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                 c.remove(force=True)

@@ -213,6 +213,8 @@ def test_sif_sigkilled_then_rerun(blob: Any, docker_client: Any, tmp_path: Path)
     left = listing(outdir)
     assert "blob.sif" not in left and partial.name in left, left
     [scratch] = [n for n in left if n.startswith(".build-env-sif-blob.sif-")]
+    killed_exports = docker_client.containers.list(all=True, filters={"name": "verl-env-export-"})
+    assert len(killed_exports) == 1, [c.name for c in killed_exports]
 
     proc = run_build_env(*sif_args(out), timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -220,12 +222,10 @@ def test_sif_sigkilled_then_rerun(blob: Any, docker_client: Any, tmp_path: Path)
     assert str(partial) in proc.stderr and scratch in proc.stderr
     assert listing(outdir) == ["blob.sif"]
     assert_sif(out)
-    # the killed run's export container (never started) is left in the engine: removed here so
-    # that the session's engine stays clean for the tests that count leftovers
+    # the killed run's export container (never started, labelled with its dead pid) was
+    # removed by the re-run's export
     stale = docker_client.containers.list(all=True, filters={"name": "verl-env-export-"})
-    assert len(stale) == 1, [c.name for c in stale]
-    for c in stale:
-        c.remove(force=True)
+    assert stale == [], [c.name for c in stale]
 
 
 def test_two_sif_runs_to_one_path(blob: Any, tmp_path: Path) -> None:
