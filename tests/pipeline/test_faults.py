@@ -46,6 +46,23 @@ TARGET = "cpu-x86_64"
 TIMEOUT = 900
 
 
+
+def _apt_mirror() -> str:
+    """The Debian mirror this machine's apt uses (as scripts/debian-base.sh reads it), for a
+    realistic apt output line; a placeholder where apt names none."""
+    lines: list[str] = []
+    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
+        lines += [ln.split()[1] for ln in path.read_text().splitlines()
+                  if ln.startswith("URIs:") and len(ln.split()) > 1]
+    sources = Path("/etc/apt/sources.list")
+    if sources.is_file():
+        lines += [ln.split()[1] for ln in sources.read_text().splitlines()
+                  if ln.startswith("deb ") and len(ln.split()) > 1]
+    return next((u for u in lines if "security" not in u), "http://mirror.invalid/debian")
+
+
+APT_MIRROR = _apt_mirror()
+
 def _popen(host: str, *args: str) -> subprocess.Popen[str]:
     """The installed ``build-env`` against the engine at ``host``, from outside the checkout."""
     env = {**os.environ, "DOCKER_HOST": host}
@@ -128,7 +145,7 @@ def test_a_full_disk_is_found_in_what_buildkit_apt_and_uv_print() -> None:
     commit = ("failed to solve: failed to compute cache key: write /var/lib/docker/overlay2/x/"
               "diff/a: no space left on device")
     assert faults.no_space(commit) == commit
-    assert faults.no_space("#5 0.1 Get:1 http://deb.debian.org/debian bookworm InRelease") is None
+    assert faults.no_space(f"#5 0.1 Get:1 {APT_MIRROR} bookworm InRelease") is None
 
 
 def _engine(alive: bool) -> SimpleNamespace:
@@ -170,7 +187,7 @@ def test_the_step_under_way_is_named() -> None:
     parser = PlainProgress(BuildProgress())
     for line in ["#4 [stage-0  1/13] FROM docker.io/library/debian:bookworm\n", "#4 DONE 0.0s\n",
                  "#5 [stage-0  2/13] RUN apt-get update     && apt-get install -y python3\n",
-                 "#5 0.102 Get:1 http://deb.debian.org/debian bookworm InRelease\n",
+                 f"#5 0.102 Get:1 {APT_MIRROR} bookworm InRelease\n",
                  "error: failed to receive status: rpc error: code = Unavailable desc = error "
                  "reading from server: EOF\n"]:
         parser.feed(line)
