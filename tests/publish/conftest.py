@@ -343,26 +343,8 @@ class FlakyProxy:
         host, port = self.target.split(":")
         upstream = socket.create_connection((host, int(port)))
         upstream.sendall(first)
-        self._spawn(self._pipe, upstream, conn)
-        self._pipe(conn, upstream)
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while True:
-                data = src.recv(1 << 16)
-                if not data:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
+        self._spawn(pipe, upstream, conn)
+        pipe(conn, upstream)
 
     def stop(self) -> None:
         self._stop.set()
@@ -399,3 +381,27 @@ def publish_cli(reg: str, tmp_path: Path, *extra: str, env: dict[str, str] | Non
     # HOME and DOCKER_CONFIG point into the test dir: nothing may be written to a real config
     base = {"HOME": str(tmp_path / "home"), "DOCKER_CONFIG": str(tmp_path / "docker-config")}
     return run_build_env(*args, env={**base, **(env or {})}, timeout=600), record
+
+
+def close_socket(s: socket.socket) -> None:
+    """Shut both directions of ``s`` down (the peer sees EOF at once) and close it."""
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    s.close()
+
+
+def pipe(src: socket.socket, dst: socket.socket) -> None:
+    """Copy ``src`` to ``dst`` until either end closes; then close both (a test proxy's half)."""
+    try:
+        while True:
+            data = src.recv(1 << 16)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        close_socket(src)
+        close_socket(dst)

@@ -37,7 +37,7 @@ from builder.engine import Engine
 from builder.errors import PublishError
 from builder.trust import keys
 from tests.conftest import OUTSIDE, installed_build_env
-from tests.publish.conftest import REPO, RegistryServer, start_registry
+from tests.publish.conftest import REPO, RegistryServer, close_socket, pipe, start_registry
 from tests.sif.images import LAYERED_TAG
 from tests.trust.conftest import keypair, report, sbom_doc  # noqa: F401
 
@@ -100,7 +100,7 @@ class CutProxy:
         self._released.set()
         self._server.close()
         for conn in list(self._conns):
-            _close(conn)
+            close_socket(conn)
 
     def _accept(self) -> None:
         self._server.settimeout(0.2)
@@ -118,11 +118,11 @@ class CutProxy:
         try:
             upstream = socket.create_connection((host, int(port)), timeout=5)
         except OSError:  # the registry is down: the client sees its connection closed
-            _close(conn)
+            close_socket(conn)
             return
         upstream.settimeout(None)
         self._conns += [conn, upstream]
-        threading.Thread(target=self._down, args=(upstream, conn), daemon=True).start()
+        threading.Thread(target=pipe, args=(upstream, conn), daemon=True).start()
         self._up(conn, upstream)
 
     def _up(self, src: socket.socket, dst: socket.socket) -> None:
@@ -158,22 +158,8 @@ class CutProxy:
         except OSError:
             pass
         finally:
-            _close(src)
-            _close(dst)
-
-    @staticmethod
-    def _down(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while True:
-                data = src.recv(1 << 16)
-                if not data:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            _close(src)
-            _close(dst)
+            close_socket(src)
+            close_socket(dst)
 
 
 def _find_all(data: bytes, needle: bytes) -> Iterator[int]:
@@ -181,14 +167,6 @@ def _find_all(data: bytes, needle: bytes) -> Iterator[int]:
     while i != -1:
         yield i
         i = data.find(needle, i + 1)
-
-
-def _close(s: socket.socket) -> None:
-    try:
-        s.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    s.close()
 
 
 @pytest.fixture
