@@ -4,37 +4,18 @@ finds it unchanged; whenever the lock file exists it is whole (polled throughout
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import subprocess
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from builder import runlock
 from builder.lock import parse_lock
-from tests.conftest import FIXTURE, installed_build_env
+from tests.conftest import FIXTURE
+from tests.support.runs import end, polling, start, wait_for
 
 pytestmark = [pytest.mark.network, pytest.mark.fault]
-
-
-def _start(site: Path, log: Path) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    with open(log, "w") as f:
-        return subprocess.Popen([str(installed_build_env()), "lock", "--target", "cpu-x86_64"],
-                                cwd=site, env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
-
-
-def _wait_for(what: str, check: object, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_two_locks_of_one_target(tmp_path: Path) -> None:
@@ -47,45 +28,34 @@ def test_two_locks_of_one_target(tmp_path: Path) -> None:
     holder_file = runlock._file_for(runlock.key_for_path(lock))
     texts: set[str] = set()
     torn: list[str] = []
-    stop = threading.Event()
 
     def poll() -> None:
-        while not stop.is_set():
-            try:
-                text = lock.read_text()
-            except FileNotFoundError:
-                text = None
-            if text is not None:
-                if not text.startswith("# ") or not text.endswith("\n") or \
-                        "verl==0.9.1" not in text:
-                    torn.append(text[-200:])
-                texts.add(text)
-            time.sleep(0.005)
+        try:
+            text = lock.read_text()
+        except FileNotFoundError:
+            return
+        if not text.startswith("# ") or not text.endswith("\n") or "verl==0.9.1" not in text:
+            torn.append(text[-200:])
+        texts.add(text)
 
-    poller = threading.Thread(target=poll)
-    poller.start()
-    first = _start(site, tmp_path / "first.log")
-    second = None
-    try:
-        _wait_for("the first run to hold the run lock",
-                  lambda: holder_file.is_file() and
-                  holder_file.read_text().startswith(f"pid {first.pid}: lock of cpu-x86_64"))
-        first.send_signal(signal.SIGSTOP)
-        second = _start(site, tmp_path / "second.log")
-        _wait_for("the second run to wait",
-                  lambda: f"waiting for pid {first.pid}: lock of cpu-x86_64"
-                  in (tmp_path / "second.log").read_text())
-        first.send_signal(signal.SIGCONT)
-        assert first.wait(600) == 0, (tmp_path / "first.log").read_text()
-        assert second.wait(600) == 0, (tmp_path / "second.log").read_text()
-    finally:
-        stop.set()
-        poller.join()
-        for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.kill()
-                proc.wait()
+    args = ["lock", "--target", "cpu-x86_64"]
+    first = second = None
+    with polling(poll):
+        try:
+            first = start(args, tmp_path / "first.log", cwd=site)
+            wait_for("the first run to hold the run lock",
+                     lambda: holder_file.is_file() and holder_file.read_text().startswith(
+                         f"pid {first.pid}: lock of cpu-x86_64"), timeout=300)
+            first.send_signal(signal.SIGSTOP)
+            second = start(args, tmp_path / "second.log", cwd=site)
+            wait_for("the second run to wait",
+                     lambda: f"waiting for pid {first.pid}: lock of cpu-x86_64"
+                     in (tmp_path / "second.log").read_text(), timeout=300)
+            first.send_signal(signal.SIGCONT)
+            assert first.wait(600) == 0, (tmp_path / "first.log").read_text()
+            assert second.wait(600) == 0, (tmp_path / "second.log").read_text()
+        finally:
+            end(first, second)
     assert torn == []
     final = lock.read_text()
     assert texts == {final}  # one lock ever seen: the first one's, kept by the second

@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,8 @@ import pytest
 
 from builder.sif import format as sif_format
 from builder.sif.placement import mib
-from tests.conftest import OUTSIDE, installed_build_env, run_build_env
+from tests.conftest import run_build_env
+from tests.support.runs import end, polling, start, wait_for
 from tests.sif.conftest import need_tools
 from tests.sif.images import MINI, build_image
 
@@ -73,26 +72,6 @@ def sif_args(out: Path, *extra: str) -> list[str]:
 
 def listing(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
-
-
-def start(args: list[str], log: Path, session: bool = False) -> subprocess.Popen[str]:
-    """The installed build-env in the background, stdout and stderr into ``log`` (``session``:
-    in a process group of its own)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    with open(log, "w") as f:
-        return subprocess.Popen([str(installed_build_env()), *args], cwd=OUTSIDE, env=env,
-                                stdout=f, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=session)
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def growing_partial(directory: Path, name: str, at_least: int) -> Path | None:
@@ -236,42 +215,33 @@ def test_two_sif_runs_to_one_path(blob: Any, tmp_path: Path) -> None:
     out = outdir / "blob.sif"
     torn: list[str] = []
     seen: list[int] = []
-    stop = threading.Event()
 
     def poll() -> None:
-        while not stop.is_set():
-            try:
-                size = out.stat().st_size
-                if not sif_format.is_sif(out) or size < 30 * MiB:
-                    torn.append(f"{size} bytes")
-                seen.append(out.stat().st_ino)
-            except (FileNotFoundError, OSError):
-                pass
-            time.sleep(0.005)
+        try:
+            size = out.stat().st_size
+            if not sif_format.is_sif(out) or size < 30 * MiB:
+                torn.append(f"{size} bytes")
+            seen.append(out.stat().st_ino)
+        except (FileNotFoundError, OSError):
+            pass
 
-    poller = threading.Thread(target=poll)
-    poller.start()
-    first = start(sif_args(out), tmp_path / "first.log")
-    second = None
-    try:
-        wait_for("the first run's partial SIF", lambda: growing_partial(outdir, out.name, 1))
-        first.send_signal(signal.SIGSTOP)
-        second = start(sif_args(out), tmp_path / "second.log")
-        wait_for("the second run to wait",
-                 lambda: f"waiting for pid {first.pid}: sif of {BLOB_TAG} to {out}"
-                 in (tmp_path / "second.log").read_text())
-        assert not out.exists()
-        first.send_signal(signal.SIGCONT)
-        assert first.wait(300) == 0, (tmp_path / "first.log").read_text()
-        assert second.wait(300) == 0, (tmp_path / "second.log").read_text()
-    finally:
-        stop.set()
-        poller.join()
-        for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.kill()
-                proc.wait()
+    first = second = None
+    with polling(poll):
+        try:
+            first = start(sif_args(out), tmp_path / "first.log")
+            wait_for("the first run's partial SIF",
+                     lambda: growing_partial(outdir, out.name, 1))
+            first.send_signal(signal.SIGSTOP)
+            second = start(sif_args(out), tmp_path / "second.log")
+            wait_for("the second run to wait",
+                     lambda: f"waiting for pid {first.pid}: sif of {BLOB_TAG} to {out}"
+                     in (tmp_path / "second.log").read_text())
+            assert not out.exists()
+            first.send_signal(signal.SIGCONT)
+            assert first.wait(300) == 0, (tmp_path / "first.log").read_text()
+            assert second.wait(300) == 0, (tmp_path / "second.log").read_text()
+        finally:
+            end(first, second)
     assert torn == []
     assert len(set(seen)) == 2  # the first's SIF, then the second's, each placed whole
     assert "removed what an interrupted run left" not in (tmp_path / "second.log").read_text()
