@@ -41,6 +41,13 @@ def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 
+def state_home() -> Path:
+    """Where the tool keeps its local state (verdict records, run locks):
+    ``$XDG_STATE_HOME/verl-env``, default ``~/.local/state/verl-env``."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "verl-env"
+
+
 def sha256_file(path: Path) -> str:
     """``sha256:<hex>`` of a file, read in 8 MiB blocks."""
     h = hashlib.sha256()

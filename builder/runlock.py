@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import BuildEnvError
+from .files import state_home
 
 #: How often a waiting run re-reads who holds the lock (for its message), in seconds.
 POLL_S = 0.5
@@ -36,8 +37,7 @@ class LockBusy(BuildEnvError):
 
 
 def locks_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "verl-env" / "locks"
+    return state_home() / "locks"
 
 
 def _file_for(key: str) -> Path:

@@ -43,7 +43,7 @@ from typing import Any
 
 from builder.errors import BuildEnvError
 from builder.families import family as family_of_name
-from builder.files import atomic_write_text
+from builder.files import atomic_write_text, state_home
 
 SCHEMA = "verl-env/verdict/v2"
 RELEASE, PARTIAL = "release", "partial"
@@ -357,8 +357,7 @@ def release_problem(verdict: Verdict | None, require: str = BUILD) -> str | None
 
 
 def state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "verl-env" / "verdicts"
+    return state_home() / "verdicts"
 
 
 def _path(image_id: str) -> Path:
