@@ -41,6 +41,7 @@ def _signature(cls: type, name: str) -> tuple[str, list[tuple[Any, ...]], Any]:
     attr = inspect.getattr_static(cls, name)
     kind = "property" if isinstance(attr, property) else type(attr).__name__
     fn = attr.fget if isinstance(attr, property) else attr
+    assert callable(fn), f"{cls.__name__}.{name} is neither a method nor a property"
     hints = typing.get_type_hints(fn)
     params = [(p.name, p.kind, p.default, hints.get(p.name))
               for p in inspect.signature(fn).parameters.values()]
