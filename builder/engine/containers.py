@@ -63,6 +63,52 @@ def _memlock() -> docker.types.Ulimit:
     return docker.types.Ulimit(name="memlock", soft=value, hard=value)
 
 
+def _copy_in(container: Any, files: Mapping[str, bytes], dirs: Sequence[str]) -> None:
+    """One tar through the engine (``put_archive``): parents 0755, files 0644 and the
+    ``dirs`` 1777 (the image may run as any user), all owned by root."""
+    buf = io.BytesIO()
+    made: set[str] = set()
+    now = int(time.time())
+
+    def add_dir(path: str, mode: int) -> None:
+        if path in made or path in ("", "."):
+            return
+        made.add(path)
+        info = tarfile.TarInfo(path)
+        info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, now
+        tar.addfile(info)
+
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for d in dirs:
+            rel = d.strip("/")
+            for parent in _parents(rel):
+                add_dir(parent, 0o755)
+            add_dir(rel, 0o1777)
+        for path, data in sorted(files.items()):
+            rel = path.strip("/")
+            for parent in _parents(rel):
+                add_dir(parent, 0o755)
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode, info.mtime = len(data), 0o644, now
+            tar.addfile(info, io.BytesIO(data))
+    if not container.put_archive("/", buf.getvalue()):
+        raise EngineError(f"could not copy files into container {container.name}")
+
+def _copy_out(container: Any, path: str) -> bytes | None:
+    """The content of one regular file of a (stopped) container, or None when absent."""
+    try:
+        stream, _stat = container.get_archive(path)
+        raw = b"".join(stream)
+    except docker.errors.NotFound:
+        return None
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        for member in tar:
+            if member.isfile():
+                f = tar.extractfile(member)
+                return f.read() if f else None
+    return None
+
+
 class Containers:
     """Containers on the connected daemon (a part of :class:`builder.engine.Engine`)."""
 
@@ -214,49 +260,3 @@ class Containers:
                 c.remove(force=True)
                 removed.append(c.name)
         return removed
-
-
-def _copy_in(container: Any, files: Mapping[str, bytes], dirs: Sequence[str]) -> None:
-    """One tar through the engine (``put_archive``): parents 0755, files 0644 and the
-    ``dirs`` 1777 (the image may run as any user), all owned by root."""
-    buf = io.BytesIO()
-    made: set[str] = set()
-    now = int(time.time())
-
-    def add_dir(path: str, mode: int) -> None:
-        if path in made or path in ("", "."):
-            return
-        made.add(path)
-        info = tarfile.TarInfo(path)
-        info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, now
-        tar.addfile(info)
-
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for d in dirs:
-            rel = d.strip("/")
-            for parent in _parents(rel):
-                add_dir(parent, 0o755)
-            add_dir(rel, 0o1777)
-        for path, data in sorted(files.items()):
-            rel = path.strip("/")
-            for parent in _parents(rel):
-                add_dir(parent, 0o755)
-            info = tarfile.TarInfo(rel)
-            info.size, info.mode, info.mtime = len(data), 0o644, now
-            tar.addfile(info, io.BytesIO(data))
-    if not container.put_archive("/", buf.getvalue()):
-        raise EngineError(f"could not copy files into container {container.name}")
-
-def _copy_out(container: Any, path: str) -> bytes | None:
-    """The content of one regular file of a (stopped) container, or None when absent."""
-    try:
-        stream, _stat = container.get_archive(path)
-        raw = b"".join(stream)
-    except docker.errors.NotFound:
-        return None
-    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-        for member in tar:
-            if member.isfile():
-                f = tar.extractfile(member)
-                return f.read() if f else None
-    return None
