@@ -16,12 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from builder.engine.results import BuildProgress, BuildResult, ImageInfo, RunResult
 
 
-@runtime_checkable
 class EngineHealth(Protocol):
     """An engine as its faults are told: where it is, whether it answers, where it stores."""
 
@@ -49,7 +48,6 @@ class EngineHealth(Protocol):
         raise NotImplementedError
 
 
-@runtime_checkable
 class ContainerEngine(EngineHealth, Protocol):
     """A connected container engine: builds, images, containers and its host's platform."""
 
