@@ -25,7 +25,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import docker
 import pytest
