@@ -17,45 +17,19 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import docker
 import docker.errors
 
-from builder.engine.platforms import EMULATION_PACKAGES, PlatformsMixin, platform_of
+from builder.engine.client import Daemon
+from builder.engine.faults import data_root_full, engine_down, no_space
+from builder.engine.platforms import EMULATION_PACKAGES, Platforms, platform_of
+from builder.engine.results import BuildProgress, BuildResult
 from builder.errors import EngineError
-
-
-@dataclass
-class BuildProgress:
-    """What the build has done so far. ``steps``: one entry per Dockerfile step BuildKit ran or
-    found cached (``stage``, ``step`` "x/y", ``instruction``, ``cached``, ``seconds``)."""
-
-    step: int = 0  # steps started so far (BuildKit runs independent steps in parallel)
-    total: int = 0  # steps in all stages
-    instruction: str = ""
-    cache_hits: int = 0
-    started: float = field(default_factory=time.monotonic)
-    steps: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
-
-
-@dataclass(frozen=True)
-class BuildResult:
-    image_id: str
-    steps: int
-    cache_hits: int
-    seconds: float
-    log: str
-    step_times: tuple[dict[str, Any], ...] = ()
 
 
 CLI_OVERRIDE = "VERL_ENV_DOCKER_CLI"  # a docker executable to build with (probed like the others)
@@ -176,26 +150,27 @@ class PlainProgress:
                 p.total = sum(self.stage_totals.values())
                 p.step += 1
                 p.instruction = m.group("text")
-                entry = {"step": p.step, "stage": stage, "at": f"{m.group('x')}/{m.group('y')}",
-                         "instruction": m.group("text")[:100], "cached": False, "seconds": 0.0}
+                entry: dict[str, Any] = {
+                    "step": p.step, "stage": stage, "at": f"{m.group('x')}/{m.group('y')}",
+                    "instruction": m.group("text")[:100], "cached": False, "seconds": 0.0}
                 self.vertices[vid] = entry
                 self.texts[id(entry)] = m.group("text")
                 p.steps.append(entry)
             return
         m = _STATE.match(line)
         if m:
-            entry = self.vertices.get(m.group(1))
+            vertex = self.vertices.get(m.group(1))
             state = m.group(2)
-            if entry is not None:
-                self.finished.add(id(entry))
-            if state == "CACHED" and entry is not None and not entry["cached"]:
-                entry["cached"] = True
+            if vertex is not None:
+                self.finished.add(id(vertex))
+            if state == "CACHED" and vertex is not None and not vertex["cached"]:
+                vertex["cached"] = True
                 # a base image is reported CACHED once any build used it: not a hit of ours
-                p.cache_hits += not entry["instruction"].startswith("FROM ")
-            elif state.startswith("DONE") and entry is not None:
-                entry["seconds"] = float(m.group(3))
+                p.cache_hits += not vertex["instruction"].startswith("FROM ")
+            elif state.startswith("DONE") and vertex is not None:
+                vertex["seconds"] = float(m.group(3))
             elif state.startswith("ERROR"):
-                self.failed.append((entry, m.group(4) or ""))
+                self.failed.append((vertex, m.group(4) or ""))
             return
         m = _OUTPUT.match(line)
         if m:
@@ -254,12 +229,13 @@ def _stop_group(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
         proc.stdout.close()
 
 
-class BuildMixin(PlatformsMixin):
-    """BuildKit builds on the connected daemon (part of :class:`builder.engine.Engine`)."""
+class Builds:
+    """BuildKit builds on the connected daemon (a part of :class:`builder.engine.Engine`): the
+    build CLI is sent to the daemon the SDK talks to (:meth:`Daemon.cli_host`)."""
 
-    # Where the build CLI sends its requests; None: the SDK's own (see _cli_host). Set it when
-    # the engine was connected to a host the environment does not name (a docker context).
-    host: str | None = None
+    def __init__(self, daemon: Daemon, platforms: Platforms) -> None:
+        self.daemon = daemon
+        self.platforms = platforms
 
     def build(self, context: Path, *, target: str, network: str | None = "host",
               platform: str | None = None, secrets: dict[str, Path] | None = None,
@@ -283,8 +259,8 @@ class BuildMixin(PlatformsMixin):
             if network:
                 cmd += ["--network", network]
             wanted = platform_of(platform) if platform else None
-            if wanted and wanted != self._daemon_platform():
-                self.require_emulation(wanted, target=target)
+            if wanted and wanted != self.platforms.daemon_platform():
+                self.platforms.require_emulation(wanted, target=target)
                 cmd += ["--platform", wanted]
             for sid, src in sorted((secrets or {}).items()):
                 if not Path(src).is_file():
@@ -323,47 +299,29 @@ class BuildMixin(PlatformsMixin):
     def _engine_fault(self, parser: PlainProgress, log: str, target: str) -> None:
         """Raise an EngineFault when the build failed because the engine did: its data root is
         full, or it stopped answering (killed, restarted) in the middle of the build."""
-        from builder.engine import faults
-
         step = parser.current()
         what = f"the build, at step {parser.describe(step)}" if step else "the build"
-        line = faults.no_space(log)
+        line = no_space(log)
         if line:
-            raise faults.data_root_full(self, stage="build", what=what,  # type: ignore[arg-type]
-                                        evidence=line, target=target)
-        if not self.alive():  # type: ignore[attr-defined]
+            raise data_root_full(self.daemon, stage="build", what=what, evidence=line,
+                                 target=target)
+        if not self.daemon.alive():
             last = [ln.strip() for ln in parser.other if ln.strip()][-1:]
             said = f" (the build client said: {last[0][:200]})" if last else ""
-            raise faults.engine_down(self, stage="build",  # type: ignore[arg-type]
-                                     what=what + said,
-                                     target=target)
+            raise engine_down(self.daemon, stage="build", what=what + said, target=target)
 
     def prune_build_cache(self) -> int:
         """Drop the whole BuildKit cache, cache mounts (the uv cache) included; bytes freed."""
         try:
-            return int(self.client.api.prune_builds(all=True).get("SpaceReclaimed") or 0)
+            return int(self.daemon.client.api.prune_builds(all=True).get("SpaceReclaimed") or 0)
         except docker.errors.APIError as exc:
             raise EngineError(f"could not prune the build cache: {exc.explanation or exc}"
                               ) from None
 
     def _cli_env(self, cli: BuildKitCli) -> dict[str, str]:
         env = {**os.environ, **dict(cli.env)}
-        host = self._cli_host()
+        host = self.daemon.cli_host()
         if host:
             env["DOCKER_HOST"] = host
             env.pop("DOCKER_CONTEXT", None)  # DOCKER_HOST wins anyway; say so
         return env
-
-    def _cli_host(self) -> str | None:
-        """The daemon the SDK talks to, as a docker CLI ``DOCKER_HOST``; None: leave it to the
-        CLI's environment (e.g. ssh://, which the SDK got from DOCKER_HOST too)."""
-        if self.host:
-            return self.host
-        adapter = getattr(self.client.api, "_custom_adapter", None)
-        socket_path = getattr(adapter, "socket_path", None)
-        if socket_path:
-            return f"unix://{socket_path}"
-        base = str(getattr(self.client.api, "base_url", ""))
-        if base.startswith(("http://", "https://")):
-            return "tcp://" + base.split("://", 1)[1]
-        return os.environ.get("DOCKER_HOST")

@@ -1,13 +1,13 @@
-"""The connection to a Docker Engine: ``DOCKER_HOST``, else the docker CLI's current context,
-else the local socket; and :class:`Engine`, the one object the rest of ``builder`` holds.
-
-Its parts live beside it: :mod:`.buildkit` (builds), :mod:`.containers` (run, export, device
-listing), :mod:`.images` (inspect as :class:`~builder.engine.images.ImageInfo`, tag, push) and
-:mod:`.platforms` (architectures, emulation).
+"""The connection to a Docker daemon: ``DOCKER_HOST``, else the docker CLI's current context,
+else the local socket; and :class:`Daemon`, the connected SDK client with what every part of
+the Docker engine asks of it (its address, whether it answers, whether it runs here, its data
+root). A :class:`Daemon` is an :class:`~builder.engine.protocol.EngineHealth`, so the parts
+hand it to :mod:`builder.engine.faults`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -16,9 +16,6 @@ import docker
 import docker.errors
 import requests
 
-from builder.engine.buildkit import BuildMixin
-from builder.engine.containers import ContainersMixin
-from builder.engine.images import ImagesMixin
 from builder.errors import EngineError
 
 
@@ -29,8 +26,6 @@ def context_host() -> str | None:
     Read from the CLI's context store (``$DOCKER_CONFIG/contexts/meta/<sha256 of the name>/
     meta.json``) directly: the SDK's ``ContextAPI`` finds the store only beside an existing
     ``config.json``, which ``docker context create`` does not write."""
-    import hashlib
-
     config_dir = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
     name = os.environ.get("DOCKER_CONTEXT")
     if not name:
@@ -50,18 +45,19 @@ def context_host() -> str | None:
     return str(endpoint.get("Host") or "") or None
 
 
-class Engine(BuildMixin, ImagesMixin, ContainersMixin):
-    """A connected Docker Engine. ``Engine.connect()`` honours DOCKER_HOST like the docker CLI.
-    Connect once per run and hand the engine down (the pipeline does)."""
+class Daemon:
+    """A connected Docker daemon. ``host``: the address it was reached at when the environment
+    does not name it (a docker context); the build CLI is sent there too."""
 
-    def __init__(self, client: docker.DockerClient) -> None:
+    def __init__(self, client: docker.DockerClient, host: str | None = None) -> None:
         self.client = client
+        self.host = host
 
     @classmethod
-    def connect(cls) -> Engine:
-        """The engine the docker CLI would use: ``DOCKER_HOST``, else the current docker context
+    def connect(cls) -> Daemon:
+        """The daemon the docker CLI would use: ``DOCKER_HOST``, else the current docker context
         (``DOCKER_CONTEXT``, else the config's ``currentContext``; ``ssh://`` included), else the
-        local socket. A login node can so drive a remote build node end to end."""
+        local socket."""
         host = None if os.environ.get("DOCKER_HOST") else context_host()
         try:
             if host:
@@ -74,20 +70,47 @@ class Engine(BuildMixin, ImagesMixin, ContainersMixin):
             where = f"the docker context's {host}" if host else "DOCKER_HOST"
             raise EngineError(f"cannot reach the Docker Engine ({exc.__class__.__name__}: {exc}); "
                               f"is dockerd running and {where} right?") from None
-        engine = cls(client)
-        engine.host = host
-        return engine
+        return cls(client, host)
 
     @property
     def where(self) -> str:
         """``the Docker Engine at unix:///var/run/docker.sock`` (for messages)."""
-        return f"the Docker Engine at {self._cli_host() or 'the default socket'}"
+        return f"the Docker Engine at {self.cli_host() or 'the default socket'}"
 
     def alive(self, timeout: float = 5) -> bool:
         """Whether the engine answers a ping within ``timeout`` seconds (never raises)."""
         api = self.client.api
         try:
-            return api._result(api._get(api._url("/_ping"), timeout=timeout)) == "OK"
+            return bool(api._result(api._get(api._url("/_ping"), timeout=timeout)) == "OK")
         except Exception:  # noqa: BLE001 - any failure means it does not answer
             return False
 
+    def is_local(self) -> bool:
+        """Whether the daemon runs on this machine (a unix socket), so that this machine's
+        kernel is the one that runs its containers."""
+        # docker-py names a unix socket's base URL http+docker://localhost; an ssh:// engine's
+        # is http+docker://ssh, a TCP one's the address itself (possibly another machine).
+        return str(getattr(self.client.api, "base_url", "")) == "http+docker://localhost"
+
+    def data_root(self) -> str:
+        """The daemon's ``DockerRootDir`` (a path on its host); "" when it does not say."""
+        return str(self.client.info().get("DockerRootDir") or "")
+
+    def idle_build_cache(self) -> int:
+        """Bytes of BuildKit cache no build holds now (``docker builder prune`` frees them)."""
+        return sum(int(r.get("Size") or 0)
+                   for r in self.client.df().get("BuildCache") or [] if not r.get("InUse"))
+
+    def cli_host(self) -> str | None:
+        """The daemon the SDK talks to, as a docker CLI ``DOCKER_HOST``; None: leave it to the
+        CLI's environment (e.g. ssh://, which the SDK got from DOCKER_HOST too)."""
+        if self.host:
+            return self.host
+        adapter = getattr(self.client.api, "_custom_adapter", None)
+        socket_path = getattr(adapter, "socket_path", None)
+        if socket_path:
+            return f"unix://{socket_path}"
+        base = str(getattr(self.client.api, "base_url", ""))
+        if base.startswith(("http://", "https://")):
+            return "tcp://" + base.split("://", 1)[1]
+        return os.environ.get("DOCKER_HOST")

@@ -14,7 +14,6 @@ import tarfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import docker
@@ -22,6 +21,9 @@ import docker.errors
 import requests
 import urllib3.exceptions
 
+from builder.engine.client import Daemon
+from builder.engine.faults import connection_lost, engine_down
+from builder.engine.results import RunResult
 from builder.errors import EngineError
 from builder.families import VENDORS
 
@@ -47,14 +49,6 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class RunResult:
-    exit_code: int | None  # None: killed at the timeout
-    logs: str
-    seconds: float
-    files: Mapping[str, bytes] = field(default_factory=dict)  # collected from the container
-
-
 def _parents(rel: str) -> list[str]:
     """``a/b/c`` -> ``["a", "a/b"]``."""
     parts = rel.split("/")[:-1]
@@ -69,10 +63,58 @@ def _memlock() -> docker.types.Ulimit:
     return docker.types.Ulimit(name="memlock", soft=value, hard=value)
 
 
-class ContainersMixin:
-    """Containers on the connected daemon (part of :class:`builder.engine.Engine`)."""
+def _copy_in(container: Any, files: Mapping[str, bytes], dirs: Sequence[str]) -> None:
+    """One tar through the engine (``put_archive``): parents 0755, files 0644 and the
+    ``dirs`` 1777 (the image may run as any user), all owned by root."""
+    buf = io.BytesIO()
+    made: set[str] = set()
+    now = int(time.time())
 
-    client: docker.DockerClient
+    def add_dir(path: str, mode: int) -> None:
+        if path in made or path in ("", "."):
+            return
+        made.add(path)
+        info = tarfile.TarInfo(path)
+        info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, now
+        tar.addfile(info)
+
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for d in dirs:
+            rel = d.strip("/")
+            for parent in _parents(rel):
+                add_dir(parent, 0o755)
+            add_dir(rel, 0o1777)
+        for path, data in sorted(files.items()):
+            rel = path.strip("/")
+            for parent in _parents(rel):
+                add_dir(parent, 0o755)
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode, info.mtime = len(data), 0o644, now
+            tar.addfile(info, io.BytesIO(data))
+    if not container.put_archive("/", buf.getvalue()):
+        raise EngineError(f"could not copy files into container {container.name}")
+
+def _copy_out(container: Any, path: str) -> bytes | None:
+    """The content of one regular file of a (stopped) container, or None when absent."""
+    try:
+        stream, _stat = container.get_archive(path)
+        raw = b"".join(stream)
+    except docker.errors.NotFound:
+        return None
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        for member in tar:
+            if member.isfile():
+                f = tar.extractfile(member)
+                return f.read() if f else None
+    return None
+
+
+class Containers:
+    """Containers on the connected daemon (a part of :class:`builder.engine.Engine`)."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.client = daemon.client
 
     def run(self, image: str, command: Sequence[str], *, entrypoint: Sequence[str],
             timeout: float, network: str = "none", files: Mapping[str, bytes] | None = None,
@@ -131,8 +173,6 @@ class ContainersMixin:
                        timeout: float, network: str, files: Mapping[str, bytes],
                        dirs: Sequence[str], collect: Sequence[str], environment: dict[str, str],
                        shm_size: str, role: str, **kwargs: Any) -> RunResult:
-        from builder.engine import faults
-
         name = f"verl-env-{uuid.uuid4().hex[:12]}"
         start = time.monotonic()
         container = None
@@ -143,31 +183,30 @@ class ContainersMixin:
                 network_mode=network, environment=environment, shm_size=shm_size,
                 labels=_run_labels(role), ulimits=[_memlock()], **kwargs)
             if files or dirs:
-                self._copy_in(container, files, dirs)
+                _copy_in(container, files, dirs)
             container.start()
             try:
                 status = container.wait(timeout=timeout)
                 code: int | None = int(status.get("StatusCode", -1))
             except requests.exceptions.RequestException:
                 # over a unix socket a read timeout is a ConnectionError too: ask the engine
-                if not self.alive():  # type: ignore[attr-defined]
+                if not self.daemon.alive():
                     raise
                 container.kill()
                 code = None
             logs = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
             out = {path: data for path in collect
-                   if (data := self._copy_out(container, path)) is not None}
+                   if (data := _copy_out(container, path)) is not None}
             return RunResult(code, logs, time.monotonic() - start, out)
         except docker.errors.ImageNotFound:
             raise EngineError(f"no such image: {image}") from None
         except docker.errors.APIError as exc:
             raise EngineError(f"could not run {image}: {exc.explanation or exc}") from None
         except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
-            if faults.connection_lost(exc) and not self.alive():  # type: ignore[attr-defined]
+            if connection_lost(exc) and not self.daemon.alive():
                 left = (f"The container {name} stays in the engine; the next build removes it."
                         if container is not None else "")
-                raise faults.engine_down(self, stage="engine", what=what,  # type: ignore[arg-type]
-                                         left=left) from None
+                raise engine_down(self.daemon, stage="engine", what=what, left=left) from None
             raise
         finally:
             if container is not None:
@@ -175,53 +214,6 @@ class ContainersMixin:
                                          requests.RequestException,
                                          urllib3.exceptions.HTTPError):
                     container.remove(force=True)
-
-    @staticmethod
-    def _copy_in(container: Any, files: Mapping[str, bytes], dirs: Sequence[str]) -> None:
-        """One tar through the engine (``put_archive``): parents 0755, files 0644 and the
-        ``dirs`` 1777 (the image may run as any user), all owned by root."""
-        buf = io.BytesIO()
-        made: set[str] = set()
-        now = int(time.time())
-
-        def add_dir(path: str, mode: int) -> None:
-            if path in made or path in ("", "."):
-                return
-            made.add(path)
-            info = tarfile.TarInfo(path)
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, now
-            tar.addfile(info)
-
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for d in dirs:
-                rel = d.strip("/")
-                for parent in _parents(rel):
-                    add_dir(parent, 0o755)
-                add_dir(rel, 0o1777)
-            for path, data in sorted(files.items()):
-                rel = path.strip("/")
-                for parent in _parents(rel):
-                    add_dir(parent, 0o755)
-                info = tarfile.TarInfo(rel)
-                info.size, info.mode, info.mtime = len(data), 0o644, now
-                tar.addfile(info, io.BytesIO(data))
-        if not container.put_archive("/", buf.getvalue()):
-            raise EngineError(f"could not copy files into container {container.name}")
-
-    @staticmethod
-    def _copy_out(container: Any, path: str) -> bytes | None:
-        """The content of one regular file of a (stopped) container, or None when absent."""
-        try:
-            stream, _stat = container.get_archive(path)
-            raw = b"".join(stream)
-        except docker.errors.NotFound:
-            return None
-        with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-            for member in tar:
-                if member.isfile():
-                    f = tar.extractfile(member)
-                    return f.read() if f else None
-        return None
 
     @contextlib.contextmanager
     def export(self, image: str, *, chunk_size: int = 4 << 20) -> Iterator[Iterator[bytes]]:
@@ -268,7 +260,3 @@ class ContainersMixin:
                 c.remove(force=True)
                 removed.append(c.name)
         return removed
-
-    def leftover_containers(self) -> list[str]:
-        return [c.name for c in self.client.containers.list(all=True,
-                                                            filters={"label": OWNER_LABEL})]

@@ -2,8 +2,10 @@
 or its data root fills up. Either becomes one error naming the stage, the engine (its address,
 its data root) and what to do next; nothing above :mod:`builder.engine` sees a socket error.
 
-A lost connection is told from a slow one by asking the engine again (:meth:`Engine.alive`): a
-read timeout over a unix socket reaches docker-py as a ``ConnectionError`` too.
+A lost connection is told from a slow one by asking the engine again
+(:meth:`~builder.engine.protocol.EngineHealth.alive`): a read timeout over a unix socket reaches
+docker-py as a ``ConnectionError`` too. What is asked of the engine here is
+:class:`~builder.engine.protocol.EngineHealth`, never the Docker implementation.
 """
 
 from __future__ import annotations
@@ -14,16 +16,13 @@ import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import docker.errors
 import requests
 import urllib3.exceptions
 
+from builder.engine.protocol import EngineHealth
 from builder.errors import BuildEnvError, EngineError
-
-if TYPE_CHECKING:
-    from builder.engine.client import Engine
 
 # What BuildKit, runc, apt, pip and uv print when a write fails for want of space.
 _NO_SPACE = re.compile(r"no space left on device|\bENOSPC\b|os error 28|errno 28|"
@@ -83,7 +82,7 @@ def human(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def free_space(engine: Engine, path: str) -> int | None:
+def free_space(engine: EngineHealth, path: str) -> int | None:
     """Bytes free under ``path`` when the engine runs on this machine (else None: a remote
     engine's data root cannot be measured from here)."""
     if not path or not engine.is_local() or not os.path.isdir(path):
@@ -94,15 +93,14 @@ def free_space(engine: Engine, path: str) -> int | None:
         return None
 
 
-def data_root_full(engine: Engine, *, stage: str, what: str, evidence: str,
+def data_root_full(engine: EngineHealth, *, stage: str, what: str, evidence: str,
                    target: str | None = None) -> DataRootFull:
     """The error for a write that failed for want of space in the engine's data root: the data
     root, its free space (a local engine), the engine's own words and what can be freed."""
     root, cache = "", None
     try:
-        root = str(engine.client.info().get("DockerRootDir") or "")
-        cache = sum(int(r.get("Size") or 0)
-                    for r in engine.client.df().get("BuildCache") or [] if not r.get("InUse"))
+        root = engine.data_root()
+        cache = engine.idle_build_cache()
     except Exception:  # noqa: BLE001 - best effort: the message is built either way
         pass
     free = free_space(engine, root)
@@ -119,7 +117,7 @@ def data_root_full(engine: Engine, *, stage: str, what: str, evidence: str,
         "that finished come from the build cache.", stage=stage, target=target)
 
 
-def engine_down(engine: Engine, *, stage: str, what: str, target: str | None = None,
+def engine_down(engine: EngineHealth, *, stage: str, what: str, target: str | None = None,
                 left: str = "") -> EngineDown:
     tail = f" {left}" if left else ""
     return EngineDown(
@@ -129,7 +127,7 @@ def engine_down(engine: Engine, *, stage: str, what: str, target: str | None = N
         target=target)
 
 
-def translate(engine: Engine, exc: BaseException, *, stage: str, what: str,
+def translate(engine: EngineHealth, exc: BaseException, *, stage: str, what: str,
               target: str | None = None) -> EngineFault | None:
     """``exc`` as an :class:`EngineFault` of ``stage`` when the engine failed as a whole (an
     EngineFault raised below, relabelled; a lost connection the engine does not answer after);
@@ -150,7 +148,8 @@ def translate(engine: Engine, exc: BaseException, *, stage: str, what: str,
 
 
 @contextmanager
-def stage(engine: Engine, name: str, *, what: str, target: str | None = None) -> Iterator[None]:
+def stage(engine: EngineHealth, name: str, *, what: str, target: str | None = None
+          ) -> Iterator[None]:
     """Run a block of engine calls as stage ``name``: the engine dying or filling up in it
     becomes an :class:`EngineFault` naming ``name``, the engine and ``what`` was under way."""
     try:

@@ -1,65 +1,25 @@
-"""Images: what the engine knows about one (:class:`ImageInfo`, engine-neutral), and tag, find,
-resolve, push and remove.
-
-Everything above :mod:`builder.engine` (verify, sif, publish, trust, vendor) gets an
-:class:`ImageInfo`, never an SDK object: plain data in the OCI image config's terms.
-"""
+"""Images: inspect (as an engine-neutral :class:`~builder.engine.results.ImageInfo`), tag,
+find, resolve, push and remove."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import docker
 import docker.errors
 import requests
 
+from builder.engine.results import ImageInfo
 from builder.errors import EngineError
 
 
-@dataclass(frozen=True)
-class ImageInfo:
-    """One image as the engine holds it, engine-neutral.
+class Images:
+    """Image operations on the connected daemon (a part of :class:`builder.engine.Engine`)."""
 
-    ``config``: the OCI image config's ``config`` object (``Env``, ``Entrypoint``, ``Cmd``,
-    ``WorkingDir``, ``User``, ``Labels``, ...), as plain JSON data; ``labels`` is its
-    ``Labels``. ``size``: bytes the image takes in the engine. ``repo_digests``:
-    ``name@sha256:...`` for each registry it came from or went to."""
-
-    id: str
-    tags: tuple[str, ...] = ()
-    repo_digests: tuple[str, ...] = ()
-    architecture: str = ""
-    os: str = "linux"
-    variant: str = ""
-    size: int = 0
-    created: str = ""
-    config: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def labels(self) -> dict[str, str]:
-        return dict(self.config.get("Labels") or {})
-
-    @classmethod
-    def from_inspect(cls, attrs: Mapping[str, Any]) -> ImageInfo:
-        """From the engine's image inspect document."""
-        return cls(id=str(attrs.get("Id") or ""),
-                   tags=tuple(str(t) for t in attrs.get("RepoTags") or ()),
-                   repo_digests=tuple(str(d) for d in attrs.get("RepoDigests") or ()),
-                   architecture=str(attrs.get("Architecture") or ""),
-                   os=str(attrs.get("Os") or "linux"),
-                   variant=str(attrs.get("Variant") or ""),
-                   size=int(attrs.get("Size") or 0),
-                   created=str(attrs.get("Created") or ""),
-                   config=dict(attrs.get("Config") or {}))
-
-
-class ImagesMixin:
-    """Image operations on the connected daemon (part of :class:`builder.engine.Engine`)."""
-
-    client: docker.DockerClient
+    def __init__(self, client: docker.DockerClient) -> None:
+        self.client = client
 
     def image(self, ref: str) -> ImageInfo:
         """What the engine knows about the image ``ref`` names; EngineError when it has none."""

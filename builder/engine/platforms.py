@@ -1,14 +1,15 @@
-"""Architectures and platforms, and QEMU user emulation for foreign-platform builds and runs."""
+"""Architectures and platforms, and QEMU user emulation for foreign-platform builds and runs:
+the functions, and :class:`Platforms`, the engine's part that asks the daemon."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-import docker
 import docker.errors
 import requests
 
+from builder.engine.client import Daemon
 from builder.errors import EngineError
 
 _PLATFORMS = {"x86_64": "linux/amd64", "amd64": "linux/amd64",
@@ -61,39 +62,34 @@ def platform_of(arch_or_platform: str) -> str:
                           f"(known: {', '.join(sorted(_PLATFORMS))})") from None
 
 
-class PlatformsMixin:
-    """The daemon's platform, where its kernel runs, and emulation (part of
+class Platforms:
+    """The daemon's platform and emulation on its host (a part of
     :class:`builder.engine.Engine`)."""
 
-    client: docker.DockerClient
-
-    def is_local(self) -> bool:
-        """Whether the daemon runs on this machine (a unix socket), so that this machine's
-        kernel is the one that runs its containers."""
-        # docker-py names a unix socket's base URL http+docker://localhost; an ssh:// engine's
-        # is http+docker://ssh, a TCP one's the address itself (possibly another machine).
-        return str(getattr(self.client.api, "base_url", "")) == "http+docker://localhost"
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
 
     def require_emulation(self, platform: str, *, target: str | None = None) -> None:
         """Before a foreign-platform build or run: raise EngineError naming what to install when
         the kernel cannot run ``platform`` binaries. Only a local daemon's kernel can be checked
         from here; a remote engine host fails its first foreign RUN step with "exec format
-        error", which :meth:`build` explains the same way."""
-        if not self.is_local():
+        error", which the build explains the same way."""
+        if not self.daemon.is_local():
             return
         why = emulation_problem(platform)
         if why:
             raise EngineError(f"cannot build or run {platform_of(platform)} images on this "
-                              f"{self._daemon_platform()} host without QEMU emulation: {why}",
+                              f"{self.daemon_platform()} host without QEMU emulation: {why}",
                               target=target)
 
-    def _daemon_platform(self) -> str:
-        version = self.client.version()
+    def daemon_platform(self) -> str:
+        """The daemon's own platform (``linux/amd64``)."""
+        version = self.daemon.client.version()
         return f"{version.get('Os', 'linux')}/{platform_of(version.get('Arch', 'amd64'))[6:]}"
 
     def daemon_arch(self) -> str:
         """The engine host's CPU architecture as the daemon reports it (``x86_64``, ``aarch64``)."""
         try:
-            return str(self.client.info().get("Architecture") or "")
+            return str(self.daemon.client.info().get("Architecture") or "")
         except (docker.errors.APIError, requests.RequestException) as exc:
             raise EngineError(f"cannot query the Docker Engine: {exc}") from None

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from builder.engine import Engine, ImageInfo, emulation_problem
+from builder.engine import ContainerEngine, Engine, ImageInfo, emulation_problem
 from builder.selftest.cpu import decide_source_build, elf_machine
 from builder.verify import EMULATION_FACTOR, arch_plan, plan_selftest
 
@@ -46,7 +46,9 @@ def test_only_a_local_engine_has_its_emulation_checked_here(base_url: str, local
     assert Engine(client).is_local() is local  # type: ignore[arg-type]
 
 
-class _Engine:
+class _Engine(ContainerEngine):
+    """An engine whose host has the architecture ``arch``."""
+
     def __init__(self, arch: str) -> None:
         self.arch = arch
 

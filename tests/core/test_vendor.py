@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from builder import vendor
+from builder.engine import ContainerEngine, RunResult
 from builder.errors import LockError, SpecError
 from builder.families import FAMILIES
 from builder.lock import input_hash, lock_path, parse_lock
@@ -225,20 +228,25 @@ def test_the_rocm_family_data() -> None:
     assert not FAMILIES["cuda"].image_env and not FAMILIES["cpu"].trainer_overrides
 
 
-class _FakeEngine:
+class _FakeEngine(ContainerEngine):
     """The engine interface's two calls the probe uses (the real one: tests/vendor)."""
 
     def __init__(self, logs: str, code: int = 0) -> None:
-        self.logs, self.code, self.calls = logs, code, []
+        self.logs, self.code = logs, code
+        self.calls: list[tuple[str, list[str], dict[str, Any]]] = []
 
     def identity(self, ref: str) -> str:
         return "sha256:" + "d" * 64
 
-    def run(self, image: str, command, **kw):
-        from types import SimpleNamespace
-
-        self.calls.append((image, list(command), kw))
-        return SimpleNamespace(exit_code=self.code, logs=self.logs)
+    def run(self, image: str, command: Sequence[str], *, entrypoint: Sequence[str],
+            timeout: float, network: str = "none", files: Mapping[str, bytes] | None = None,
+            dirs: Sequence[str] = (), collect: Sequence[str] = (),
+            environment: dict[str, str] | None = None, gpus: str | None = None,
+            shm_size: str = "2g", role: str = "verify") -> RunResult:
+        self.calls.append((image, list(command), {
+            "entrypoint": list(entrypoint), "timeout": timeout, "network": network,
+            "role": role}))
+        return RunResult(self.code, self.logs, 0.0)
 
 
 def test_the_first_build_of_a_declared_base_records_it_and_asks_for_a_relock(

@@ -25,7 +25,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import docker
 import pytest
@@ -34,7 +33,7 @@ import requests
 import urllib3.exceptions
 
 from builder import runlock, verdicts
-from builder.engine import BuildProgress, PlainProgress, faults
+from builder.engine import BuildProgress, EngineHealth, PlainProgress, faults
 from builder.engine.buildkit import _VERTEX
 from builder.engine.containers import OWNER_LABEL
 from builder.errors import EngineError
@@ -148,11 +147,32 @@ def test_a_full_disk_is_found_in_what_buildkit_apt_and_uv_print() -> None:
     assert faults.no_space(f"#5 0.1 Get:1 {APT_MIRROR} bookworm InRelease") is None
 
 
-def _engine(alive: bool) -> SimpleNamespace:
-    return SimpleNamespace(where="the Docker Engine at unix:///run/x.sock", alive=lambda: alive,
-                           is_local=lambda: False, client=SimpleNamespace(
-                               info=lambda: {"DockerRootDir": "/srv/docker"},
-                               df=lambda: {"BuildCache": [{"Size": 3 << 30, "InUse": False}]}))
+class FaultsEngine(EngineHealth):
+    """What faults asks of an engine: a remote one, at /run/x.sock, with its data root at
+    /srv/docker and 3 GiB of idle build cache, answering or not."""
+
+    def __init__(self, answers: bool) -> None:
+        self.answers = answers
+
+    @property
+    def where(self) -> str:
+        return "the Docker Engine at unix:///run/x.sock"
+
+    def alive(self, timeout: float = 5) -> bool:
+        return self.answers
+
+    def is_local(self) -> bool:
+        return False
+
+    def data_root(self) -> str:
+        return "/srv/docker"
+
+    def idle_build_cache(self) -> int:
+        return 3 << 30
+
+
+def _engine(alive: bool) -> FaultsEngine:
+    return FaultsEngine(alive)
 
 
 def test_a_lost_connection_is_the_engine_down_only_when_it_does_not_answer() -> None:

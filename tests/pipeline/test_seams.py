@@ -16,7 +16,7 @@ import ast
 import importlib
 import json
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from builder import pipeline, publish, verdicts
-from builder.engine import Engine, ImageInfo, RunResult
+from builder.engine import ContainerEngine, Engine, ImageInfo, RunResult
 from builder.trust import keys
 from builder.trust import sbom as sbom_mod
 from builder.trust.sign import Signed
@@ -38,11 +38,11 @@ INVENTORY = {"interpreter": "/opt/venv/bin/python", "python": "3.11.2",
              "os": {"id": "debian", "version_id": "12"}}
 
 
-class CountingEngine(Engine):
-    """An Engine without a daemon: image inspection from a table, the SBOM container's output
+class CountingEngine(ContainerEngine):
+    """An engine without a daemon: image inspection from a table, the SBOM container's output
     canned; every run is counted by role."""
 
-    def __init__(self) -> None:  # no SDK client: nothing here may reach one
+    def __init__(self) -> None:
         self.runs: Counter[str] = Counter()
         self.tags: list[str] = []
 
@@ -52,8 +52,12 @@ class CountingEngine(Engine):
                          size=1 << 20, config={"Labels": {"org.verl-env.accelerator": "cpu",
                                                           "org.verl-env.target": TARGET}})
 
-    def run(self, image: str, command: Sequence[str], **kwargs: Any) -> RunResult:
-        self.runs[kwargs.get("role", "verify")] += 1
+    def run(self, image: str, command: Sequence[str], *, entrypoint: Sequence[str],
+            timeout: float, network: str = "none", files: Mapping[str, bytes] | None = None,
+            dirs: Sequence[str] = (), collect: Sequence[str] = (),
+            environment: dict[str, str] | None = None, gpus: str | None = None,
+            shm_size: str = "2g", role: str = "verify") -> RunResult:
+        self.runs[role] += 1
         return RunResult(0, f"{sbom_mod.MARKER}\n{json.dumps(INVENTORY)}\n", 0.1)
 
     def tag(self, image_id: str, ref: str) -> None:
