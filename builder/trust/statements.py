@@ -13,6 +13,7 @@ from typing import Any
 
 from builder import __version__
 from builder.errors import TrustError
+from builder.trust import dsse
 from builder.verdicts import Verdict
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -42,6 +43,45 @@ def statement(subjects: list[dict[str, Any]], predicate_type: str,
 
 def to_bytes(stmt: dict[str, Any]) -> bytes:
     return json.dumps(stmt, sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A signed in-toto statement, opened: who signed it, what it says and what it is about."""
+
+    keyid: str  # the trusted key whose signature verified
+    statement: dict[str, Any]
+    predicate_type: str
+    kind: str  # verdict | sbom | provenance | cluster (KINDS)
+    subjects: list[str]  # the sha256 hex digests its subjects name
+
+    @property
+    def predicate(self) -> Any:
+        return self.statement.get("predicate")
+
+
+def subject_digests(stmt: dict[str, Any]) -> list[str]:
+    """The sha256 hex digests a statement's subjects name."""
+    subjects = stmt.get("subject")
+    if not isinstance(subjects, list):
+        return []
+    return [str(s.get("digest", {}).get("sha256")) for s in subjects
+            if isinstance(s, dict) and isinstance(s.get("digest"), dict)]
+
+
+def open_statement(envelope: Any, keys: list[Any], where: str) -> Opened:
+    """The one opener of a DSSE envelope (a parsed JSON object): one signature verifies with one
+    of ``keys``, the payload is an in-toto Statement v1 of a predicate type we know. TrustError
+    naming ``where`` otherwise."""
+    verified = dsse.verify(envelope, keys, where)
+    stmt = dsse.statement_of(verified, where)
+    if stmt.get("_type") != STATEMENT_TYPE:
+        raise TrustError(f"{where}: _type {stmt.get('_type')!r} is not {STATEMENT_TYPE}")
+    ptype = stmt.get("predicateType")
+    kind = KINDS.get(ptype) if isinstance(ptype, str) else None
+    if kind is None or not isinstance(ptype, str):
+        raise TrustError(f"{where}: unknown predicateType {ptype!r}")
+    return Opened(verified.keyid, stmt, ptype, kind, subject_digests(stmt))
 
 
 def verdict_predicate(verdict: Verdict) -> dict[str, Any]:
