@@ -111,8 +111,8 @@ def _run_image(engine: Engine, args: argparse.Namespace) -> int:
     image = engine.image(args.image)
     manifest = None
     if args.target:
-        target = load_matrix(args.matrix).target(args.target)
-        manifest = render_manifest(target, target.entry_hash, "unknown (verify --target)")
+        held = load_matrix(args.matrix).target(args.target)
+        manifest = render_manifest(held, held.entry_hash, "unknown (verify --target)")
     try:
         v = verify_image(engine, image.id, expect_gpus=args.expect_gpus, timeout=args.timeout,
                          gpus=None if args.gpus == "none" else args.gpus,

@@ -18,6 +18,7 @@ The gate fails closed:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -291,12 +292,13 @@ def _node_expectation(family: str | None, expect_gpus: int | None, environ: Mapp
                         "label): the self-test decides from what it sees", NODE,
                         source="unknown family", dev_root=dev_root)
     count, source, reason = node_gpus(vendor, environ, devices, dev_root)
-    node = {"vendor": vendor, "dev_root": dev_root, "node_count": count, "node_source": source}
+    node = GateGpus(count, reason, NODE, source=source, vendor=vendor, dev_root=dev_root,
+                    node_count=count, node_source=source)
     if expect_gpus is None:
-        return GateGpus(count, reason, NODE, source=source, **node)
+        return node
     narrowed = f"--expect-gpus {expect_gpus} while {reason}" if expect_gpus < count else None
-    return GateGpus(expect_gpus, f"--expect-gpus {expect_gpus}", NODE, source="--expect-gpus",
-                    narrowed=narrowed, **node)
+    return dataclasses.replace(node, expected=expect_gpus, reason=f"--expect-gpus {expect_gpus}",
+                               source="--expect-gpus", narrowed=narrowed)
 
 
 def plan_sif_gate(family: str | None, *, runtime: tuple[str, str] | None,
