@@ -4,7 +4,6 @@ verdict (a predicate of our own), the SBOM (CycloneDX 1.6) and build provenance 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import platform
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from typing import Any
 
 from builder import __version__
 from builder.errors import TrustError
+from builder.files import sha256_file
 from builder.trust import dsse
 from builder.verdicts import Verdict
 
@@ -139,7 +139,7 @@ class ProvenanceInputs:
                                                 datetime.timezone.utc)
         return cls(target=report["target"], matrix_hash=report["matrix_hash"],
                    lock_hash=report["lock_hash"],
-                   dockerfile_digest="sha256:" + hashlib.sha256(dockerfile.read_bytes()).hexdigest(),
+                   dockerfile_digest=sha256_file(dockerfile),
                    base_images=tuple(report.get("bases") or ()),
                    content_hash=report.get("content_hash") or "",
                    image_id=report.get("image_id") or "", pins=dict(report.get("pins") or {}),
