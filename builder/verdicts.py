@@ -3,10 +3,11 @@ and the one release rule that tagging, ``sif``, ``publish``, ``trust sign`` and 
 all call (:func:`release_problem`).
 
 A :class:`Verdict` is what the gate returns (:mod:`builder.gate`: the self-test's report with
-the ``gate`` section it adds, :class:`builder.gate.record.GateRecord`: phases and arguments run, GPUs expected and seen) and what
-is recorded, signed and read back: :meth:`Verdict.to_dict` and :meth:`Verdict.from_dict` are the
-only serialisation. Everything a verdict claims (scope, level, GPU evidence) is derived from its
-report on every read, never trusted from a stored field.
+the ``gate`` section it adds, read as a typed :class:`builder.gate.record.GateRecord`: phases
+and arguments run, GPUs expected and seen) and what is recorded, signed and read back:
+:meth:`Verdict.to_dict` and :meth:`Verdict.from_dict` are the only serialisation. Everything a
+verdict claims (scope, level, GPU evidence) is derived from its report on every read, never
+trusted from a stored field.
 
 **Scope.** Only the full required phase set of the target's family, with no argument that
 relaxes a check, is a ``release`` verdict; a narrowed run (``--phases``, ``--selftest-args``) is
