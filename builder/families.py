@@ -1,6 +1,6 @@
 """What an accelerator family means, in one place: ``cuda``, ``rocm`` and ``cpu``.
 
-Read by :mod:`builder.verify` (the phases a release verdict needs, whose GPUs to count on the
+Read by :mod:`builder.gate` (the phases a release verdict needs, whose GPUs to count on the
 engine's host), :mod:`builder.engine` (how a container gets those GPUs), :mod:`builder.slurm`
 (Apptainer flags, the GPU visibility variables, the NCCL/RCCL profile of the job) and the
 templates. Adding a family means adding an entry here and its template blocks; nothing else

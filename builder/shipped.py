@@ -1,8 +1,12 @@
-"""Where the shipped reference files are. In a checkout they live once, at the top of the
+"""Where the shipped files are. In a checkout the reference files live once, at the top of the
 repository: the reviewed ``matrix.yaml`` with ``metadata/`` and ``locks/`` beside it (as any site
 keeps them) and ``dockerfiles/`` (the Dockerfile templates). An installed wheel carries the same
 files as package data, ``builder/reference/`` and ``builder/dockerfiles/`` (pyproject.toml's
-package-dir mapping: no second copy in the repository)."""
+package-dir mapping: no second copy in the repository).
+
+The self-test payload (the ``builder/selftest`` package, stdlib only) is what goes into an image
+(baked by the Dockerfile, copied in by the gate, run from a SIF): :func:`selftest_files` is the one
+list of its files, :func:`copy_selftest` writes them to a directory."""
 
 from __future__ import annotations
 
@@ -21,3 +25,25 @@ def dockerfiles_dir() -> Path:
     """The Dockerfile templates (``Dockerfile.j2``, ``_macros.j2``)."""
     installed = PACKAGE / "dockerfiles"
     return installed if (installed / "Dockerfile.j2").is_file() else PACKAGE.parent / "dockerfiles"
+
+
+def selftest_dir() -> Path:
+    """The self-test package as shipped (``builder/selftest``)."""
+    return PACKAGE / "selftest"
+
+
+def selftest_files() -> list[tuple[str, bytes]]:
+    """The self-test payload: (path relative to the package, content), sorted; no byte code."""
+    root = selftest_dir()
+    return [(str(p.relative_to(root)), p.read_bytes()) for p in sorted(root.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+
+
+def copy_selftest(dest: Path) -> Path:
+    """Write the self-test payload under ``dest`` (created); returns ``dest``."""
+    for rel, data in selftest_files():
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    dest.mkdir(parents=True, exist_ok=True)
+    return dest

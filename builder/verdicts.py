@@ -2,11 +2,12 @@
 and the one release rule that tagging, ``sif``, ``publish``, ``trust sign`` and ``trust verify``
 all call (:func:`release_problem`).
 
-A :class:`Verdict` is what :func:`builder.verify.verify_image` returns (the self-test's report
-with the ``gate`` section verify adds: phases and arguments run, GPUs expected and seen) and what
-is recorded, signed and read back: :meth:`Verdict.to_dict` and :meth:`Verdict.from_dict` are the
-only serialisation. Everything a verdict claims (scope, level, GPU evidence) is derived from its
-report on every read, never trusted from a stored field.
+A :class:`Verdict` is what the gate returns (:mod:`builder.gate`: the self-test's report with
+the ``gate`` section it adds, read as a typed :class:`builder.gate.record.GateRecord`: phases
+and arguments run, GPUs expected and seen) and what is recorded, signed and read back:
+:meth:`Verdict.to_dict` and :meth:`Verdict.from_dict` are the only serialisation. Everything a
+verdict claims (scope, level, GPU evidence) is derived from its report on every read, never
+trusted from a stored field.
 
 **Scope.** Only the full required phase set of the target's family, with no argument that
 relaxes a check, is a ``release`` verdict; a narrowed run (``--phases``, ``--selftest-args``) is
@@ -43,6 +44,7 @@ from typing import Any
 
 from builder.errors import BuildEnvError
 from builder.families import family as family_of_name
+from builder.gate.record import GateRecord
 from builder.files import atomic_write_text, state_home
 
 SCHEMA = "verl-env/verdict/v2"
@@ -122,18 +124,16 @@ def gpu_evidence(report: Mapping[str, Any], family: str | None) -> GpuEvidence:
     fam = family_of_name(family)
     if fam is not None and not fam.gpu_phases:
         return GpuEvidence(NONE, f"target family {fam.name} has no GPUs")
-    gate = _dict(report.get("gate"))
-    gpus = _dict(gate.get("gpus"))
+    gate = GateRecord.from_dict(report.get("gate"))
     checks = _checks(report)
     if fam is None:
         return GpuEvidence(PENDING, "the target family is unknown: no GPU phase set to prove")
-    ran = set(gate.get("phases") or ())
-    missing = [p for p in fam.gpu_phases if p not in ran]
+    missing = [p for p in fam.gpu_phases if p not in gate.phases]
     if missing:
         return GpuEvidence(PENDING, f"phase(s) {', '.join(missing)} did not run")
-    expected = gpus.get("expected")
-    if not isinstance(expected, int) or expected < 1:
-        why = gpus.get("reason") or "no GPU was expected"
+    expected = gate.gpus.expected if gate.gpus else None
+    if expected is None or expected < 1:
+        why = (gate.gpus.reason if gate.gpus else None) or "no GPU was expected"
         return GpuEvidence(PENDING, f"no GPU where the gate ran: {why}")
     count, correct = checks.get("gpu.device_count", {}), checks.get(
         "collective.nccl_allreduce", {})
@@ -201,9 +201,10 @@ class Verdict:
 
     # ----- what the report says
     @property
-    def gate(self) -> dict[str, Any]:
+    def gate(self) -> GateRecord | None:
+        """The gate's record (None: the report has no ``gate`` section)."""
         gate = self.report.get("gate")
-        return gate if isinstance(gate, dict) else {}
+        return GateRecord.from_dict(gate) if isinstance(gate, dict) else None
 
     @property
     def overall(self) -> str:
@@ -219,21 +220,23 @@ class Verdict:
     @property
     def scope(self) -> str:
         """``release`` or ``partial`` (a record without the gate's scope is partial)."""
-        return RELEASE if self.gate.get("scope") == RELEASE else PARTIAL
+        gate = self.gate
+        return RELEASE if gate is not None and gate.scope == RELEASE else PARTIAL
 
     @property
     def partial_reason(self) -> str | None:
-        if self.scope == RELEASE:
+        gate = self.gate
+        if gate is not None and gate.scope == RELEASE:
             return None
-        if "scope" not in self.gate:
+        if gate is None or gate.scope is None:
             return ("recorded without the phases it ran (an older build-env): run "
                     "`build-env verify IMAGE` again")
-        return str(self.gate.get("partial_reason") or "a narrowed run")
+        return gate.partial_reason or "a narrowed run"
 
     @property
     def family(self) -> str | None:
-        fam = self.gate.get("family")
-        return fam if isinstance(fam, str) else None
+        gate = self.gate
+        return gate.family if gate is not None else None
 
     @property
     def release(self) -> bool:
@@ -251,10 +254,6 @@ class Verdict:
         if release_problem(self) is not None:
             return None
         return GPU if self.gpu.status == PROVEN else BUILD
-
-    def failed_checks(self) -> list[dict[str, Any]]:
-        return [c for c in self.report.get("checks", [])
-                if c.get("status") == "fail" or (c.get("status") == "skip" and c.get("required"))]
 
     def describe(self) -> str:
         """One phrase for summary lines: ``pass, build verdict, gpu: pending (...)``."""
@@ -383,13 +382,6 @@ def lookup(image_id: str) -> Verdict | None:
         return Verdict.from_dict(data)
     except (OSError, ValueError):
         return None
-
-
-def why_not_release(image_id: str, require: str = BUILD) -> str | None:
-    """None when ``image_id`` has a passing release verdict at the required level, else the
-    reason (for messages)."""
-    reason = release_problem(lookup(image_id), require)
-    return None if reason is None else f"{image_id[:19]}: {reason}"
 
 
 def is_verified(image_id: str, require: str = BUILD) -> bool:

@@ -1,13 +1,26 @@
-"""``build-env verify IMAGE``: the in-image self-test on any image."""
+"""``build-env verify IMAGE``: the in-image self-test on any image (or SIF): parse, run the gate
+(:mod:`builder.gate`), record the verdict and print it."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
+import sys
 from pathlib import Path
 
-from builder import verify as lib
 from builder.commands import _shared
-from builder.verify import EMULATION_FACTOR, _count
+from builder.engine import Engine, faults
+from builder.errors import VerifyError
+from builder.files import atomic_write_text
+from builder.gate.image import verify_image
+from builder.gate.plan import EMULATION_FACTOR
+from builder.gate.record import SifRun
+from builder.gate.sif import is_sif, verify_sif_image
+from builder.gate.summary import summary_lines
+from builder.render import manifest as render_manifest
+from builder.spec import load_matrix
+from builder.verdicts import Verdict, record
 
 NAME = "verify"
 HELP = "run the in-image self-test on any image"
@@ -18,8 +31,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _options(p)
 
 
-def run(args: argparse.Namespace) -> int:
-    return lib.run(args)
+def gpu_count(text: str) -> int:
+    """argparse type of ``--expect-gpus``: a count of GPUs, 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a GPU count: {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return n
 
 
 def _options(p: argparse.ArgumentParser) -> None:
@@ -33,7 +53,7 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=900, help="seconds before the run is killed")
     p.add_argument("--gpus", choices=["auto", "nvidia", "amd", "none"], default="auto",
                    help="GPUs handed to the container (auto: the family's, when expected)")
-    p.add_argument("--expect-gpus", type=_count, default=None, metavar="N",
+    p.add_argument("--expect-gpus", type=gpu_count, default=None, metavar="N",
                    help="GPUs the self-test must see (default: what the engine's host shows for "
                         "the target's family; 0 for cpu targets and emulated images)")
     p.add_argument("--target", default=None,
@@ -52,3 +72,78 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--selftest-args", default="", metavar="ARGS",
                    help="extra self-test arguments, one string (e.g. '--strict'); arguments that "
                         "narrow or relax the run make the verdict partial")
+
+
+def run(args: argparse.Namespace) -> int:
+    if is_sif(args.image):
+        return _run_sif(args)
+    if args.runtime:
+        raise VerifyError(f"--runtime applies to a SIF file; {args.image} is not one")
+    engine = Engine.connect()
+    with faults.stage(engine, "verify", what=f"the gate of {args.image}"):
+        return _run_image(engine, args)
+
+
+def _run_sif(args: argparse.Namespace) -> int:
+    """``build-env verify FILE.sif``: the gate on this node (:mod:`builder.gate.sif`)."""
+    path = Path(args.image).absolute()
+    for option, given in (("--target", args.target), ("--gpus", args.gpus != "auto"),
+                          ("--emulated", args.emulated)):
+        if given:
+            raise VerifyError(f"{option} applies to an image in the engine, not to a SIF "
+                              f"({path})")
+    try:
+        v = verify_sif_image(path, expect_gpus=args.expect_gpus, timeout=args.timeout,
+                             extra_args=shlex.split(args.selftest_args), phases=args.phases,
+                             runtime=args.runtime)
+    except VerifyError as exc:
+        raise VerifyError(exc.args[0], target=str(path)) from None
+    sif_run = v.gate.run if v.gate is not None else None
+    assert isinstance(sif_run, SifRun)  # the SIF gate always records how it ran
+    _write_report(args, v)
+    record(sif_run.subject.digest, v, target=sif_run.subject.target)
+    how = " ".join([str(sif_run.runtime), *sif_run.runtime_flags])
+    _print(args, v, f"{path}: {v.describe()} ({how}, {v.seconds:.1f} s)")
+    return v.exit_code
+
+
+def _run_image(engine: Engine, args: argparse.Namespace) -> int:
+    image = engine.image(args.image)
+    manifest = None
+    if args.target:
+        held = load_matrix(args.matrix).target(args.target)
+        manifest = render_manifest(held, held.entry_hash, "unknown (verify --target)")
+    try:
+        v = verify_image(engine, image.id, expect_gpus=args.expect_gpus, timeout=args.timeout,
+                         gpus=None if args.gpus == "none" else args.gpus,
+                         extra_args=shlex.split(args.selftest_args), phases=args.phases,
+                         manifest=manifest, emulated=args.emulated)
+    except VerifyError as exc:
+        raise VerifyError(exc.args[0], target=args.image) from None
+    _write_report(args, v)
+    # the verdict is about the target the image was built for, unless held to another one
+    target = args.target or (image.labels or {}).get("org.verl-env.target")
+    record(image.id, v, target=target, tags=list(image.tags))
+    _print(args, v, f"{args.image}: {v.describe()} ({v.seconds:.1f} s)")
+    if v.exit_code == 3 and v.logs and "manifest not found" in v.logs:
+        print("hint: this image has no verl-env manifest; hold it to a target's pins with "
+              "--target T", file=sys.stderr)
+    return v.exit_code
+
+
+def _write_report(args: argparse.Namespace, v: Verdict) -> None:
+    if args.report:
+        atomic_write_text(args.report, json.dumps(v.report, indent=2) + "\n")
+
+
+def _print(args: argparse.Namespace, v: Verdict, headline: str) -> None:
+    """The report (``--json``), the headline and the summary lines; the log's tail when the
+    self-test errored."""
+    out = sys.stderr if args.json else sys.stdout
+    if args.json:
+        print(json.dumps(v.report, indent=2, sort_keys=True))
+    print(headline, file=out)
+    for line in summary_lines(v):
+        print(line, file=out)
+    if v.exit_code == 3 and v.logs:
+        print(v.logs[-1500:], file=sys.stderr)

@@ -51,6 +51,23 @@ def merge(infos: list[dict[str, Any]], collective: list[Check]) -> tuple[list[Ch
     return checks + collective, hosts
 
 
+def _device(torch: Any, info: RankInfo, visible: int) -> tuple[Any, str]:
+    """This rank's GPU (its local rank among the visible ones), selected; and its name."""
+    idx = info.local_rank % visible
+    torch.cuda.set_device(idx)
+    return torch.device("cuda", idx), torch.cuda.get_device_name(idx)
+
+
+def _nccl_logs(log_dir: str) -> list[Any]:
+    """This process's NCCL debug logs, parsed."""
+    logs = []
+    pattern = os.environ.get("NCCL_DEBUG_FILE") or os.path.join(log_dir, "nccl.%h.%p.log")
+    for path in glob.glob(pattern.replace("%h", "*").replace("%p", str(os.getpid()))):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            logs.append(parse_nccl_log(f.read()))
+    return logs
+
+
 def main(argv: list[str] | None = None) -> int:
     """The per-rank collective subprocess."""
     p = argparse.ArgumentParser(prog="verl_env_selftest.distributed")
@@ -75,13 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     nccl = expect.expected and visible > 0
     backend = "nccl" if nccl else "gloo"
-    if nccl:
-        idx = info.local_rank % visible
-        torch.cuda.set_device(idx)
-        device = torch.device("cuda", idx)
-        device_name = torch.cuda.get_device_name(idx)
-    else:
-        device, device_name = torch.device("cpu"), "cpu"
+    device, device_name = _device(torch, info, visible) if nccl else (torch.device("cpu"), "cpu")
     timeout = datetime.timedelta(seconds=float(ctx["dist_timeout"]))
     dist.init_process_group(backend, init_method="env://", rank=info.rank,
                             world_size=info.world_size, timeout=timeout)
@@ -95,11 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             if nccl else 1)
     except Exception as e:  # noqa: BLE001 - reported, then agreed on
         error = f"{type(e).__name__}: {e}"
-    logs = []
-    pattern = os.environ.get("NCCL_DEBUG_FILE") or os.path.join(a.log_dir, "nccl.%h.%p.log")
-    for path in glob.glob(pattern.replace("%h", "*").replace("%p", str(os.getpid()))):
-        with open(path, encoding="utf-8", errors="replace") as f:
-            logs.append(parse_nccl_log(f.read()))
+    logs = _nccl_logs(a.log_dir)
     mine = {"rank": info.rank, "host": socket.gethostname(), "device": device_name,
             "result": result, "error": error, "logs": logs, "local": local,
             "rdma": os.path.isdir("/dev/infiniband")}

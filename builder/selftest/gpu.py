@@ -278,8 +278,16 @@ def plan(run: Run) -> list[Step]:
         steps.append(Step(("gpu.nccl_library",), nccl, required=req, applies=expect.applies))
         return steps
 
+    steps += _device_steps(torch, visible, rocm)
+    steps += [Step(("gpu.nccl_library",), nccl), _driver_step(torch, rocm)]
+    return steps
+
+
+def _device_steps(torch: Any, visible: int, rocm: bool) -> list[Step]:
+    """Per visible device: its architecture against the build's arch list, and a small kernel."""
     arch_list = list(torch.cuda.get_arch_list())
     gpus: list[dict[str, Any]] = []
+    steps: list[Step] = []
     for i in range(visible):
 
         def arch(r: Run, i: int = i) -> Check:
@@ -308,6 +316,11 @@ def plan(run: Run) -> list[Step]:
                 return decide_kernel(i, None, f"{type(e).__name__}: {e}")
 
         steps += [Step((f"gpu.arch.{i}",), arch), Step((f"gpu.kernel.{i}",), kernel)]
+    return steps
+
+
+def _driver_step(torch: Any, rocm: bool) -> Step:
+    """The driver against the runtime torch was built with (CUDA or HIP)."""
 
     def driver(r: Run) -> Check:
         if rocm:
@@ -319,5 +332,4 @@ def plan(run: Run) -> list[Step]:
         return decide_driver(probe_driver_cuda(), torch.version.cuda,
                              m.group(1) if m else None, False)
 
-    steps += [Step(("gpu.nccl_library",), nccl), Step(("gpu.driver",), driver)]
-    return steps
+    return Step(("gpu.driver",), driver)

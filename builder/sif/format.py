@@ -9,10 +9,16 @@ alignment gap and the header's ``DataSize`` is the sum of them.
 The writer is split in two so the squashfs never has to be copied: :func:`plan` fixes where the
 partition goes, ``mksquashfs -o OFFSET`` writes the filesystem straight into the file at that
 offset, and :func:`write_head` then fills in header, descriptors and the small objects in front.
+
+The one reader (:func:`read_raw`) parses the header and the descriptor table once; it keeps the
+raw fields a signature hashes (``CreatedAt``, ``UID``, ``GID``, the raw group and ``LinkedID``,
+the full ``Name``/``Extra`` arrays, :meth:`RawDescriptor.integrity_bytes`), and :func:`read_info`
+is its view for people (names, groups without the flag bits, partition type and architecture).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 import time
@@ -23,6 +29,7 @@ from pathlib import Path
 HEADER = struct.Struct("<32s10s3s3s16s8q")  # 128 bytes
 DESCRIPTOR = struct.Struct("<i?IIIqqqqqqq128s384s")  # 585 bytes
 PARTITION_EXTRA = struct.Struct("<ii3s")
+INTEGRITY = struct.Struct("<i?IIqqqq")  # DataType Used relativeID LinkedID Size CreatedAt UID GID
 
 LAUNCH_SCRIPT = b"#!/usr/bin/env run-singularity\n"
 MAGIC = b"SIF_MAGIC\0"
@@ -38,6 +45,8 @@ DATA_DEFFILE = 0x4001
 DATA_PARTITION = 0x4004
 DATA_SIGNATURE = 0x4005
 DATA_GENERIC_JSON = 0x4006
+DATA_SBOM = 0x4009
+HASH_SHA256 = 1  # the signature's hash type (sylabs sif)
 DATA_TYPE_NAMES = {0x4001: "Def.FILE", 0x4002: "Env.Vars", 0x4003: "JSON.Labels",
                    0x4004: "FS", 0x4005: "Signature", 0x4006: "JSON.Generic", 0x4007: "Generic/Raw",
                    0x4008: "Cryptographic Message", 0x4009: "SBOM", 0x400A: "OCI.RootIndex",
@@ -143,6 +152,60 @@ def write_head(path: Path, layout: Layout, *, partition_size: int, arch: str,
 
 
 @dataclass(frozen=True)
+class RawDescriptor:
+    """A used descriptor as stored: the fields a signature hashes, raw."""
+
+    datatype: int
+    used: bool
+    ident: int
+    groupid: int  # raw, with GROUP_MASK when grouped
+    link: int  # raw
+    offset: int
+    size: int
+    created: int
+    uid: int
+    gid: int
+    name_raw: bytes
+    extra: bytes
+    size_with_padding: int = 0
+
+    @property
+    def group(self) -> int:
+        return self.groupid & ~GROUP_MASK
+
+    @property
+    def name(self) -> str:
+        return _cstr(self.name_raw)
+
+    def integrity_bytes(self, min_id: int) -> bytes:
+        """What ``Descriptor.GetIntegrityReader`` yields (sif pkg/sif/descriptor.go)."""
+        return INTEGRITY.pack(self.datatype, self.used, self.ident - min_id, self.link, self.size,
+                              self.created, self.uid, self.gid) + self.name_raw + self.extra
+
+
+@dataclass(frozen=True)
+class RawSif:
+    """The header and used descriptors of a SIF file, as stored."""
+
+    header: tuple[bytes, bytes, bytes, bytes, bytes, int, int, int, int, int, int, int, int]
+    descriptors: tuple[RawDescriptor, ...]
+
+    @property
+    def header_integrity(self) -> bytes:
+        """Launch script, magic, version and UUID: the header bytes a signature covers."""
+        launch, magic, version, _arch, ident = self.header[:5]
+        return launch + magic + version + ident
+
+    def group(self, group: int) -> list[RawDescriptor]:
+        return sorted((d for d in self.descriptors if d.groupid == (group | GROUP_MASK)),
+                      key=lambda d: d.ident)
+
+    def signatures_of(self, group: int) -> list[RawDescriptor]:
+        return [d for d in self.descriptors
+                if d.datatype == DATA_SIGNATURE and d.link == (group | GROUP_MASK)]
+
+
+@dataclass(frozen=True)
 class Descriptor:
     datatype: int
     ident: int
@@ -191,42 +254,72 @@ def _arch_name(raw: bytes) -> str:
     return ARCH_NAMES.get(_cstr(raw), "unknown")
 
 
-def read_info(path: Path) -> SifInfo:
-    """Parse the global header and the used descriptors of a SIF file."""
+def read_raw(path: Path) -> RawSif:
+    """Parse the global header and the used descriptors of a SIF file (SifFormatError when it
+    is none; OSError when it cannot be read)."""
     with open(path, "rb") as f:
         head = f.read(HEADER.size)
         if len(head) < HEADER.size:
             raise SifFormatError(f"{path}: too short for a SIF header")
-        (launch, magic, version, arch, ident, created, modified, free, total, d_off, d_size,
-         data_off, data_size) = HEADER.unpack(head)
-        if magic != MAGIC:
+        header = HEADER.unpack(head)
+        if header[1] != MAGIC:
             raise SifFormatError(f"{path}: no SIF magic")
+        total, d_off, d_size = header[8], header[9], header[10]
         f.seek(d_off)
         table = f.read(d_size)
     descriptors = []
     for i in range(min(total, len(table) // DESCRIPTOR.size)):
-        (dtype, used, ident_, group, link, off, size, padded, _c, _m, _u, _g, name,
+        (dtype, used, ident, group, link, off, size, padded, created, _mod, uid, gid, name,
          extra) = DESCRIPTOR.unpack_from(table, i * DESCRIPTOR.size)
-        if not used:
-            continue
-        fs = part = 0
-        parch = ""
-        if dtype == DATA_PARTITION:
-            fs, part, raw_arch = PARTITION_EXTRA.unpack_from(extra)
-            parch = _arch_name(raw_arch)
-        descriptors.append(Descriptor(dtype, ident_, group & ~GROUP_MASK, link, off, size, padded,
-                                      _cstr(name), fs, part, parch))
+        if used:
+            descriptors.append(RawDescriptor(dtype, used, ident, group, link, off, size, created,
+                                             uid, gid, name, extra, padded))
+    return RawSif(header, tuple(descriptors))
+
+
+def _readable(d: RawDescriptor) -> Descriptor:
+    fs = part = 0
+    arch = ""
+    if d.datatype == DATA_PARTITION:
+        fs, part, raw_arch = PARTITION_EXTRA.unpack_from(d.extra)
+        arch = _arch_name(raw_arch)
+    return Descriptor(d.datatype, d.ident, d.group, d.link, d.offset, d.size,
+                      d.size_with_padding, d.name, fs, part, arch)
+
+
+def read_info(path: Path) -> SifInfo:
+    """The header and used descriptors of a SIF file, decoded for people."""
+    raw = read_raw(path)
+    (launch, _magic, version, arch, ident, created, modified, free, total, _d_off, _d_size,
+     data_off, data_size) = raw.header
     return SifInfo(_cstr(launch), _cstr(version), _arch_name(arch), uuid.UUID(bytes=ident),
-                   created, modified, free, total, data_off, data_size, tuple(descriptors))
+                   created, modified, free, total, data_off, data_size,
+                   tuple(_readable(d) for d in raw.descriptors))
 
 
-def read_object(path: Path, descriptor: Descriptor, limit: int = 64 << 20) -> bytes:
+def read_object(path: Path, descriptor: Descriptor | RawDescriptor,
+                limit: int = 64 << 20) -> bytes:
     """The bytes of a (small) data object."""
     if descriptor.size > limit:
         raise SifFormatError(f"object {descriptor.ident} is {descriptor.size} bytes; too large")
     with open(path, "rb") as f:
         f.seek(descriptor.offset)
         return f.read(descriptor.size)
+
+
+def object_digest(path: Path, descriptor: Descriptor | RawDescriptor) -> str:
+    """sha256 hex of an object's data (streamed: the partition may be gigabytes)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(descriptor.offset)
+        left = descriptor.size
+        while left:
+            chunk = f.read(min(left, 8 << 20))
+            if not chunk:
+                raise SifFormatError(f"{path}: object {descriptor.ident} is truncated")
+            h.update(chunk)
+            left -= len(chunk)
+    return h.hexdigest()
 
 
 def is_sif(path: Path) -> bool:

@@ -23,12 +23,12 @@ from builder import verdicts
 from builder.cluster import ClusterVerdict
 from builder.errors import PublishError, TrustError
 from builder.registry import Client, Transient, fallback_tag, is_loopback, resolve_credentials
-from builder.trust import dsse, sbom
+from builder.trust import sbom
 from builder.trust import statements as st
 from builder.trust.keys import load_public
 from builder.trust.referrers import (ARTIFACT_TYPE, DSSE_MEDIA, OCI_MANIFEST,
                                      PREDICATE_ANNOTATION, read_subject)
-from builder.trust.verify import _provenance_summary, attested_lines, verdict_fields
+from builder.trust.signatures import attested_lines, provenance_summary, verdict_fields
 from builder.verdicts import Verdict
 
 SIF_LAYER_MEDIA = "application/vnd.sylabs.sif.layer.v1.sif"
@@ -172,19 +172,13 @@ def _verify(reg: Client, ref: Reference, public: list[Any], require: str) -> Ref
             envelope = json.loads(blob)
         except ValueError:
             raise TrustError(f"{where}: the envelope is not JSON") from None
-        verified = dsse.verify(envelope, public, where)
-        stmt = dsse.statement_of(verified, where)
-        if stmt.get("_type") != st.STATEMENT_TYPE:
-            raise TrustError(f"{where}: _type {stmt.get('_type')!r} is not {st.STATEMENT_TYPE}")
-        ptype = stmt.get("predicateType")
-        kind = st.KINDS.get(ptype) if isinstance(ptype, str) else None
-        if kind is None:
-            raise TrustError(f"{where}: unknown predicateType {ptype!r}")
+        opened = st.open_statement(envelope, public, where)
+        kind, ptype, stmt = opened.kind, opened.predicate_type, opened.statement
         declared = (layers[0].get("annotations") or {}).get(PREDICATE_ANNOTATION)
         if declared != ptype:
             raise TrustError(f"{where}: annotated as {declared!r}, but the signed statement is "
                              f"a {ptype}")
-        names = _subject_digests(stmt)
+        names = opened.subjects
         if digest.split(":", 1)[1] not in names:
             raise TrustError(f"{where}: the signed statement is about "
                              f"{', '.join('sha256:' + n[:12] for n in names) or 'nothing'}, "
@@ -199,7 +193,7 @@ def _verify(reg: Client, ref: Reference, public: list[Any], require: str) -> Ref
         else:
             found.setdefault(kind, []).append(stmt["predicate"])
         result.referrers.append(rdigest)
-        result.keyids.append(verified.keyid)
+        result.keyids.append(opened.keyid)
     missing = [k for k in ("verdict", "sbom", "provenance") if k not in found]
     if missing:
         raise TrustError(f"{ref}: no {', '.join(missing)} attestation ({result.source})")
@@ -212,7 +206,7 @@ def _verify(reg: Client, ref: Reference, public: list[Any], require: str) -> Ref
     result.selftest_version = found["verdict"][-1].get("selftestVersion")
     result.pins = sbom.pins_of(found["sbom"][-1])
     result.components = sbom.counts(found["sbom"][-1])
-    result.provenance = _provenance_summary(found["provenance"][-1])
+    result.provenance = provenance_summary(found["provenance"][-1])
     result.clusters.sort(key=lambda c: c.recorded_at, reverse=True)
     return result
 
@@ -229,14 +223,6 @@ def _cluster(stmt: dict[str, Any], names: list[str], where: str) -> ClusterVerdi
         raise TrustError(f"{where}: the cluster verdict is about sha256:{about[:12]}, which the "
                          "signed statement does not name")
     return verdict
-
-
-def _subject_digests(stmt: dict[str, Any]) -> list[str]:
-    subjects = stmt.get("subject")
-    if not isinstance(subjects, list):
-        return []
-    return [str(s.get("digest", {}).get("sha256")) for s in subjects
-            if isinstance(s, dict) and isinstance(s.get("digest"), dict)]
 
 
 def _sif_blob(reg: Client, ref: Reference, digest: str) -> str:

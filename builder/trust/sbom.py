@@ -12,12 +12,10 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from builder.engine import Engine
 from builder.errors import TrustError
-
-if TYPE_CHECKING:
-    from builder.engine import Engine
 
 MARKER = "--verl-env-sbom--"
 # Runs under /bin/sh in the image.

@@ -25,14 +25,40 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import TrustError
-from builder.trust import sifraw
+from builder.sif import format as sif_format
+from builder.sif.format import RawDescriptor, RawSif, SifFormatError
 from builder.trust.keys import load_pgp, pgp_fingerprint
 
 SIGNATURE_EXTRA = struct.Struct("<i20s")
 
 
+def read_sif(path: Path) -> RawSif:
+    """The SIF's header and descriptors as stored (:func:`builder.sif.format.read_raw`); a
+    TrustError naming the file when it is no SIF or cannot be read."""
+    try:
+        return sif_format.read_raw(path)
+    except SifFormatError:
+        raise TrustError(f"{path}: not a SIF file (no SIF magic)") from None
+    except OSError as exc:
+        raise TrustError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def read_sif_object(path: Path, d: RawDescriptor, limit: int = 64 << 20) -> bytes:
+    """The bytes of a small object of the SIF (TrustError when it is too large)."""
+    if d.size > limit:
+        raise TrustError(f"{path}: object {d.ident} is {d.size} bytes; too large to read")
+    return sif_format.read_object(path, d, limit)
+
+
+def _object_digest(path: Path, d: RawDescriptor) -> str:
+    try:
+        return sif_format.object_digest(path, d)
+    except SifFormatError as exc:
+        raise TrustError(str(exc)) from None
+
+
 def metadata(path: Path, group: int = 1) -> dict[str, Any]:
-    sif = sifraw.read(path)
+    sif = read_sif(path)
     members = sif.group(group)
     if not members:
         raise TrustError(f"{path}: object group {group} is empty; nothing to sign")
@@ -42,7 +68,7 @@ def metadata(path: Path, group: int = 1) -> dict[str, Any]:
             "objects": [{"relativeId": d.ident - min_id,
                          "descriptorDigest": "sha256:" + hashlib.sha256(
                              d.integrity_bytes(min_id)).hexdigest(),
-                         "objectDigest": "sha256:" + sifraw.object_digest(path, d)}
+                         "objectDigest": "sha256:" + _object_digest(path, d)}
                         for d in members]}
 
 
@@ -59,7 +85,7 @@ def sign_group(path: Path, pgp_key_path: Path, group: int = 1) -> str:
     from pgpy.constants import HashAlgorithm
 
     fpr = pgp_fingerprint(key)
-    if sifraw.read(path).signatures_of(group):
+    if read_sif(path).signatures_of(group):
         raise TrustError(f"{path}: object group {group} is already signed")
     text = encode(metadata(path, group))
     with warnings.catch_warnings():
@@ -70,7 +96,7 @@ def sign_group(path: Path, pgp_key_path: Path, group: int = 1) -> str:
         sig = Path(tmp) / "signature"
         sig.write_text(str(msg))
         siftool_add(path, sig, "--datatype", "5", "--signentity", fpr, "--signhash",
-                    str(sifraw.HASH_SHA256), "--link", str(sifraw.GROUP_MASK | group))
+                    str(sif_format.HASH_SHA256), "--link", str(sif_format.GROUP_MASK | group))
     return fpr
 
 
@@ -92,8 +118,8 @@ def verify_group(path: Path, pgp_public_path: Path, group: int = 1) -> str:
     from pgpy import PGPMessage
 
     fpr = pgp_fingerprint(public)
-    sif = sifraw.read(path)
-    ungrouped = [d for d in sif.descriptors if d.group == 0 and d.datatype != sifraw.DATA_SIGNATURE]
+    sif = read_sif(path)
+    ungrouped = [d for d in sif.descriptors if d.group == 0 and d.datatype != sif_format.DATA_SIGNATURE]
     if ungrouped:
         raise TrustError(f"{path}: object {ungrouped[0].ident} ({ungrouped[0].name}) is in no "
                          "object group; apptainer verify refuses such a SIF")
@@ -109,7 +135,7 @@ def verify_group(path: Path, pgp_public_path: Path, group: int = 1) -> str:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                msg = PGPMessage.from_blob(sifraw.read_object(path, d).decode())
+                msg = PGPMessage.from_blob(read_sif_object(path, d).decode())
                 good = fpr[-16:] in {s.upper() for s in msg.signers} and bool(public.verify(msg))
             except Exception as exc:  # PGPy raises many types for a malformed message
                 problems.append(f"signature object {d.ident} is not a valid clear-signed "
@@ -138,7 +164,7 @@ def compare(path: Path, signed: dict[str, Any], group: int) -> str | None:
     before: dict[int, dict[str, Any]] = {
         o["relativeId"]: o for o in signed.get("objects", [])
         if isinstance(o, dict) and isinstance(o.get("relativeId"), int)}
-    members = sifraw.read(path).group(group)
+    members = read_sif(path).group(group)
     for o, d in zip(now["objects"], members):
         label = f"object {d.ident} ({d.name or hex(d.datatype)})"
         old = before.pop(o["relativeId"], None)

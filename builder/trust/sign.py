@@ -13,21 +13,20 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from builder import verdicts
+from builder.engine import Engine
 from builder.errors import TrustError
-from builder.files import atomic_write_text
-from builder.trust import dsse, sifraw, sifsig
+from builder.files import atomic_write_text, sha256_file
+from builder.sif import format as sif_format
+from builder.trust import dsse, sbom, sifsig
 from builder.trust import statements as st
 from builder.trust.keys import keyid, load_pgp, load_private
 from builder.verdicts import Verdict
 
-if TYPE_CHECKING:
-    from builder.engine import Engine
-
 VERDICT_NAME, SBOM_NAME = "verl-verdict.json", "verl-sbom.cdx.json"
-HEAD_BYTES = 4096 + 48 * sifraw.DESCRIPTOR.size  # header page + descriptor table
+HEAD_BYTES = 4096 + 48 * sif_format.DESCRIPTOR.size  # header page + descriptor table
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ def sign_sif(sif: Path, verdict: Verdict, sbom: dict[str, Any],
     private = load_private(key)
     if pgp_key is not None:
         load_pgp(pgp_key, private=True)
-    raw = sifraw.read(sif)
+    raw = sifsig.read_sif(sif)
     if not raw.group(1):
         raise TrustError(f"{sif}: has no object group 1 (not a SIF this tool can sign)")
     taken = {d.name for d in raw.group(1)} & {VERDICT_NAME, SBOM_NAME}
@@ -81,7 +80,7 @@ def sign_sif(sif: Path, verdict: Verdict, sbom: dict[str, Any],
     except BaseException:
         _restore(sif, head, length)
         raise
-    digest = sifraw.file_sha256(sif)
+    digest = sha256_file(sif)
     subjects = [st.subject(sif.name, digest)]
     lines = [json.dumps(e, sort_keys=True, separators=(",", ":"))
              for e in envelopes(subjects, verdict, sbom, provenance, private)]
@@ -102,8 +101,6 @@ def statement_inputs(report: Path, *, verdict: Verdict | dict[str, Any] | None =
     pipeline: the SIF, then the published image) calls this once and hands the result on. ``image_id``: the image being attested, which the report must
     describe. ``what`` names the thing to be signed in a refusal; ``require``: the verdict level
     a signature needs."""
-    from builder.trust import sbom
-
     provenance = st.ProvenanceInputs.from_report(report)
     if image_id and provenance.image_id and provenance.image_id != image_id:
         raise TrustError(f"{report}: describes image {provenance.image_id[:19]}, not "
@@ -132,8 +129,6 @@ def statement_inputs(report: Path, *, verdict: Verdict | dict[str, Any] | None =
         if not image:
             raise TrustError(f"{report}: no image_id; give the SBOM")
         if engine is None:
-            from builder.engine import Engine
-
             engine = Engine.connect()
         inventory = sbom.collect(engine, image)
         sbom_doc = sbom.build(inventory, name=provenance.target, version=image,

@@ -4,7 +4,6 @@ verdict (a predicate of our own), the SBOM (CycloneDX 1.6) and build provenance 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import platform
 from dataclasses import dataclass, field
@@ -13,6 +12,8 @@ from typing import Any
 
 from builder import __version__
 from builder.errors import TrustError
+from builder.files import sha256_file
+from builder.trust import dsse
 from builder.verdicts import Verdict
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -42,6 +43,45 @@ def statement(subjects: list[dict[str, Any]], predicate_type: str,
 
 def to_bytes(stmt: dict[str, Any]) -> bytes:
     return json.dumps(stmt, sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A signed in-toto statement, opened: who signed it, what it says and what it is about."""
+
+    keyid: str  # the trusted key whose signature verified
+    statement: dict[str, Any]
+    predicate_type: str
+    kind: str  # verdict | sbom | provenance | cluster (KINDS)
+    subjects: list[str]  # the sha256 hex digests its subjects name
+
+    @property
+    def predicate(self) -> Any:
+        return self.statement.get("predicate")
+
+
+def subject_digests(stmt: dict[str, Any]) -> list[str]:
+    """The sha256 hex digests a statement's subjects name."""
+    subjects = stmt.get("subject")
+    if not isinstance(subjects, list):
+        return []
+    return [str(s.get("digest", {}).get("sha256")) for s in subjects
+            if isinstance(s, dict) and isinstance(s.get("digest"), dict)]
+
+
+def open_statement(envelope: Any, keys: list[Any], where: str) -> Opened:
+    """The one opener of a DSSE envelope (a parsed JSON object): one signature verifies with one
+    of ``keys``, the payload is an in-toto Statement v1 of a predicate type we know. TrustError
+    naming ``where`` otherwise."""
+    verified = dsse.verify(envelope, keys, where)
+    stmt = dsse.statement_of(verified, where)
+    if stmt.get("_type") != STATEMENT_TYPE:
+        raise TrustError(f"{where}: _type {stmt.get('_type')!r} is not {STATEMENT_TYPE}")
+    ptype = stmt.get("predicateType")
+    kind = KINDS.get(ptype) if isinstance(ptype, str) else None
+    if kind is None or not isinstance(ptype, str):
+        raise TrustError(f"{where}: unknown predicateType {ptype!r}")
+    return Opened(verified.keyid, stmt, ptype, kind, subject_digests(stmt))
 
 
 def verdict_predicate(verdict: Verdict) -> dict[str, Any]:
@@ -99,7 +139,7 @@ class ProvenanceInputs:
                                                 datetime.timezone.utc)
         return cls(target=report["target"], matrix_hash=report["matrix_hash"],
                    lock_hash=report["lock_hash"],
-                   dockerfile_digest="sha256:" + hashlib.sha256(dockerfile.read_bytes()).hexdigest(),
+                   dockerfile_digest=sha256_file(dockerfile),
                    base_images=tuple(report.get("bases") or ()),
                    content_hash=report.get("content_hash") or "",
                    image_id=report.get("image_id") or "", pins=dict(report.get("pins") or {}),

@@ -19,7 +19,7 @@ import pytest
 from builder import verdicts
 from builder.engine import OWNER_LABEL, Engine
 from builder.errors import EngineError
-from builder.verify import HOST_DEV_ENV, expected_gpus
+from builder.gate.plan import HOST_DEV_ENV, expected_gpus
 from tests.conftest import run_build_env
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
@@ -74,7 +74,7 @@ def test_expected_gpu_on_the_cpu_image_fails(derive, tmp_path: Path) -> None:
     assert gpus["in_image"] == {"count": 0, "reason": "GPUs torch sees inside the container"}
     assert report["gate"]["scope"] == "release"  # a full run: its fail is the verdict
     assert not verdicts.is_verified(image)
-    assert "overall is 'fail', not 'pass'" in (verdicts.why_not_release(image) or "")
+    assert "overall is 'fail', not 'pass'" in (verdicts.release_problem(verdicts.lookup(image)) or "")
     assert "GPUs expected: 1" in out
 
 
@@ -140,7 +140,7 @@ def test_narrowed_run_is_partial_and_unlocks_nothing(derive, tmp_path: Path) -> 
     assert gate["selftest_args"] == ["--phases", "preflight"]
     assert "partial verdict, unlocks no tag, SIF or publish" in out
     assert not verdicts.is_verified(image)
-    why = verdicts.why_not_release(image) or ""
+    why = verdicts.release_problem(verdicts.lookup(image)) or ""
     assert "partial" in why and "env,imports,versions,cpu,ray not run" in why
     recorded = verdicts.lookup(image)
     assert recorded is not None and recorded.scope == "partial" and recorded.level is None
@@ -180,7 +180,7 @@ def test_shell_entrypoint_image_verifies_with_no_bind_mount(derive, client: dock
     assert rc == 0 and report["overall"] == "pass", out
     assert report["gate"]["scope"] == "release" and report["gate"]["bind_mounts"] == []
     assert report["gate"]["selftest_args"] == ["--timeout", "600"]
-    assert verdicts.is_verified(image) and verdicts.why_not_release(image) is None
+    assert verdicts.is_verified(image) and verdicts.release_problem(verdicts.lookup(image)) is None
     # a cpu image's full run: a build verdict with no GPU phase pending
     assert ": pass, build verdict (" in out and "gpu:" not in out, out
     recorded = verdicts.lookup(image)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from builder.errors import VerifyError
-from builder.verify import (ALL_PHASES, RELEASE_PHASES, count_gpus, decide_gpus, family_of,
-                            normalize_arch, plan_selftest)
+from builder.families import ALL_PHASES
+from builder.gate.plan import (RELEASE_PHASES, count_gpus, decide_gpus, family_of, normalize_arch,
+                               plan_selftest)
 
 NVIDIA = ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-modeset", "nvidia-caps"]
 AMD = ["kfd", "dri/renderD128", "dri/renderD129", "dri/card0", "dri/card1"]

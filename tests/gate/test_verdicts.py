@@ -117,21 +117,21 @@ def test_requirement(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_local_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     iid = "sha256:" + "a" * 64
-    assert not verdicts.is_verified(iid) and "no verdict" in (verdicts.why_not_release(iid) or "")
+    assert not verdicts.is_verified(iid) and "no verdict" in (verdicts.release_problem(verdicts.lookup(iid)) or "")
     verdicts.record(iid, Verdict.from_dict(PARTIAL_VERDICT), target="t", tags=["r:t"])
     assert not verdicts.is_verified(iid)
-    assert "partial (phases gpu, collective not run)" in (verdicts.why_not_release(iid) or "")
+    assert "partial (phases gpu, collective not run)" in (verdicts.release_problem(verdicts.lookup(iid)) or "")
     rec = verdicts.lookup(iid)
     assert rec and rec.scope == "partial" and rec.tags == ("r:t",) and rec.recorded_at
     assert rec.image_id == iid and verdicts.short(rec) == "partial"
     verdicts.record(iid, Verdict.from_dict(CUDA_BUILD_VERDICT), target="t")
     assert verdicts.is_verified(iid) and not verdicts.is_verified(iid, "gpu")
-    assert "gpu: pending" in (verdicts.why_not_release(iid, "gpu") or "")
+    assert "gpu: pending" in (verdicts.release_problem(verdicts.lookup(iid), "gpu") or "")
     assert verdicts.short(verdicts.latest_for_target("t")) == "build (gpu pending)"
     assert verdicts.latest_for_target("other") is None
     # a record from before the gate recorded its scope does not count
     (verdicts.state_dir() / f"{'a' * 64}.json").write_text(json.dumps(
         {"overall": "pass", "exit_code": 0, "report": {"overall": "pass"}}))
     assert not verdicts.is_verified(iid)
-    assert "older build-env" in (verdicts.why_not_release(iid) or "")
+    assert "older build-env" in (verdicts.release_problem(verdicts.lookup(iid)) or "")
     assert not list(tmp_path.rglob("*.part"))

@@ -15,7 +15,7 @@ import pytest
 
 from builder.sif import format as sif_format
 from builder.sif import meta as sif_meta
-from builder.sif.verify import parse_siftool_list
+from builder.sif.checks import parse_siftool_list
 from tests.sif.conftest import need_tools
 
 WHEN = datetime.datetime(2026, 11, 22, 9, 5, 7, tzinfo=datetime.timezone.utc)

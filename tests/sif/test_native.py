@@ -19,7 +19,7 @@ from builder.engine import Engine
 from builder.errors import EngineError
 from builder.sif import format as sif_format
 from builder.sif import meta as sif_meta
-from builder.sif.verify import verify_sif
+from builder.sif.checks import verify_sif
 from tests.conftest import run_build_env
 from tests.sif.conftest import need_tools
 from tests.sif.images import (ADDED, EXPECTED_FILES, EXPECTED_GONE, LAYERED_TAG, export_tree)

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from builder.errors import VerifyError
-from builder.sif.verify import apptainer_command, pick_runtime
-from builder.verify import node_gpus, plan_sif_gate, verify_sif_image
+from builder.gate.plan import node_gpus, plan_sif_gate
+from builder.gate.sif import verify_sif_image
+from builder.sif.checks import apptainer_command, pick_runtime
 
 APPTAINER = ("apptainer", "/usr/bin/apptainer")
 CHRUN = ("ch-run", "/usr/bin/ch-run")
@@ -42,7 +43,7 @@ def test_cuda_on_a_gpu_node_with_apptainer() -> None:
                          environ={"SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1,2,3",
                                   "HOME": "/home/u"}, devices=NVIDIA)
     assert plan.flags == ("--nv",) and plan.refused is None
-    assert plan.gpus["expected"] == 4 and plan.gpus["source"] == "slurm"
+    assert plan.gpus.expected == 4 and plan.gpus.source == "slurm"
     assert plan.env == {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}  # nothing else crosses --cleanenv
 
 
@@ -50,7 +51,7 @@ def test_rocm_takes_rocm_and_hip_visibility() -> None:
     plan = plan_sif_gate("rocm", runtime=APPTAINER, expect_gpus=None,
                          environ={"HIP_VISIBLE_DEVICES": "0", "ROCR_VISIBLE_DEVICES": "0"},
                          devices=["kfd", "dri/renderD128", "dri/renderD129"])
-    assert plan.flags == ("--rocm",) and plan.gpus["expected"] == 2
+    assert plan.flags == ("--rocm",) and plan.gpus.expected == 2
     assert plan.env == {"HIP_VISIBLE_DEVICES": "0"}  # ROCR_VISIBLE_DEVICES is never passed
 
 
@@ -65,17 +66,17 @@ def test_fails_closed() -> None:
     # fewer than the node has: narrowed (a partial verdict)
     plan = plan_sif_gate("cuda", runtime=APPTAINER, expect_gpus=1,
                          environ={"SLURM_GPUS_ON_NODE": "4"}, devices=[])
-    assert plan.gpus["expected"] == 1 and "--expect-gpus 1 while" in plan.gpus["narrowed"]
+    assert plan.gpus.expected == 1 and "--expect-gpus 1 while" in plan.gpus.narrowed
 
 
 def test_gpu_less_node_runs_every_phase_with_gpus_pending() -> None:
     # a cuda SIF on a CPU node under ch-run: runs, 0 expected (the verdict is a build one)
     plan = plan_sif_gate("cuda", runtime=CHRUN, expect_gpus=None, environ={}, devices=[])
-    assert plan.refused is None and plan.flags == () and plan.gpus["expected"] == 0
+    assert plan.refused is None and plan.flags == () and plan.gpus.expected == 0
     cpu = plan_sif_gate("cpu", runtime=CHRUN, expect_gpus=None, environ={}, devices=None)
-    assert cpu.flags == () and cpu.gpus["expected"] == 0 and cpu.refused is None
+    assert cpu.flags == () and cpu.gpus.expected == 0 and cpu.refused is None
     unknown = plan_sif_gate(None, runtime=APPTAINER, expect_gpus=None, environ={}, devices=None)
-    assert unknown.gpus["expected"] is None and unknown.family is None
+    assert unknown.gpus.expected is None and unknown.family is None
 
 
 def test_not_a_sif_and_a_missing_runtime_are_named(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from builder.verdicts import Verdict
 
 def _gate(family: str, scope: str = "release", reason: str | None = None,
           expected: int = 0) -> dict:
-    """The ``gate`` section verify adds to a report (builder.verify.verify_image)."""
+    """The ``gate`` section verify adds to a report (builder.gate.image.verify_image)."""
     phases = list(FAMILIES[family].release_phases)
     return {"schema": "verl-env/gate/v1", "family": family, "phases": phases,
             "required_phases": phases, "scope": scope, "partial_reason": reason,

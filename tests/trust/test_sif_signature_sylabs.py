@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.trust import sifraw
+from builder.sif import format as sif_format
 from builder.trust import statements as st
 from builder.trust.keys import KeyFiles
 from builder.trust.sign import sign_sif
@@ -64,7 +64,7 @@ def test_the_reference_verifier_accepts_our_signature_and_refuses_tampering(
     assert ok.returncode == 0 and ok.stdout.strip() == "OK", ok.stdout + ok.stderr
     other = _check(sifverify, sif, other_keypair.pgp_public)
     assert other.returncode == 1, other.stdout
-    verdict = next(d for d in sifraw.read(sif).group(1) if d.name == "verl-verdict.json")
+    verdict = next(d for d in sif_format.read_raw(sif).group(1) if d.name == "verl-verdict.json")
     with open(sif, "r+b") as f:
         f.seek(verdict.offset + 2)
         b = f.read(1)

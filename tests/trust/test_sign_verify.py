@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from builder.errors import TrustError
-from builder.trust import dsse, sifraw, sifsig
+from builder.files import sha256_file
+from builder.sif import format as sif_format
+from builder.trust import dsse, sifsig
 from builder.trust import statements as st
 from builder.trust.keys import KeyFiles, load_private
 from builder.trust.sign import sign_sif
@@ -60,7 +62,7 @@ def test_sign_then_verify_offline(sif: Path, keypair: KeyFiles, report: Path,
                              check=True).stdout
     assert "SBOM (cyclonedx-json)" in listing and "JSON.Generic" in listing
     assert "Signature (SHA-256)" in listing
-    raw = sifraw.read(signed)
+    raw = sif_format.read_raw(signed)
     assert [d.name for d in raw.group(1)][-2:] == ["verl-sbom.cdx.json", "verl-verdict.json"]
     # Offline for real: the installed build-env in a network namespace with no interfaces up.
     if shutil.which("unshare") is None or subprocess.run(
@@ -72,7 +74,7 @@ def test_sign_then_verify_offline(sif: Path, keypair: KeyFiles, report: Path,
                           capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["digest"] == sifraw.file_sha256(signed)
+    assert out["digest"] == sha256_file(signed)
     assert out["overall"] == "pass" and out["selftest_version"] == "0.3.0"
     assert out["pins"] == {"torch": "2.6.0+cpu", "verl": "0.5.0"}
     assert out["components"] == {"pypi": 2, "deb": 1}
@@ -83,7 +85,7 @@ def test_sign_then_verify_offline(sif: Path, keypair: KeyFiles, report: Path,
 
 
 def test_flipped_byte_is_refused(signed: Path, keypair: KeyFiles) -> None:
-    part = next(d for d in sifraw.read(signed).descriptors if d.datatype == sifraw.DATA_PARTITION)
+    part = next(d for d in sif_format.read_raw(signed).descriptors if d.datatype == sif_format.DATA_PARTITION)
     with open(signed, "r+b") as f:
         f.seek(part.offset + part.size // 2)
         b = f.read(1)
@@ -118,7 +120,7 @@ def test_envelope_signed_by_another_key_is_refused(signed: Path, keypair: KeyFil
 
 def _signed_statement(sif: Path, verdict: dict, key: Path) -> str:
     """A verdict statement as anything holding the key could sign it (no rule applied)."""
-    stmt = st.statement([st.subject(sif.name, sifraw.file_sha256(sif))], st.VERDICT_TYPE,
+    stmt = st.statement([st.subject(sif.name, sha256_file(sif))], st.VERDICT_TYPE,
                         {"verdict": verdict, "selftestVersion": "0.3.0"})
     return json.dumps(dsse.sign(st.to_bytes(stmt), load_private(key)))
 
@@ -160,8 +162,8 @@ def test_verdict_edited_to_pass_is_refused(signed: Path, keypair: KeyFiles) -> N
 
 def test_embedded_verdict_edited_is_refused_by_the_pgp_signature(
         signed: Path, keypair: KeyFiles) -> None:
-    obj = next(d for d in sifraw.read(signed).group(1) if d.name == "verl-verdict.json")
-    data = sifraw.read_object(signed, obj)
+    obj = next(d for d in sif_format.read_raw(signed).group(1) if d.name == "verl-verdict.json")
+    data = sif_format.read_object(signed, obj)
     edited = data.replace(b'"exit_code": 0', b'"exit_code": 9')
     assert edited != data and len(edited) == len(data)
     with open(signed, "r+b") as f:
@@ -267,8 +269,8 @@ def test_a_build_verdict_says_gpu_pending_and_a_site_can_require_gpu(
     out = json.loads(run_build_env("trust", "verify", str(sif), "--key", str(keypair.public),
                                    "--json", timeout=300).stdout)
     assert out["level"] == "build" and out["gpu"]["status"] == "pending"
-    embedded = next(d for d in sifraw.read(sif).group(1) if d.name == "verl-verdict.json")
-    assert json.loads(sifraw.read_object(sif, embedded))["gpu"]["status"] == "pending"
+    embedded = next(d for d in sif_format.read_raw(sif).group(1) if d.name == "verl-verdict.json")
+    assert json.loads(sif_format.read_object(sif, embedded))["gpu"]["status"] == "pending"
     strict = run_build_env("trust", "verify", str(sif), "--key", str(keypair.public),
                            "--require", "gpu", timeout=300)
     assert strict.returncode == 1
@@ -285,7 +287,7 @@ def test_sign_failure_after_siftool_restores_the_sif(
     before = sif.read_bytes()
 
     def boom(*_a: object, **_k: object) -> str:
-        assert len(sifraw.read(sif).group(1)) == 4  # both objects were added for real
+        assert len(sif_format.read_raw(sif).group(1)) == 4  # both objects were added for real
         raise TrustError("injected failure")
 
     monkeypatch.setattr(sifsig, "sign_group", boom)

@@ -1,7 +1,8 @@
-"""Prove a SIF: its structure (our own parser and ``siftool``, the reference implementation), its
-contents (``unsquashfs`` at the partition offset), and that it executes: the image's self-test run
-from the SIF's squashfs by a real container runtime (apptainer where installed, else charliecloud's
-``ch-run`` on a ``squashfuse`` mount of the partition, or on an extracted copy of it).
+"""The checks of a SIF: its structure (our own parser and ``siftool``, the reference
+implementation: its listing, header and objects), its contents (``unsquashfs`` at the partition
+offset), and that it executes: the image's self-test run from the SIF's squashfs by a real
+container runtime (apptainer where installed, else charliecloud's ``ch-run`` on a ``squashfuse``
+mount of the partition, or on an extracted copy of it).
 
 :func:`verify_sif` returns a report; every check is ``pass``, ``fail`` or ``skip`` with a reason,
 and a skipped check makes the verdict ``incomplete``, never ``pass``.
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder import shipped
+from builder.errors import SifError
 from builder.sif import format as sif_format
 from builder.sif import meta as sif_meta
 
@@ -249,11 +252,8 @@ def squashfs_root(path: Path, offset: int, size: int, scratch: Path) -> Iterator
 
 
 def _selftest_copy(scratch: Path) -> Path:
-    from builder.verify import selftest_source
-
     host = scratch / "host"
-    shutil.copytree(selftest_source(), host / "verl_env_selftest",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shipped.copy_selftest(host / "verl_env_selftest")
     return host
 
 
@@ -305,8 +305,6 @@ def run_in_sif(path: Path, args: list[str], *, timeout: float,
     runtime: apptainer/singularity with ``flags`` (``--nv``/``--rocm``), or ch-run on the SIF's
     squashfs (``flags`` must be empty: ch-run cannot hand GPUs in). Raises SifError when no
     runtime is installed or the SIF has no partition."""
-    from builder.errors import SifError
-
     runtime = runtime or pick_runtime()
     if runtime is None:
         raise SifError("no container runtime to run the SIF (apptainer, singularity or "

@@ -1,5 +1,5 @@
-"""The offline check of a SIF with its sidecar: nothing from the network, nothing from the
-build host but the public keys.
+"""The offline signature and attestation checks of a SIF with its sidecar: nothing from the
+network, nothing from the build host but the public keys.
 
 Hash the file; check every envelope of ``<name>.sif.intoto.jsonl`` (a trusted key signed it, its
 subject is this file); require one verdict, one SBOM and one provenance statement; require a
@@ -17,7 +17,8 @@ from typing import Any
 
 from builder import verdicts
 from builder.errors import TrustError
-from builder.trust import dsse, sbom, sifraw, sifsig
+from builder.files import sha256_file
+from builder.trust import sbom, sifsig
 from builder.trust import statements as st
 from builder.trust.keys import load_public
 from builder.trust.sign import SBOM_NAME, VERDICT_NAME, sidecar_of
@@ -65,7 +66,7 @@ def verify_sif(sif: Path, keys: list[Path], pgp: Path | None = None,
     if not keys:
         raise TrustError("no public key given (--key verl-env.pub)")
     public = [load_public(k) for k in keys]
-    digest = sifraw.file_sha256(sif)
+    digest = sha256_file(sif)
     result = Checked(sif, digest)
     found: dict[str, dict[str, Any]] = {}
     lines = sidecar.read_text().splitlines()
@@ -77,21 +78,15 @@ def verify_sif(sif: Path, keys: list[Path], pgp: Path | None = None,
             envelope = json.loads(line)
         except json.JSONDecodeError as exc:
             raise TrustError(f"{where}: not JSON ({exc.msg})") from None
-        verified = dsse.verify(envelope, public, where)
-        stmt = dsse.statement_of(verified, where)
-        if stmt.get("_type") != st.STATEMENT_TYPE:
-            raise TrustError(f"{where}: _type {stmt.get('_type')!r} is not {st.STATEMENT_TYPE}")
-        ptype = stmt.get("predicateType")
-        kind = st.KINDS.get(ptype) if isinstance(ptype, str) else None
-        if kind is None:
-            raise TrustError(f"{where}: unknown predicateType {ptype!r}")
-        _check_subject(stmt, digest, sif, where)
+        opened = st.open_statement(envelope, public, where)
+        kind = opened.kind
+        _check_subject(opened.subjects, digest, sif, where)
         if kind in found:
             raise TrustError(f"{where}: a second {kind} statement (one of each is expected)")
-        if not isinstance(stmt.get("predicate"), dict):
+        if not isinstance(opened.predicate, dict):
             raise TrustError(f"{where}: the {kind} statement has no predicate object")
-        found[kind] = stmt["predicate"]
-        result.keyids.append(verified.keyid)
+        found[kind] = opened.predicate
+        result.keyids.append(opened.keyid)
     missing = [k for k in ("verdict", "sbom", "provenance") if k not in found]
     if missing:
         raise TrustError(f"{sidecar}: no {', '.join(missing)} statement")
@@ -104,39 +99,34 @@ def verify_sif(sif: Path, keys: list[Path], pgp: Path | None = None,
     _check_embedded(sif, found["verdict"]["verdict"], found["sbom"])
     result.pins = sbom.pins_of(found["sbom"])
     result.components = sbom.counts(found["sbom"])
-    result.provenance = _provenance_summary(found["provenance"])
+    result.provenance = provenance_summary(found["provenance"])
     if pgp is not None:
         result.pgp_fingerprint = sifsig.verify_group(sif, pgp, 1)
     return result
 
 
-def _check_subject(stmt: dict[str, Any], digest: str, sif: Path, where: str) -> None:
-    want = digest.split(":", 1)[1]
-    subjects = stmt.get("subject")
-    if not isinstance(subjects, list):
-        subjects = []
-    got = [s.get("digest", {}).get("sha256") for s in subjects if isinstance(s, dict)]
-    if want not in got:
+def _check_subject(got: list[str], digest: str, sif: Path, where: str) -> None:
+    if digest.split(":", 1)[1] not in got:
         raise TrustError(f"{where}: subject sha256:{(got or ['none'])[0]} is not this file "
                          f"({digest}): {sif.name} changed after signing, or the sidecar belongs "
                          "to another file")
 
 
 def _check_embedded(sif: Path, verdict: dict[str, Any], sbom_doc: dict[str, Any]) -> None:
-    raw = sifraw.read(sif)
+    raw = sifsig.read_sif(sif)
     for name, attested in ((VERDICT_NAME, verdict), (SBOM_NAME, sbom_doc)):
         obj = next((d for d in raw.group(1) if d.name == name), None)
         if obj is None:
             raise TrustError(f"{sif}: no embedded {name} in object group 1")
         try:
-            embedded = json.loads(sifraw.read_object(sif, obj))
+            embedded = json.loads(sifsig.read_sif_object(sif, obj))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise TrustError(f"{sif}: embedded {name} is not JSON ({exc})") from None
         if embedded != attested:
             raise TrustError(f"{sif}: embedded {name} differs from the attested one")
 
 
-def _provenance_summary(pred: dict[str, Any]) -> dict[str, Any]:
+def provenance_summary(pred: dict[str, Any]) -> dict[str, Any]:
     definition = pred.get("buildDefinition", {}) or {}
     deps = {d.get("name"): d.get("digest") for d in definition.get("resolvedDependencies", [])
             if isinstance(d, dict) and d.get("name") != "base-image"}
