@@ -21,6 +21,7 @@ from builder.engine import OWNER_LABEL, Engine
 from builder.errors import EngineError
 from builder.gate.plan import HOST_DEV_ENV, expected_gpus
 from tests.conftest import run_build_env
+from tests.support.engine_probe import leftover_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
@@ -110,7 +111,7 @@ def test_host_gpus_are_counted_through_the_engine(gate_base: str, docker_host: s
         expected_gpus(engine, image, "cuda", image_arch="amd64", dev_root=str(missing))
     assert not missing.exists()
     # the probe left no container behind
-    assert engine.leftover_containers() == []
+    assert leftover_containers(engine) == []
 
 
 def test_gpus_the_host_shows_but_the_image_cannot_see_fail(derive, tmp_path: Path) -> None:
@@ -204,4 +205,4 @@ def test_files_go_in_and_out_through_the_engine(derive, docker_host: str) -> Non
                      dirs=["/out"], collect=["/out/uid", "/out/missing"])
     assert res.exit_code == 0, res.logs
     assert res.files == {"/out/uid": b"1000\nhello\n"}
-    assert engine.leftover_containers() == []
+    assert leftover_containers(engine) == []

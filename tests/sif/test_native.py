@@ -17,6 +17,7 @@ import pytest
 
 from builder.engine import Engine
 from builder.errors import EngineError
+from tests.support.engine_probe import leftover_containers
 from builder.sif import format as sif_format
 from builder.sif import meta as sif_meta
 from builder.sif.checks import verify_sif
@@ -46,7 +47,7 @@ def walk(root: Path) -> dict[str, tuple[str, int, int, int, str]]:
 
 
 def _containers(engine: Engine) -> list[str]:
-    return [n for n in engine.leftover_containers() if n.startswith("verl-env-export-")]
+    return [n for n in leftover_containers(engine) if n.startswith("verl-env-export-")]
 
 
 def test_sif_tree_is_the_export_plus_apptainers(docker_client: Any, layered_sif: Path,
