@@ -13,7 +13,7 @@ import pytest
 
 from builder.engine import ContainerEngine, Engine, ImageInfo, emulation_problem
 from builder.selftest.cpu import decide_source_build, elf_machine
-from builder.verify import EMULATION_FACTOR, arch_plan, plan_selftest
+from builder.gate.plan import EMULATION_FACTOR, arch_plan, plan_selftest
 
 
 def _binfmt(tmp: Path, handler: str | None) -> str:
@@ -63,20 +63,20 @@ def _img(arch: str, label: str | None) -> ImageInfo:
 
 def test_gate_refuses_a_wrong_architecture_image() -> None:
     plan = arch_plan(_Engine("x86_64"), _img("amd64", "x86_64"), {"arch": "aarch64"})
-    assert plan["refused"] and "verl-env:cpu-arm64" in plan["refused"]
-    assert "sha256:abababab" in plan["refused"] and "amd64" in plan["refused"]
-    assert "wants arm64" in plan["refused"]
+    assert plan.refused and "verl-env:cpu-arm64" in plan.refused
+    assert "sha256:abababab" in plan.refused and "amd64" in plan.refused
+    assert "wants arm64" in plan.refused
     # the image's own label is the target when no manifest is given
-    assert arch_plan(_Engine("x86_64"), _img("arm64", "x86_64"), None)["refused"]
+    assert arch_plan(_Engine("x86_64"), _img("arm64", "x86_64"), None).refused
 
 
 def test_emulation_is_detected_and_can_be_forced() -> None:
     plan = arch_plan(_Engine("x86_64"), _img("arm64", "aarch64"), None)
-    assert plan["refused"] is None and plan["emulated"] is True
-    assert plan["emulation_factor"] == EMULATION_FACTOR and plan["engine_host"] == "amd64"
+    assert plan.refused is None and plan.emulated is True
+    assert plan.emulation_factor == EMULATION_FACTOR and plan.engine_host == "amd64"
     native = arch_plan(_Engine("x86_64"), _img("amd64", "x86_64"), None)
-    assert native["emulated"] is False and native["emulation_factor"] == 1.0
-    assert arch_plan(_Engine("x86_64"), _img("amd64", "x86_64"), None, True)["emulated"]
+    assert native.emulated is False and native.emulation_factor == 1.0
+    assert arch_plan(_Engine("x86_64"), _img("amd64", "x86_64"), None, True).emulated
 
 
 def test_emulated_is_owned_by_verify_and_release_safe() -> None:
