@@ -20,7 +20,9 @@ from builder.errors import LockError, RenderError
 from builder.lock import lock_path
 from builder.metadata import load_snapshot
 from builder.naming import content_hash
-from builder.render import flash_attn_cuda_archs, render_context, torch_cuda_arch_list
+from builder.render import render_context
+from builder.render.blocks.base import torch_cuda_arch_list
+from builder.render.blocks.flash_attn import flash_attn_cuda_archs
 from builder.spec import load_matrix
 
 REPO = Path(__file__).resolve().parents[2]

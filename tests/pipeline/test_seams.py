@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from builder import pipeline, publish, verdicts
+from builder.plan import BuildRequest
 from builder.engine import Engine, ImageInfo, RunResult
 from builder.trust import keys
 from builder.trust import sbom as sbom_mod
@@ -129,8 +130,8 @@ def test_sif_sign_push_connect_once_read_the_verdict_never_and_inventory_once(
         seams: SimpleNamespace, tmp_path: Path) -> None:
     key = keys.generate(tmp_path / "keys")
     sif = tmp_path / "out.sif"
-    req = pipeline.BuildRequest(target=TARGET, sif=sif, sign_key=key.private,
-                                push="127.0.0.1:5000/verl-env", quiet=True)
+    req = BuildRequest(target=TARGET, sif=sif, sign_key=key.private,
+                       push="127.0.0.1:5000/verl-env", quiet=True)
     target: Any = SimpleNamespace(name=TARGET)
     context = tmp_path / "context"
     context.mkdir()
