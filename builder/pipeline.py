@@ -210,13 +210,16 @@ def run(req: BuildRequest) -> Outcome:
 RENDER_WHAT = "the preparation of the build (base image, content tag)"
 
 
-def execute(plan: BuildPlan, engine: Engine, console: Console, *,
+def execute(plan: BuildPlan, engine: Engine, console: Console | None = None, *,
             release: Callable[[], None] = lambda: None, started: float | None = None
             ) -> Outcome:
     """Run ``plan`` on ``engine``: ask it what the plan cannot know (:func:`resolve`), then
-    (reuse | build) -> verify -> tag, ``release()`` the run lock the caller holds, then
-    ``--sif`` -> sign -> ``--push``."""
+    (reuse | build) -> verify -> tag, ``release()`` the run lock the caller holds (the plan's
+    context must not change under a running build: :func:`run` makes the plan under the lock),
+    then ``--sif`` -> sign -> ``--push``. ``started``: when the run's preparation began (the
+    report's render seconds)."""
     started = time.monotonic() if started is None else started
+    console = console or Console(plan.target.name, plan.request.verbose, plan.request.quiet)
     with faults.stage(engine, "render", what=RENDER_WHAT, target=plan.target.name):
         facts = resolve(plan, engine)
     assert plan.context is not None  # resolve stopped the run otherwise

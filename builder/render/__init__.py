@@ -4,7 +4,7 @@ Same inputs give byte-identical output: templates render with ``StrictUndefined`
 is sorted, nothing records the time or the host. Rendering first decides everything as a typed
 context (:mod:`.context`, with the source builds of :mod:`.stages` and the per-package blocks of
 :mod:`.blocks`), then renders the Dockerfile (:mod:`.dockerfile`) and writes the directory
-(:mod:`.write`). The manifest and labels are :mod:`.manifest`.
+(:mod:`.write`). What the image says about itself (manifest, labels) is :mod:`.baked`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from builder.families import family
 from builder.layers import Layer, split_layers
 from builder.lock import LockedPackage, build_lock_path, parse_lock
 from builder.metadata import Snapshot
-from builder.render.manifest import labels, manifest
+from builder.render.baked import labels, manifest
 from builder.render.stages import (SourceStage, file_sha256, source_packages, source_pins,
                                    source_stages)
 from builder.sources import Pin, refuse_problems

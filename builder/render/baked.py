@@ -1,4 +1,4 @@
-"""What an image must hold and says about itself: the baked manifest (the self-test asserts it)
+"""What is baked into an image about itself: the manifest (the self-test asserts it)
 and the OCI labels, both computed from the target, the hashes and the source pins."""
 
 from __future__ import annotations
