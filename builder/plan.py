@@ -173,30 +173,27 @@ def _str(path: Path | None) -> str | None:
     return str(path) if path is not None else None
 
 
-def workdir_of(req: BuildRequest, target: Target) -> Path:
-    return req.workdir or Path("build") / target.name
-
-
-def plan_build(req: BuildRequest, resolved: OpenTarget | None = None, *,
+def plan_build(req: BuildRequest, opened: OpenTarget | None = None, *,
                scratch: Path | None = None, fetch: bool = True) -> BuildPlan:
-    """The plan of ``req``: the lock checked (an override's resolved), the context rendered and
-    hashed. Writes only the build's workdir (its ``context/`` and an override's lock), or
-    ``scratch`` instead (``--print``: the build's own workdir is left alone). ``fetch=False``:
-    git and URL sources and prebuilt wheels are not fetched (no network unless an override's
-    lock must be resolved); the context's digest is then unknown."""
-    resolved = resolved or open_target(req)
-    target = resolved.target
-    workdir = workdir_of(req, target)
+    """The plan of ``req`` (``opened``: its site and target, when the caller has them): the lock
+    checked (an override's resolved), the context rendered and hashed. Writes only the build's
+    workdir (its ``context/`` and an override's lock), or ``scratch`` instead (``--print``: the
+    build's own workdir is left alone). ``fetch=False``: git and URL sources and prebuilt wheels
+    are not fetched (no network unless an override's lock must be resolved); the context's
+    digest is then unknown."""
+    opened = opened or open_target(req)
+    target, matrix, snapshot = opened.target, opened.site.path, opened.snapshot
+    workdir = req.workdir or Path("build") / target.name
     out = scratch if scratch is not None else workdir
-    committed = lock_path(resolved.site.path, target)
+    committed = lock_path(matrix, target)
     base_record = vendor.load_record(target, committed)
     base_refs = tuple(dict.fromkeys([target.base.ref, target.base.source_image or target.base.ref]))
     if base_record is not None and not base_record.get("inspected"):
-        return BuildPlan(req, target, resolved.site.path, workdir, base_refs, base_record, True,
-                         None, None, None)
-    lock_text, lock_file = lock_for(resolved.site.path, target, resolved.snapshot, out)
-    ctx = render_context(target, lock_text, resolved.snapshot, out / "context",
+        return BuildPlan(req, target, matrix, workdir, base_refs, base_record, True, None, None,
+                         None)
+    lock_text, lock_file = lock_for(matrix, target, snapshot, out)
+    ctx = render_context(target, lock_text, snapshot, out / "context",
                          lock_file=lock_file, ca_bundle=req.ca_bundle, templates=req.templates,
                          base_record=base_record, fetch_sources=fetch, fetch_prebuilt=fetch)
-    return BuildPlan(req, target, resolved.site.path, workdir, base_refs, base_record, False,
-                     lock_file, ctx, None if ctx.unfetched else context_digest(ctx.path))
+    return BuildPlan(req, target, matrix, workdir, base_refs, base_record, False, lock_file, ctx,
+                     None if ctx.unfetched else context_digest(ctx.path))

@@ -18,7 +18,8 @@ def environment(templates: Path | None = None) -> jinja2.Environment:
     loaders: list[jinja2.BaseLoader] = []
     if templates is not None:
         if not any((templates / name).is_file() for name in ("Dockerfile.j2", "_macros.j2")):
-            raise RenderError(f"--templates {templates}: holds neither Dockerfile.j2 nor _macros.j2")
+            raise RenderError(f"--templates {templates}: holds neither Dockerfile.j2 nor "
+                              "_macros.j2")
         loaders.append(jinja2.FileSystemLoader(str(templates)))
     loaders.append(jinja2.FileSystemLoader(str(shipped.dockerfiles_dir())))
     return jinja2.Environment(loader=jinja2.ChoiceLoader(loaders),
