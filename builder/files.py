@@ -57,6 +57,11 @@ def sha256_file(path: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def sha256_text(text: str) -> str:
+    """``sha256:<hex>`` of a text's UTF-8 bytes."""
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
 class NotOurDirectory(Exception):
     """The path exists and is not a directory this tool generated: it is never replaced."""
 

@@ -21,13 +21,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from builder.files import atomic_write_text
-from builder.compat import local_sources, marker_env
+from builder.compat import check_target, local_sources, marker_env
 from builder.errors import CompatError, LockError
 from builder.metadata import Snapshot
 from builder.spec import Package, Target
@@ -114,10 +115,11 @@ def uv_args(target: Target) -> list[str]:
 def input_hash(target: Target, snapshot: Snapshot, record: dict | None = None) -> str:
     """Over everything that decides the resolution; for a vendor base also its record (the
     base's full freeze constrains the lock: builder.vendor)."""
-    inputs = {"schema": LOCK_SCHEMA, "requirements": requirements_in(target, snapshot),
-              "excludes": sorted(p.name for p in target.provided),
-              "constraints": sorted(f"{p.name}=={p.version}" for p in target.provided),
-              "args": uv_args(target)}
+    inputs: dict[str, Any] = {
+        "schema": LOCK_SCHEMA, "requirements": requirements_in(target, snapshot),
+        "excludes": sorted(p.name for p in target.provided),
+        "constraints": sorted(f"{p.name}=={p.version}" for p in target.provided),
+        "args": uv_args(target)}
     if target.build_tools:  # only then: the locks of targets without them keep their hash
         inputs["build_tools"] = sorted(target.build_tools)
     if record is not None:
@@ -283,8 +285,6 @@ def lock_for(matrix_path: Path, target: Target, snapshot: Snapshot, workdir: Pat
              ) -> tuple[str, Path]:
     """The target's lock text and file: the committed lock (refused when stale), or a fresh one
     in ``workdir`` for an override build. Incompatible pins fail before anything resolves."""
-    from builder.compat import check_target
-
     problems = check_target(target, snapshot)
     if problems:
         raise CompatError("; ".join(str(p) for p in problems), target=target.name)

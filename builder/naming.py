@@ -13,10 +13,12 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from builder.spec import Target
 
 CONTENT_SCHEMA = b"verl-env/content/v1\n"
+CONTEXT_SCHEMA = b"verl-env/context/v1\n"
 
 
 def content_hash(context: Path, bases: Iterable[str], builder_version: str) -> str:
@@ -26,13 +28,26 @@ def content_hash(context: Path, bases: Iterable[str], builder_version: str) -> s
     h.update(f"builder {builder_version}\n".encode())
     for base in bases:
         h.update(f"base {base}\n".encode())
+    _hash_files(h, context)
+    return "sha256:" + h.hexdigest()
+
+
+def context_digest(context: Path) -> str:
+    """sha256 over every file of ``context`` alone (what a plan knows without an engine; the
+    content hash adds the base images' identities and the builder version)."""
+    h = hashlib.sha256(CONTEXT_SCHEMA)
+    _hash_files(h, context)
+    return "sha256:" + h.hexdigest()
+
+
+def _hash_files(h: Any, context: Path) -> None:
+    """Every file of ``context`` into ``h``: relative path, size, bytes, in path order."""
     for path in sorted(p for p in context.rglob("*") if p.is_file()):
         rel = path.relative_to(context).as_posix()
         h.update(f"file {rel} {path.stat().st_size}\n".encode())
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
-    return "sha256:" + h.hexdigest()
 
 
 @dataclass(frozen=True)

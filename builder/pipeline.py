@@ -1,4 +1,8 @@
-"""The main job: render -> build -> verify -> tag, with a report.
+"""The main job: plan -> build -> verify -> tag, with a report.
+
+The plan (:mod:`builder.plan`: lock, context, names, what extends it) is made without an engine;
+:func:`execute` runs it: it asks the engine what the plan cannot know, then builds or reuses,
+gates, tags, and goes on to ``--sif``, the signature and ``--push``.
 
 An image gets its release tags only after the self-test passed inside it. A failed verification
 tags nothing (the previous release tag keeps pointing at the previous image) and removes the
@@ -21,52 +25,26 @@ import multiprocessing
 import multiprocessing.connection
 import sys
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from builder import __version__, verdicts
+from builder import __version__, publish, runlock, sif, vendor, verdicts
+from builder.engine import BuildProgress, Engine, faults, interrupts_raise
 from builder.errors import BuildEnvError
 from builder.files import atomic_write_text
-from builder.engine import BuildProgress, Engine, faults, interrupts_raise
+from builder.lock import lock_path
 from builder.naming import Names, content_hash, names
+from builder.plan import BuildPlan, BuildRequest, EngineFacts, open_target, plan_build
 from builder.spec import Target
+from builder.trust import keys, sign
 from builder.verdicts import Verdict
-from builder.verify import summary_lines, verify_image
-
-if TYPE_CHECKING:
-    from builder.metadata import Snapshot
-    from builder.targets import Site
+from builder.gate.image import verify_image
+from builder.gate.summary import summary_lines
 
 REPORT_SCHEMA = "verl-env/build-report/v1"
-
-
-@dataclass(frozen=True)
-class BuildRequest:
-    """What ``build-env --target T`` asks for (the CLI fills it; nothing below sees argparse)."""
-
-    target: str
-    matrix: Path | None = None
-    snapshot: Path | None = None
-    overrides: tuple[str, ...] = ()
-    base_image: str | None = None
-    ca_bundle: Path | None = None
-    templates: Path | None = None
-    tag_prefix: str = "verl-env"
-    workdir: Path | None = None
-    keep_candidate: bool = False
-    network: str | None = "host"
-    verify_timeout: float = 900
-    gpus: str = "auto"
-    expect_gpus: int | None = None
-    reverify: bool = False
-    require: str = "build"  # the verdict level that unlocks tags, SIF and publish (build | gpu)
-    sif: Path | None = None
-    sign_key: Path | None = None  # ECDSA P-256 (PKCS#8 PEM): attestations beside the SIF
-    sign_pgp_key: Path | None = None  # OpenPGP key: the SIF's own signature
-    push: str | None = None
-    verbose: bool = False
-    quiet: bool = False
 
 
 @dataclass
@@ -185,22 +163,16 @@ def preflight(req: BuildRequest, target: Target) -> Engine:
     and registry prerequisites of ``--sif``/``--push``."""
     engine = Engine.connect()
     if req.sif:
-        from builder import sif
-
         sif.pick_backend("auto", target.name)
     if req.sign_key and not (req.sif or req.push):
         raise BuildEnvError("--sign-key signs the SIF's attestations (--sif PATH) or the "
                             "published image's (--push REGISTRY/REPO): add one",
                             target=target.name)
     if req.sign_key:
-        from builder.trust import keys
-
         keys.load_private(req.sign_key)
         if req.sign_pgp_key:
             keys.load_pgp(req.sign_pgp_key, private=True)
     if req.push:
-        from builder import publish
-
         publish.preflight(req.push)
     return engine
 
@@ -213,136 +185,179 @@ def build_lock_key(matrix: Path, target: str) -> str:
 
 
 def run(req: BuildRequest) -> Outcome:
-    """render -> (reuse | build) -> verify -> tag, then ``--sif``/``--push``.
+    """plan -> (reuse | build) -> verify -> tag, then ``--sif``/``--push``.
 
     One build of a target at a time (:func:`build_lock_key`): a second run of the same target
     says whom it waits for, waits, and then reuses what the first one verified (or, when the
-    first failed, builds itself). ``--sif``/``--push`` run after the lock is released."""
-    from builder import runlock
-    from builder.targets import open_site, resolve_target
-
-    site = open_site(req.matrix, req.snapshot)
-    target = resolve_target(site, req.target, req.overrides, req.base_image)
-    workdir = req.workdir or Path("build") / target.name
+    first failed, builds itself). The plan is made under the lock (it writes the context the
+    running build reads); ``--sif``/``--push`` run after the lock is released."""
+    opened = open_target(req)
+    target = opened.target
     console = Console(target.name, req.verbose, req.quiet)
-    snapshot = site.snapshot([target])
     engine = preflight(req, target)
-    with runlock.held(build_lock_key(site.path, target.name), what=f"build of {target.name}"):
-        done = _build_and_gate(req, site, target, snapshot, workdir, console, engine)
+    with ExitStack() as lock:
+        lock.enter_context(runlock.held(build_lock_key(opened.site.path, target.name),
+                                        what=f"build of {target.name}"))
+        started = time.monotonic()
+        with faults.stage(engine, "render", what=RENDER_WHAT, target=target.name):
+            removed = engine.remove_orphans()
+            if removed:
+                console.stage("engine", "clean", "removed containers of runs that died: "
+                              + ", ".join(removed))
+            plan = plan_build(req, opened)
+        return execute(plan, engine, console, release=lock.close, started=started)
+
+
+RENDER_WHAT = "the preparation of the build (base image, content tag)"
+
+
+def execute(plan: BuildPlan, engine: Engine, console: Console | None = None, *,
+            release: Callable[[], None] = lambda: None, started: float | None = None
+            ) -> Outcome:
+    """Run ``plan`` on ``engine``: ask it what the plan cannot know (:func:`resolve`), then
+    (reuse | build) -> verify -> tag, ``release()`` the run lock the caller holds (the plan's
+    context must not change under a running build: :func:`run` makes the plan under the lock),
+    then ``--sif`` -> sign -> ``--push``. ``started``: when the run's preparation began (the
+    report's render seconds)."""
+    started = time.monotonic() if started is None else started
+    console = console or Console(plan.target.name, plan.request.verbose, plan.request.quiet)
+    with faults.stage(engine, "render", what=RENDER_WHAT, target=plan.target.name):
+        facts = resolve(plan, engine)
+    assert plan.context is not None  # resolve stopped the run otherwise
+    ctx = plan.context
+    report = Report(plan.target.name, plan.target.override, ctx.manifest["pins"],
+                    ctx.manifest["provided"], ctx.manifest["matrix_hash"], ctx.lock_hash,
+                    content_hash=facts.content, bases=list(facts.bases))
+    report.stages["render"] = {"seconds": round(time.monotonic() - started, 2),
+                               "context": str(ctx.path)}
+    console.stage("render", "ok", f"{ctx.path}  content {facts.content[7:19]}")
+    done = _build_and_gate(plan, facts, engine, console, report)
+    release()
     if isinstance(done, Outcome):
         return done
     image_id, verdict, report, report_path = done
-    return _extend(req, target, engine, image_id, verdict, report, report_path, console)
+    return _extend(plan.request, plan.target, engine, image_id, verdict, report, report_path,
+                   console)
+
+
+def resolve(plan: BuildPlan, engine: Engine) -> EngineFacts:
+    """The plan's engine facts: a declared vendor base inspected (which stops the run), the
+    base images' identities, the content hash over them, and the image under its content tag."""
+    target = plan.target
+    if plan.inspect_base:
+        vendor.first_inspection(engine, target, lock_path(plan.matrix, target))
+    assert plan.context is not None
+    bases = tuple(engine.identity(ref) for ref in plan.base_refs)
+    content = content_hash(plan.context.path, bases, __version__)
+    tags = names(target, plan.request.tag_prefix, content)
+    return EngineFacts(bases, content, tags, engine.find(tags.content))
 
 
 Gated = tuple[str, Verdict, Report, Path]  # the released image, its verdict, the report
 
 
-def _build_and_gate(req: BuildRequest, site: Site, target: Target, snapshot: Snapshot,
-                    workdir: Path, console: Console, engine: Engine) -> Outcome | Gated:
-    """Under the target's run lock: render, then reuse the verified image of the content tag or
-    build, verify and tag one. An Outcome when the run ends here (refused, failed, interrupted),
-    else what ``--sif``/``--push`` continue from."""
-    from builder import vendor
-    from builder.lock import lock_for, lock_path
-    from builder.render import render_context
+@dataclass
+class _Step:
+    """Where the gated part of a run is, for its interrupt and fault handling."""
 
-    t0 = time.monotonic()
-    with faults.stage(engine, "render", what="the preparation of the build (base image, content "
-                      "tag)", target=target.name):
-        removed = engine.remove_orphans()
-        if removed:
-            console.stage("engine", "clean", "removed containers of runs that died: "
-                          + ", ".join(removed))
-        base_record = vendor.load_record(target, lock_path(site.path, target))
-        if base_record is not None and not base_record.get("inspected"):
-            vendor.first_inspection(engine, target, lock_path(site.path, target))
-        lock_text, lock_file = lock_for(site.path, target, snapshot, workdir)
-        ctx = render_context(target, lock_text, snapshot, workdir / "context",
-                             lock_file=lock_file, ca_bundle=req.ca_bundle,
-                             templates=req.templates, base_record=base_record)
-        bases = [engine.identity(ref) for ref in dict.fromkeys(
-            [target.base.ref, target.base.source_image or target.base.ref])]
-        content = content_hash(ctx.path, bases, __version__)
-        tags = names(target, req.tag_prefix, content)
-        image_id = engine.find(tags.content)
-    report = Report(target.name, target.override, ctx.manifest["pins"], ctx.manifest["provided"],
-                    ctx.manifest["matrix_hash"], ctx.lock_hash, content_hash=content, bases=bases)
-    report.stages["render"] = {"seconds": round(time.monotonic() - t0, 2), "context": str(ctx.path)}
-    console.stage("render", "ok", f"{ctx.path}  content {content[7:19]}")
-    report_path = workdir / "report.json"
+    stage: str
+    what: str
+    image_id: str | None = None
+    built: bool = False
 
-    built = False
-    stage, what = "build", f"the build of {tags.content}"
+
+def _build_and_gate(plan: BuildPlan, facts: EngineFacts, engine: Engine, console: Console,
+                    report: Report) -> Outcome | Gated:
+    """Under the target's run lock: reuse the verified image of the content tag, or build,
+    verify and tag one. An Outcome when the run ends here (refused, failed, interrupted), else
+    what ``--sif``/``--push`` continue from."""
+    step = _Step("build", f"the build of {facts.tags.content}", facts.image_id)
+    report_path = plan.report_path
     try:
         with interrupts_raise():
-            if image_id is not None:
-                report.image_id = image_id
-                report.stages["build"] = {"seconds": 0.0, "reused": tags.content}
-                known = verdicts.lookup(image_id)
-                if known and verdicts.release_problem(known, req.require) is None \
-                        and not req.reverify:
-                    return _reuse(engine, report, report_path, console, tags, known)
-                console.stage("build", "reuse", f"{tags.content} exists ({image_id[7:19]}); "
-                              "verifying it")
-            else:
-                result = engine.build(ctx.path, target=target.name, network=req.network,
-                                      platform=target.platform, secrets=ctx.secrets,
-                                      on_event=console.build_event)
-                image_id, built = result.image_id, True
-                report.image_id = image_id
-                report.stages["build"] = {"seconds": round(result.seconds, 1),
-                                          "steps": result.steps, "cache_hits": result.cache_hits,
-                                          "step_times": list(result.step_times)}
-                console.stage("build", "ok", f"{image_id[7:19]}  {result.steps} steps, "
-                              f"{result.cache_hits} cached, {result.seconds:.1f} s")
-
-            stage, what = "verify", f"the gate of image {image_id[:19]}"
-            gpus = None if req.gpus == "none" else req.gpus
-            v = verify_image(engine, image_id, timeout=req.verify_timeout, gpus=gpus,
-                             expect_gpus=req.expect_gpus)
-            report.verification = v.report
-            report.stages["verify"] = {"seconds": round(v.seconds, 1), "overall": v.overall,
-                                       "exit_code": v.exit_code, "scope": v.scope,
-                                       "level": v.level, "gpu": v.gpu.status}
-            verdicts.record(image_id, v, target=target.name)
-            problem = verdicts.release_problem(v, req.require)
-            if problem is not None:
-                return _refuse(engine, report, report_path, console, v, req, target, built,
-                               problem)
-            console.stage("verify", "pass", f"{v.seconds:.1f} s, {_level(v)}" + _skips(v))
-
-            stage, what = "tag", f"tagging image {image_id[:19]}"
-            engine.tag_once(image_id, tags.content)
-            for ref in tags.release:
-                engine.tag(image_id, ref)
-            report.tags = list(tags.all)
-            report.result = "pass"
-            console.stage("tag", "ok", "  ".join(report.tags))
-            recorded = verdicts.record(image_id, v, target=target.name, tags=report.tags)
+            done = _gate(plan, facts, engine, console, report, step)
     except KeyboardInterrupt:
         report.result, report.error = "interrupted", "interrupted by a signal"
-        if image_id and built:
-            engine.remove_candidate(image_id)
+        if step.image_id and step.built:
+            engine.remove_candidate(step.image_id)
         report.write(report_path)
         console.stage("abort", "fail", "interrupted: no tag applied, candidate removed")
         return Outcome(report, 130)
     except BaseException as exc:
-        fault = faults.translate(engine, exc, stage=stage, what=what, target=target.name) \
-            if isinstance(exc, Exception) else None
+        fault = faults.translate(engine, exc, stage=step.stage, what=step.what,
+                                 target=plan.target.name) if isinstance(exc, Exception) else None
         error: BaseException = fault or exc
-        if image_id and built:
-            engine.remove_candidate(image_id)
+        if step.image_id and step.built:
+            engine.remove_candidate(step.image_id)
             if isinstance(fault, faults.EngineDown):
-                fault.args = (f"{fault.args[0]} The candidate image {image_id[:19]} stays in "
-                              "the engine, untagged.",)
+                fault.args = (f"{fault.args[0]} The candidate image {step.image_id[:19]} stays "
+                              "in the engine, untagged.",)
         report.result, report.error = "error", str(error)
         report.write(report_path)
         if isinstance(error, BuildEnvError):
             return Outcome(report, error.exit_code, str(error))
         raise
-    report.write(report_path)
+    if not isinstance(done, Outcome) and not report.reused:  # a reuse wrote its own
+        report.write(report_path)
+    return done
+
+
+def _gate(plan: BuildPlan, facts: EngineFacts, engine: Engine, console: Console,
+          report: Report, step: _Step) -> Outcome | Gated:
+    """(reuse | build) -> verify -> tag; ``step`` says what is under way."""
+    req, tags, report_path = plan.request, facts.tags, plan.report_path
+    if step.image_id is not None:
+        report.image_id = step.image_id
+        report.stages["build"] = {"seconds": 0.0, "reused": tags.content}
+        known = verdicts.lookup(step.image_id)
+        if known and verdicts.release_problem(known, req.require) is None and not req.reverify:
+            return _reuse(engine, report, report_path, console, tags, known)
+        console.stage("build", "reuse", f"{tags.content} exists ({step.image_id[7:19]}); "
+                      "verifying it")
+    else:
+        _build(plan, engine, console, report, step)
+    image_id = step.image_id
+    assert image_id is not None
+    step.stage, step.what = "verify", f"the gate of image {image_id[:19]}"
+    gpus = None if req.gpus == "none" else req.gpus
+    v = verify_image(engine, image_id, timeout=req.verify_timeout, gpus=gpus,
+                     expect_gpus=req.expect_gpus)
+    report.verification = v.report
+    report.stages["verify"] = {"seconds": round(v.seconds, 1), "overall": v.overall,
+                               "exit_code": v.exit_code, "scope": v.scope, "level": v.level,
+                               "gpu": v.gpu.status}
+    verdicts.record(image_id, v, target=plan.target.name)
+    problem = verdicts.release_problem(v, req.require)
+    if problem is not None:
+        return _refuse(engine, report, report_path, console, v, req, plan.target, step.built,
+                       problem)
+    console.stage("verify", "pass", f"{v.seconds:.1f} s, {_level(v)}" + _skips(v))
+    step.stage, step.what = "tag", f"tagging image {image_id[:19]}"
+    engine.tag_once(image_id, tags.content)
+    for ref in tags.release:
+        engine.tag(image_id, ref)
+    report.tags = list(tags.all)
+    report.result = "pass"
+    console.stage("tag", "ok", "  ".join(report.tags))
+    recorded = verdicts.record(image_id, v, target=plan.target.name, tags=report.tags)
     return image_id, recorded, report, report_path
+
+
+def _build(plan: BuildPlan, engine: Engine, console: Console, report: Report, step: _Step
+           ) -> None:
+    """Build the plan's context into a candidate image (``step`` holds its ID)."""
+    assert plan.context is not None
+    target, req = plan.target, plan.request
+    result = engine.build(plan.context.path, target=target.name, network=req.network,
+                          platform=target.platform, secrets=plan.context.secrets,
+                          on_event=console.build_event)
+    step.image_id, step.built = result.image_id, True
+    report.image_id = result.image_id
+    report.stages["build"] = {"seconds": round(result.seconds, 1), "steps": result.steps,
+                              "cache_hits": result.cache_hits,
+                              "step_times": list(result.step_times)}
+    console.stage("build", "ok", f"{result.image_id[7:19]}  {result.steps} steps, "
+                  f"{result.cache_hits} cached, {result.seconds:.1f} s")
 
 
 def _reuse(engine: Engine, report: Report, report_path: Path, console: Console, tags: Names,
@@ -417,29 +432,21 @@ def _sif_and_push(req: BuildRequest, target: Target, engine: Engine, image_id: s
     statements = None
     if req.sign_key:
         # what both signatures say, gathered once (one inventory), before the slow conversion
-        from builder.trust.sign import statement_inputs
-
-        statements = statement_inputs(report_path, verdict=verdict, engine=engine,
-                                      image_id=image.id, what=f"image {image.id[7:19]}",
-                                      require=req.require)
+        statements = sign.statement_inputs(report_path, verdict=verdict, engine=engine,
+                                           image_id=image.id, what=f"image {image.id[7:19]}",
+                                           require=req.require)
     if req.sif:
-        from builder import sif
-
         sif_path = sif.convert_verified(engine, image, req.sif, target=target.name,
                                         verdict=verdict, require=req.require)
         report.stages["sif"] = {"path": str(sif_path)}
         console.stage("sif", "ok", str(sif_path))
         if req.sign_key and statements is not None:
-            from builder.trust.sign import sign_sif
-
-            signed = sign_sif(sif_path, *statements, req.sign_key, req.sign_pgp_key,
-                              req.require)
+            signed = sign.sign_sif(sif_path, *statements, req.sign_key, req.sign_pgp_key,
+                                   req.require)
             report.stages["sif"].update(sidecar=str(signed.sidecar), digest=signed.digest,
                                         keyid=signed.keyid, pgp=signed.pgp_fingerprint)
             console.stage("sign", "ok", f"{signed.sidecar} (key {signed.keyid[:16]})")
     if req.push:
-        from builder import publish
-
         record = publish.publish_verified(engine, image, req.push, target=target.name,
                                           sif=req.sif, pins=report.pins, verdict=verdict,
                                           sbom_doc=statements[1] if statements else None,
@@ -447,6 +454,6 @@ def _sif_and_push(req: BuildRequest, target: Target, engine: Engine, image_id: s
                                           sign_key=req.sign_key, report=report_path,
                                           require=req.require)
         report.stages["publish"] = record
-        signed = " (attestations pushed as referrers)" if record.get("attestations") else ""
-        console.stage("publish", "ok", str(record.get("image_digest", "")) + signed)
+        pushed = " (attestations pushed as referrers)" if record.get("attestations") else ""
+        console.stage("publish", "ok", str(record.get("image_digest", "")) + pushed)
     report.write(report_path)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+import tempfile
+from pathlib import Path
 
 from builder.commands import _shared
-
-if TYPE_CHECKING:
-    from builder.pipeline import Outcome
+from builder.pipeline import Outcome, run_many
+from builder.plan import BuildRequest, plan_build
+from builder.verdicts import requirement
 
 NAME = "build"
 HELP = "render, build, verify inside the image, tag on pass (also: build-env --target T)"
@@ -21,12 +22,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _shared.overrides(p)
     _shared.render_options(p)
     _shared.build_options(p)
+    p.add_argument("--print", dest="print_plan", action="store_true",
+                   help="print the build plan as JSON (schema verl-env/build-plan/v1) and exit: "
+                        "no engine, nothing built or written")
 
 
 def run(args: argparse.Namespace) -> int:
-    from builder.pipeline import BuildRequest, run_many
-    from builder.verdicts import requirement
-
     require = requirement(args.require)
     names = (list(_shared.site(args).matrix.targets) if args.all
              else list(dict.fromkeys(args.targets)))
@@ -46,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
             sign_key=args.sign_key, sign_pgp_key=args.sign_pgp_key,
             push=args.push, verbose=args.verbose and not several, quiet=args.json)
 
+    if args.print_plan:
+        return _print_plans([request(n) for n in names], several)
     outcomes = run_many([request(n) for n in names], args.jobs or len(names))
     if args.json:
         reports = [json.loads(o.report.to_json()) if o.report else {"error": o.error}
@@ -55,6 +58,19 @@ def run(args: argparse.Namespace) -> int:
     if several:
         _summary(names, outcomes)
     return max(o.exit_code for o in outcomes)
+
+
+def _print_plans(requests: list[BuildRequest], several: bool) -> int:
+    """``--print``: each request's plan, rendered in a scratch directory removed afterwards (the
+    build's workdir is left alone) without fetching sources or prebuilt wheels: one plan, or
+    ``{target: plan}`` for several."""
+    plans = {}
+    for req in requests:
+        with tempfile.TemporaryDirectory(prefix="verl-env-plan-") as scratch:
+            plans[req.target] = plan_build(req, scratch=Path(scratch), fetch=False).to_dict()
+    doc = plans if several else plans[requests[0].target]
+    print(json.dumps(doc, indent=2, sort_keys=True))
+    return 0
 
 
 def _summary(names: list[str], outcomes: list[Outcome]) -> None:

@@ -6,7 +6,10 @@ import argparse
 from pathlib import Path
 
 from builder.commands import _shared
+from builder.lock import lock_for, lock_path
+from builder.render import render_context
 from builder.targets import resolve_target
+from builder.vendor import load_record
 
 NAME = "render"
 HELP = "write the build context without building"
@@ -30,10 +33,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from builder.lock import lock_for, lock_path
-    from builder.render import render_context
-    from builder.vendor import load_record
-
     site = _shared.site(args)
     target = resolve_target(site, args.target, args.overrides, args.base_image)
     snapshot = site.snapshot([target])

@@ -18,7 +18,7 @@ from builder.gate.plan import EMULATION_FACTOR
 from builder.gate.record import SifRun
 from builder.gate.sif import is_sif, verify_sif_image
 from builder.gate.summary import summary_lines
-from builder.render import manifest as render_manifest
+from builder.render.baked import manifest as render_manifest
 from builder.spec import load_matrix
 from builder.verdicts import Verdict, record
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from builder import vendor
 from builder.errors import BuildEnvError, LockError
 from builder.files import (
     NotOurDirectory,
@@ -30,12 +31,14 @@ from builder.files import (
 )
 from builder.lock import compile_lock, lock_path, moved_pins, parse_lock
 from builder.metadata import Snapshot, load_snapshot, save_snapshot
+from builder.pipeline import run
+from builder.plan import BuildRequest
 from builder.propose.proposal import Proposal, candidate_target
 from builder.propose.search import NotProven, ProposeError
+from builder.selftest.report import Check, render_coverage
 from builder.spec import Target, load_matrix
 
 MARKER = ".verl-env-proposal"
-SITE_FILES = ("matrix.yaml", "metadata/pypi-snapshot.json")
 
 
 # --------------------------------------------------------------------------- uv
@@ -46,8 +49,6 @@ def resolve(site_matrix: Path, target: Target, proposal: Proposal, snapshot: Sna
     """uv's lock of the candidate into ``locks_dir`` (the site's lock is uv's preference; the
     moved pins are upgraded). Sets the proposal's ``lock`` and status (``resolved`` or
     ``unresolvable`` with uv's words); returns the candidate target."""
-    from builder import vendor
-
     cand = candidate_target(target, proposal)
     current = lock_path(site_matrix, target)
     out = locks_dir / current.name
@@ -266,8 +267,6 @@ class BuildOptions:
 def build(out: Path, proposal: Proposal, site_matrix: Path, opts: BuildOptions) -> int:
     """Render, build and gate the candidate in ``out`` through the real pipeline. The proposal
     is ``proven`` only when the gate passes; a failed build or gate is recorded and reported."""
-    from builder.pipeline import BuildRequest, run
-
     req = BuildRequest(target=proposal.target, matrix=out / "matrix.yaml",
                        snapshot=out / "metadata" / "pypi-snapshot.json",
                        ca_bundle=opts.ca_bundle, templates=opts.templates,
@@ -301,8 +300,6 @@ def build(out: Path, proposal: Proposal, site_matrix: Path, opts: BuildOptions) 
 
 def gate_summary(verification: dict[str, Any], result: str, image_id: str | None,
                  tags: list[str], report_path: Path) -> dict[str, Any]:
-    from builder.selftest.report import Check, render_coverage
-
     checks = verification.get("checks") or []
     phases: dict[str, dict[str, int]] = {}
     for c in checks:

@@ -91,3 +91,40 @@ def test_check_online_refreshes_the_snapshot(tmp_path: Path,
     data = json.loads(snap.read_text())
     assert "verl==0.9.1" in data["releases"] and "vllm==0.33.0" in data["releases"]
     assert "transformers" in data["versions"]  # constrained by two pins: version list kept
+
+
+def test_build_print_is_the_plan_without_an_engine(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--print` needs no engine (DOCKER_HOST names a socket that does not exist), writes nothing,
+    and says what only the engine can tell as unknown."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-such.sock'}")
+    monkeypatch.chdir(tmp_path)
+    assert main(["build", "--matrix", MATRIX, "--target", "cuda-x86_64", "--print", "--sif",
+                 "out.sif"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["schema"] == "verl-env/build-plan/v1" and plan["target"] == "cuda-x86_64"
+    assert plan["workdir"] == "build/cuda-x86_64"
+    assert plan["context"]["digest"].startswith("sha256:")
+    assert plan["context"]["pins"]["verl"] == "0.9.1"
+    assert plan["lock"]["path"] == str(REPO / "locks/cuda-x86_64.txt")
+    assert plan["content_tag"]["known"] is False and plan["content_tag"]["needs"] == "the engine"
+    assert plan["content_tag"]["pattern"] == "verl-env:cuda-x86_64-verl0.9.1-<hash12>"
+    assert plan["reuse"]["known"] is False and plan["release_tags"] == ["verl-env:cuda-x86_64"]
+    assert plan["steps"] == ["build", "verify", "tag", "sif"]
+    assert plan["extends"] == {"sif": "out.sif", "sign": None, "push": None}
+    assert list(tmp_path.iterdir()) == []  # nothing written, not even the workdir
+
+    assert main(["build", "--matrix", MATRIX, "--all", "--print"]) == 0
+    plans = json.loads(capsys.readouterr().out)
+    assert set(plans) == {"cuda-x86_64", "cuda-arm64", "rocm-mi300"}
+    assert all(p["schema"] == "verl-env/build-plan/v1" for p in plans.values())
+    # a declared vendor base: the run inspects it first (with the engine) and stops there
+    assert plans["rocm-mi300"]["base"]["inspect_first"] is True
+    assert plans["rocm-mi300"]["context"] is None
+    assert plans["cuda-x86_64"]["context"] == plan["context"]
+    # --print fetches no git source: the context it hashed lacks it, so its digest is unknown
+    assert plans["cuda-arm64"]["context"]["digest"] == {
+        "known": False, "needs": "the network", "why": "not fetched: tensordict"}
+    assert plans["cuda-arm64"]["context"]["source_pins"]["tensordict"]["kind"] == "git"
+    assert list(tmp_path.iterdir()) == []

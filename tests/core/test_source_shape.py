@@ -20,7 +20,9 @@ from builder.errors import LockError, RenderError
 from builder.lock import lock_path
 from builder.metadata import load_snapshot
 from builder.naming import content_hash
-from builder.render import flash_attn_cuda_archs, render_context, torch_cuda_arch_list
+from builder.render import blocks, render_context
+from builder.render.blocks.base import torch_cuda_arch_list
+from builder.render.blocks.flash_attn import flash_attn_cuda_archs
 from builder.spec import load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
@@ -317,6 +319,29 @@ def test_one_gpu_list_drives_every_arch_list(site: Path, tmp_path: Path) -> None
     plus = _render(site, "cuda-shaped-one-gpu-too-many", tmp_path / "p")
     assert plus.manifest["gpus"] == ["sm_80", "sm_90", "sm_103"]
     assert plus.labels["org.verl-env.gpus"] == "sm_80,sm_90,sm_103"
+
+
+def test_a_source_package_is_a_block_plus_data(site: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """What one package's source build needs beyond the common variables is its block
+    (builder/render/blocks/), found by name: the rest of the render code names no package."""
+    assert {"flash-attn", "tensordict"} <= set(blocks.REGISTRY)
+    for module in (REPO / "builder" / "render").glob("*.py"):
+        if module.name != "baked.py":  # the manifest's import names: what the self-test imports
+            assert not re.search(r"flash|tensordict", module.read_text()), module
+    plain = _render(site, "cuda-shaped", tmp_path / "plain")
+    assert "VERL_ENV_EXT_JOBS" not in plain.dockerfile
+    # a new source package's knowledge: one block, registered by name
+    monkeypatch.setitem(blocks.REGISTRY, "verl-env-cuda-ext", blocks.Block(
+        "verl-env-cuda-ext", env=lambda t: [("VERL_ENV_EXT_JOBS", str(len(t.gpus)))],
+        notes=("verl-env-cuda-ext: one job per GPU architecture.",)))
+    ext = _render(site, "cuda-shaped", tmp_path / "ext")
+    stage = ext.dockerfile.split("FROM source-build AS source-verl-env-cuda-ext")[1]
+    stage = stage.split("\nFROM ")[0]
+    assert "VERL_ENV_EXT_JOBS=2 \\" in stage and ext.dockerfile.count("VERL_ENV_EXT_JOBS") == 1
+    assert "# verl-env-cuda-ext: one job per GPU architecture." in ext.dockerfile
+    with pytest.raises(ValueError, match="registered already"):
+        blocks.register(blocks.Block("flash-attn"))
 
 
 def test_gpus_can_be_overridden_and_are_validated_again() -> None:

@@ -319,7 +319,7 @@ def test_the_site_index_secrets_reach_pip_and_uv_config_but_no_layer(
         engine: Engine, debian_base: str, tmp_path: Path) -> None:
     """The mounts render.py emits for --index-url, built for real: inside the step pip's and
     uv's system config files hold the site's index; the image holds neither file nor the URL."""
-    from builder.render import site_index_secrets
+    from builder.render.write import site_index_secrets
 
     url = "https://builder:t0ken-456@pypi.mirror.example/simple"
     secrets = site_index_secrets(url)

@@ -23,9 +23,10 @@ from builder.engine import ContainerEngine, Engine, EngineHealth
 from tests.core.test_cross_arch import _Engine as ArchEngine
 from tests.core.test_vendor import _FakeEngine as VendorEngine
 from tests.pipeline.test_faults import FaultsEngine
-from tests.pipeline.test_seams import CountingEngine
+from tests.pipeline.test_seams import CountingEngine, PlanEngine
 
-FAKES: list[tuple[type, type]] = [(CountingEngine, ContainerEngine), (VendorEngine, ContainerEngine),
+FAKES: list[tuple[type, type]] = [(CountingEngine, ContainerEngine), (PlanEngine, ContainerEngine),
+                                  (VendorEngine, ContainerEngine),
                                   (ArchEngine, ContainerEngine), (FaultsEngine, EngineHealth)]
 
 

@@ -8,6 +8,9 @@ counts, and fakes at the far ends (the squashfs writer, the registry's HTTP call
 real path of the same request is run end to end by tests/publish/test_main_job_extended.py.
 Before this seam existed the same request connected 4 times, read the verdict 5 times and ran the
 inventory container twice.
+
+The plan tests drive the seam between :func:`builder.plan.plan_build` (no engine) and
+:func:`builder.pipeline.execute` with an engine that answers from tables and a faked gate.
 """
 
 from __future__ import annotations
@@ -16,20 +19,24 @@ import ast
 import importlib
 import json
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from builder import pipeline, publish, verdicts
-from builder.engine import ContainerEngine, Engine, ImageInfo, RunResult
+from builder import __version__, pipeline, publish, runlock, verdicts
+from builder.engine import (BuildProgress, BuildResult, ContainerEngine, Engine, ImageInfo,
+                            RunResult)
+from builder.naming import content_hash, context_digest
+from builder.plan import BuildPlan, BuildRequest, plan_build
 from builder.trust import keys
 from builder.trust import sbom as sbom_mod
 from builder.trust.sign import Signed
 
-BUILDER = Path(__file__).resolve().parents[2] / "builder"
+REPO = Path(__file__).resolve().parents[2]
+BUILDER = REPO / "builder"
 IMAGE_ID = "sha256:" + "ab" * 32
 TARGET = "cpu-x86_64"
 INVENTORY = {"interpreter": "/opt/venv/bin/python", "python": "3.11.2",
@@ -133,8 +140,8 @@ def test_sif_sign_push_connect_once_read_the_verdict_never_and_inventory_once(
         seams: SimpleNamespace, tmp_path: Path) -> None:
     key = keys.generate(tmp_path / "keys")
     sif = tmp_path / "out.sif"
-    req = pipeline.BuildRequest(target=TARGET, sif=sif, sign_key=key.private,
-                                push="127.0.0.1:5000/verl-env", quiet=True)
+    req = BuildRequest(target=TARGET, sif=sif, sign_key=key.private,
+                       push="127.0.0.1:5000/verl-env", quiet=True)
     target: Any = SimpleNamespace(name=TARGET)
     context = tmp_path / "context"
     context.mkdir()
@@ -207,3 +214,117 @@ def test_only_the_engine_package_speaks_docker() -> None:
                  for hit in _docker_imports(path)]
     assert offenders == []
     assert _docker_imports(BUILDER / "engine" / "client.py")  # the check sees an import
+
+
+class PlanEngine(ContainerEngine):
+    """An Engine without a daemon for the plan -> execute seam: base identities and the content
+    tag from tables, a build that returns a fixed image, tags recorded."""
+
+    def __init__(self, existing: dict[str, str] | None = None,
+                 build_error: BaseException | None = None) -> None:
+        self.existing = dict(existing or {})
+        self.build_error = build_error
+        self.calls: list[str] = []
+        self.tags: list[str] = []
+        self.removed: list[str] = []
+
+    def remove_orphans(self, role: str | None = None) -> list[str]:
+        self.calls.append("remove_orphans")
+        return []
+
+    def identity(self, ref: str) -> str:
+        self.calls.append(f"identity {ref}")
+        return f"{ref}@sha256:" + "9" * 64
+
+    def find(self, ref: str) -> str | None:
+        self.calls.append("find")
+        return self.existing.get(ref)
+
+    def build(self, context: Path, *, target: str, network: str | None = "host",
+              platform: str | None = None, secrets: dict[str, Path] | None = None,
+              on_event: Callable[[BuildProgress, str], None] | None = None) -> BuildResult:
+        self.calls.append("build")
+        assert (context / "Dockerfile").is_file() and target == "cuda-x86_64"
+        if self.build_error is not None:
+            raise self.build_error
+        return BuildResult(IMAGE_ID, 40, 3, 12.5, "")
+
+    def tag_once(self, image_id: str, ref: str) -> None:
+        self.tags.append(ref)
+        self.existing[ref] = image_id
+
+    def tag(self, image_id: str, ref: str) -> None:
+        self.tags.append(ref)
+
+    def remove_candidate(self, image_id: str) -> None:
+        self.removed.append(image_id)
+
+
+@pytest.fixture()
+def gate_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The gate (a container run) faked: a release verdict about the image it is given."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    gated: list[str] = []
+
+    def verify_image(engine: Engine, image_id: str, **kwargs: Any) -> verdicts.Verdict:
+        gated.append(image_id)
+        return verdicts.Verdict(image_id, 0, {"overall": "pass", "checks": [], "gate": {
+            "scope": "release", "family": "cuda"}}, seconds=1.0)
+
+    monkeypatch.setattr(pipeline, "verify_image", verify_image)
+    return gated
+
+
+def test_the_plan_is_made_without_the_engine_and_executed_with_it(
+        gate_passes: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    req = BuildRequest(target="cuda-x86_64", matrix=REPO / "matrix.yaml",
+                       workdir=tmp_path / "work", quiet=True)
+    plan = plan_build(req)  # no engine anywhere: Engine.connect is not patched in here
+    assert plan.context is not None and plan.context.path == (tmp_path / "work/context").resolve()
+    assert plan.base_refs == ("nvidia/cuda:13.0.2-base-ubuntu24.04",
+                              "nvidia/cuda:13.0.2-devel-ubuntu24.04")
+    assert plan.context_digest == context_digest(plan.context.path)
+
+    engine = PlanEngine()
+    outcome = pipeline.execute(plan, engine)
+    assert outcome.exit_code == 0 and outcome.report is not None
+    report = outcome.report
+    assert engine.calls == ["identity nvidia/cuda:13.0.2-base-ubuntu24.04",
+                            "identity nvidia/cuda:13.0.2-devel-ubuntu24.04", "find", "build"]
+    assert report.content_hash == content_hash(plan.context.path, report.bases, __version__)
+    assert report.tags == engine.tags and report.tags[1] == "verl-env:cuda-x86_64"
+    assert report.result == "pass" and not report.reused and gate_passes == [IMAGE_ID]
+    assert json.loads(plan.report_path.read_text())["result"] == "pass"
+
+    # the same plan again: its content tag exists and holds a release verdict: reused
+    again = pipeline.execute(plan, engine)
+    assert again.exit_code == 0 and again.report is not None and again.report.reused
+    assert engine.calls.count("build") == 1 and gate_passes == [IMAGE_ID]
+
+
+def test_run_makes_the_plan_under_the_run_lock_and_an_interrupt_removes_the_candidate(
+        gate_passes: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = PlanEngine(build_error=KeyboardInterrupt())
+    key = pipeline.build_lock_key(REPO / "matrix.yaml", "cuda-x86_64")
+    held: list[bool] = []
+    real_plan = pipeline.plan_build
+
+    def plan_build(req: BuildRequest, opened: Any = None, **kwargs: Any) -> BuildPlan:
+        with pytest.raises(runlock.LockBusy):  # the run holds the target's lock while planning
+            with runlock.held(key, what="probe", wait=False):
+                pass
+        held.append(True)
+        return real_plan(req, opened, **kwargs)
+
+    monkeypatch.setattr(Engine, "connect", classmethod(lambda cls: engine))
+    monkeypatch.setattr(pipeline, "plan_build", plan_build)
+    req = BuildRequest(target="cuda-x86_64", matrix=REPO / "matrix.yaml",
+                       workdir=tmp_path / "work", quiet=True)
+    outcome = pipeline.run(req)
+    assert outcome.exit_code == 130 and outcome.report is not None
+    assert outcome.report.result == "interrupted" and engine.tags == [] and gate_passes == []
+    assert engine.calls[0] == "remove_orphans" and engine.calls[-1] == "build" and held
+    assert engine.removed == []  # nothing was built: no candidate to remove
+    assert json.loads((tmp_path / "work/report.json").read_text())["result"] == "interrupted"
+    with runlock.held(key, what="test", wait=False):  # released: taken at once
+        pass

@@ -1,0 +1,72 @@
+"""The registry of source-build blocks (hpccm's building blocks): what one package's build from
+source needs beyond what every source build gets (:func:`common_env`), found by package name.
+
+A block is data plus small functions of the target: the variables its build reads and the
+comment lines the Dockerfile carries above its stage. A package without a block builds with the
+common variables alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from builder.spec import Package, Target
+
+Env = list[tuple[str, str]]  # (variable, value as the Dockerfile writes it)
+
+
+def _no_env(target: Target) -> Env:
+    return []
+
+
+@dataclass(frozen=True)
+class Block:
+    """How the package ``name`` is built from source."""
+
+    name: str
+    env: Callable[[Target], Env] = _no_env  # variables after the common ones, in this order
+    notes: tuple[str, ...] = ()  # comment lines above the package's stage
+
+
+REGISTRY: dict[str, Block] = {}
+
+
+def register(block: Block) -> Block:
+    """Add ``block`` to the registry (one block per package name)."""
+    if block.name in REGISTRY:
+        raise ValueError(f"a source-build block for {block.name} is registered already")
+    REGISTRY[block.name] = block
+    return block
+
+
+def block_for(package: str) -> Block:
+    """The registered block of ``package``, or a block that adds nothing."""
+    return REGISTRY.get(package) or Block(package)
+
+
+def torch_cuda_arch_list(gpus: tuple[str, ...]) -> str:
+    """``sm_80, sm_103, sm_90a`` -> ``8.0;10.3;9.0a`` (torch's cpp_extension reads it)."""
+    out = []
+    for g in gpus:
+        digits = g[3:].rstrip("af")
+        out.append(f"{digits[:-1]}.{digits[-1]}{g[3 + len(digits):]}")
+    return ";".join(out)
+
+
+def gpu_env(target: Target) -> Env:
+    """What a source build compiles GPU code for, all from the one ``gpus:`` list."""
+    if target.accelerator == "cuda":
+        return [("TORCH_CUDA_ARCH_LIST", f'"{torch_cuda_arch_list(target.gpus)}"')]
+    if target.accelerator == "rocm":
+        return [("PYTORCH_ROCM_ARCH", f'"{";".join(target.gpus)}"')]
+    return []
+
+
+def common_env(target: Target, package: Package) -> Env:
+    """What every source build gets: CMake finds pybind11 through its own cmake dir, GPU code for
+    the target's gpus, and setuptools-scm told the version (sources carry no .git)."""
+    return [("pybind11_DIR", '"$(/opt/venv/bin/python -m pybind11 --cmakedir)"'),
+            *gpu_env(target),
+            (f"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_{package.name.upper().replace('-', '_')}",
+             package.version)]
