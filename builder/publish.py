@@ -131,6 +131,16 @@ def manifest_digest(reg: Client, reference: str, attempts: int,
                     f"read back {reg.repo}:{reference}", attempts)
 
 
+def read_back(reg: Client, reference: str, pushed: str, attempts: int, *,
+              accept: str = MANIFEST_ACCEPT, where: str, pushed_by: str) -> dict[str, Any]:
+    """The manifest ``reference`` names, read back: it must be the one pushed (``pushed``, the
+    digest ``pushed_by`` reported), else :class:`PublishError`. Returns its JSON."""
+    served_digest, served = manifest_digest(reg, reference, attempts, accept=accept)
+    if served_digest != pushed:
+        raise PublishError(f"{where}: the registry serves {served_digest}, {pushed_by} {pushed}")
+    return served
+
+
 # --------------------------------------------------------------------------- the image
 
 
@@ -195,13 +205,11 @@ def push_sif(sif: Path, reg: Client, tag: str, attempts: int, *, blob: str | Non
     retrying(lambda: reg.put_blob(sif, blob), f"ORAS push {target} (SIF blob)", attempts)
     pushed = retrying(lambda: reg.put_manifest(digest, manifest, OCI_MANIFEST),
                       f"ORAS push {target} (manifest)", attempts)
-    served_digest, served = manifest_digest(reg, pushed, attempts, accept=OCI_MANIFEST)
-    if served_digest != pushed:
-        raise PublishError(f"{target}: the registry serves {served_digest}, the SIF manifest "
-                           f"pushed was {pushed}")
+    served = read_back(reg, pushed, pushed, attempts, accept=OCI_MANIFEST, where=target,
+                       pushed_by="the SIF manifest pushed was")
     if move_tag:
         release_tags(reg, [(tag, pushed, OCI_MANIFEST)], attempts)
-    return served_digest, served
+    return pushed, served
 
 
 def release_tags(reg: Client, moves: list[tuple[str, str, str]], attempts: int,
@@ -493,11 +501,9 @@ def _transfer(engine: Engine, image: ImageInfo, reg: Client, progress: Progress,
     where = f"{reg.host}/{reg.repo}"
     progress.enter("image push")
     staging = staging_tag(tag)
-    pushed = push_image(engine, image, reg, staging, attempts)
-    digest, _ = manifest_digest(reg, staging, attempts)
-    if digest != pushed:
-        raise PublishError(f"{where}:{staging}: the registry serves {digest}, the engine "
-                           f"pushed {pushed}")
+    digest = push_image(engine, image, reg, staging, attempts)
+    read_back(reg, staging, digest, attempts, where=f"{where}:{staging}",
+              pushed_by="the engine pushed")
     image_rec = {"tag": f"{where}:{tag}", "digest": digest, "reference": f"{where}@{digest}"}
     progress.finish("image push", image={**image_rec, "staging_tag": f"{where}:{staging}"})
     record: dict[str, Any] = {"image": image_rec, "image_digest": digest, "sif": None}
@@ -574,17 +580,21 @@ def _attach_clusters(reg: Client, clusters: list[ClusterVerdict], sign_key: Path
     for verdict in clusters:
         env = envelope(subjects, verdict, private)
         kind = referrer_kind(verdict)
-        pushed = {}
-        for what, digest in (("image", image_digest), ("sif", sif_record["digest"])):
-            subject = retrying(lambda d=digest: referrers.read_subject(reg, d),
-                               f"read back {reg.repo}@{digest}", attempts)
-            pushed[what] = retrying(
-                lambda s=subject: referrers.attach(reg, s, [env], kind=kind, cosign=False),
-                f"cluster verdict of {reg.repo}@{digest}", attempts)
+        pushed = {what: _attach_cluster(reg, digest, env, kind, attempts)
+                  for what, digest in (("image", image_digest), ("sif", sif_record["digest"]))}
         out.append({"cluster": verdict.cluster, "job": verdict.job, "overall": verdict.overall,
                     "level": verdict.level, "recorded_at": verdict.recorded_at, "kind": kind,
                     "referrers": pushed})
     return out
+
+
+def _attach_cluster(reg: Client, digest: str, env: dict[str, Any], kind: str, attempts: int
+                    ) -> dict[str, Any]:
+    """One signed cluster verdict pushed as a referrer (of its own ``kind``) of ``digest``."""
+    subject = retrying(lambda: referrers.read_subject(reg, digest),
+                       f"read back {reg.repo}@{digest}", attempts)
+    return retrying(lambda: referrers.attach(reg, subject, [env], kind=kind, cosign=False),
+                    f"cluster verdict of {reg.repo}@{digest}", attempts)
 
 
 def _verdict_summary(v: verdicts.Verdict | None) -> dict[str, Any] | None:

@@ -122,12 +122,12 @@ def check(path: Path, config: dict[str, Any] | None) -> None:
     proc = subprocess.run(["unsquashfs", "-s", str(path)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SifError(f"unsquashfs -s {path}: {proc.stderr.strip()[-500:]}")
-    proc = subprocess.run(["unsquashfs", "-cat", str(path), "etc/environment"],
-                          capture_output=True)
+    cat = subprocess.run(["unsquashfs", "-cat", str(path), "etc/environment"],
+                         capture_output=True)
     want = enroot_files(config, "")["etc/environment"][0]
-    if proc.returncode != 0 or proc.stdout != want:
+    if cat.returncode != 0 or cat.stdout != want:
         raise SifError(f"{path}: /etc/environment does not hold the image's ENV "
-                       f"({proc.stderr.decode(errors='replace').strip()[-300:]})")
+                       f"({cat.stderr.decode(errors='replace').strip()[-300:]})")
 
 
 def space_needs(compression: str, image_size: int) -> list[Need]:
