@@ -117,6 +117,11 @@ def site(args: argparse.Namespace) -> Site:
     return open_site(args.matrix, args.snapshot)
 
 
+def target_names(args: argparse.Namespace) -> list[str] | None:
+    """The ``--target`` names, each once, in order; None: every target."""
+    return list(dict.fromkeys(args.targets)) if args.targets else None
+
+
 def emit_json(kind: str, payload: dict[str, Any]) -> None:
     """One JSON document on stdout: ``{"schema": "verl-env/<kind>/v1", ...}``."""
     print(json.dumps({"schema": SCHEMA.format(kind), **payload}, indent=2, sort_keys=True))
@@ -148,12 +153,18 @@ def progress(args: argparse.Namespace, what: str) -> Iterator[None]:
         print(f"\r{what}: {end}" if tty else f"{what}: {end}", file=sys.stderr, flush=True)
 
 
-def require(p: argparse.ArgumentParser) -> None:
-    """``--require build|gpu``: the verdict level that unlocks tags, SIF and publish."""
-    p.add_argument("--require", choices=verdicts.LEVELS, default=None,
-                   help="the verdict level the image needs: build (default; a GPU family's GPU "
-                        f"phases may be pending) or gpu (they passed on GPUs); env "
-                        f"{verdicts.REQUIRE_ENV}; config: require")
+def require(p: argparse.ArgumentParser, to: str | None = None) -> None:
+    """``--require build|gpu``: the verdict level that unlocks tags, SIF and publish; ``to``:
+    what ``trust sign``/``trust verify`` do at that level (sign, accept)."""
+    if to is None:
+        text = ("the verdict level the image needs: build (default; a GPU family's GPU phases "
+                f"may be pending) or gpu (they passed on GPUs); env {verdicts.REQUIRE_ENV}; "
+                "config: require")
+    else:
+        text = (f"the verdict level to {to}: build (default; the GPU phases may be pending) or "
+                "gpu (GPU and collective phases proven on GPUs); env "
+                f"{verdicts.REQUIRE_ENV}")
+    p.add_argument("--require", choices=verdicts.LEVELS, default=None, help=text)
 
 
 def verified_image(p: argparse.ArgumentParser, verb: str) -> None:

@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     site = _shared.site(args)
-    names = list(dict.fromkeys(args.targets)) if args.targets else None
+    names = _shared.target_names(args)
     targets = site.targets(names)
     refreshed = None
     if args.online:

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--build needs --output DIR (the candidate it builds and proves)",
                         file="--build")
     anchors = Anchors.parse(args.hold, args.want, args.only)
-    names = list(dict.fromkeys(args.targets)) if args.targets else None
+    names = _shared.target_names(args)
     targets = site.targets(names)
     if args.online:  # the site's snapshot is read, refreshed in memory, never written back
         snapshot = load_snapshot(site.snapshot_file)

@@ -9,6 +9,7 @@ from typing import Any
 
 from builder import verdicts
 from builder.cluster_verdict import read as read_cluster_verdict
+from builder.commands import _shared
 from builder.errors import TrustError
 from builder.trust import remote
 from builder.trust.cluster_signing import sign_cluster
@@ -19,13 +20,6 @@ from builder.trust.verify import summary_lines, verify_sif
 NAME = "trust"
 HELP = "sign and check attestations"
 VERIFY_SCHEMA = "verl-env/trust-verify/v1"
-
-
-def _require(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--require", choices=verdicts.LEVELS, default=None,
-                   help=f"the verdict level to {what}: build (default; the GPU phases may be "
-                        "pending) or gpu (GPU and collective phases proven on GPUs); env "
-                        f"{verdicts.REQUIRE_ENV}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="verdict JSON (default: the local verdict record of the report's image)")
     sg.add_argument("--sbom", type=Path, default=None,
                     help="CycloneDX JSON (default: inventory the report's image in the engine)")
-    _require(sg, "sign")
+    _shared.require(sg, "sign")
 
     vf = sub.add_parser("verify", help="check a SIF and its sidecar offline, or an image/SIF "
                         "artifact's attestations in a registry")
@@ -68,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     vf.add_argument("--insecure", action="store_true",
                     help="plain HTTP to a non-loopback registry")
     vf.add_argument("--json", action="store_true", help="print the result as JSON")
-    _require(vf, "accept")
+    _shared.require(vf, "accept")
 
 
 def run(args: argparse.Namespace) -> int:
