@@ -84,7 +84,7 @@ def load(path: Path | None) -> Config:
         kind, dests, is_path = KEYS[key]
         if not isinstance(value, kind):
             raise SpecError(f"expected a {kind.__name__}, got {value!r}", file=file, key=key)
-        resolved: Any = (path.parent / value).resolve() if is_path else value
+        resolved: Any = (path.parent / str(value)).resolve() if is_path else value
         for dest in dests:
             values[dest] = resolved
     return Config(path, values, sections)
