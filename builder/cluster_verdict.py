@@ -25,7 +25,7 @@ from typing import Any
 from builder.errors import ClusterError
 from builder.families import family as family_of_name
 from builder.files import atomic_write_text, sha256_file
-from builder.sif.verify import sif_labels
+from builder.sif.checks import sif_labels
 from builder.verdicts import GPU, NONE, PROVEN, gpu_facts
 
 SCHEMA = "verl-env/cluster-verdict/v1"

@@ -14,7 +14,7 @@ from builder.trust import remote
 from builder.trust.cluster_signing import Entry, read_clusters
 from builder.trust.keys import load_public
 from builder.trust.sign import sidecar_of
-from builder.trust.verify import verify_sif
+from builder.trust.signatures import verify_sif
 
 __all__ = ["Entry", "gather", "last_passed", "reference_entries", "sif_entries"]
 

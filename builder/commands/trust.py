@@ -15,7 +15,7 @@ from builder.trust import remote
 from builder.trust.cluster_signing import sign_cluster
 from builder.trust.keys import generate
 from builder.trust.sign import sign_from_report
-from builder.trust.verify import summary_lines, verify_sif
+from builder.trust.signatures import summary_lines, verify_sif
 
 NAME = "trust"
 HELP = "sign and check attestations"

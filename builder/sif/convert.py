@@ -36,7 +36,7 @@ from builder.files import atomic_write_text
 from builder.sif import native as sif_native
 from builder.sif.overlay import OverlayError
 from builder.sif.placement import Need, is_disk_full, mib, placing
-from builder.sif.verify import DEFAULT_PHASES, verify_sif
+from builder.sif.checks import DEFAULT_PHASES, verify_sif
 
 __all__ = ["convert", "convert_verified", "summary", "verify_sif", "write_report"]
 REPORT_SCHEMA = "verl-env/sif-report/v1"
