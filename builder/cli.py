@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from builder import __version__, config
-from builder.commands import BY_NAME, COMMANDS
+from builder.commands import BY_NAME, COMMANDS, completion
 from builder.errors import BuildEnvError, SpecError
 from builder.targets import default_matrix
 
@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS:
         module.add_arguments(sub.add_parser(module.NAME, help=module.HELP))
+    # `completion` walks the whole parser: it gets it here rather than importing this module
+    sub.choices[completion.NAME].set_defaults(parser=parser)
     return parser
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from builder.errors import SpecError
 
 FILENAME = "build-env.toml"
-# key -> (type, the argparse destinations it fills, whether it is a path)
+# key -> (type, the option destinations it fills, whether it is a path)
 KEYS: dict[str, tuple[type, tuple[str, ...], bool]] = {
     "tag_prefix": (str, ("tag_prefix",), False),
     "registry": (str, ("push", "registry"), False),
@@ -39,7 +39,7 @@ SECTIONS = {"slurm"}  # per-command tables: their keys are that command's option
 @dataclass(frozen=True)
 class Config:
     path: Path | None = None
-    values: dict[str, Any] = field(default_factory=dict)  # argparse dest -> value
+    values: dict[str, Any] = field(default_factory=dict)  # option destination -> value
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def for_command(self, command: str) -> dict[str, Any]:
@@ -84,7 +84,7 @@ def load(path: Path | None) -> Config:
         kind, dests, is_path = KEYS[key]
         if not isinstance(value, kind):
             raise SpecError(f"expected a {kind.__name__}, got {value!r}", file=file, key=key)
-        resolved: Any = (path.parent / value).resolve() if is_path else value
+        resolved: Any = (path.parent / str(value)).resolve() if is_path else value
         for dest in dests:
             values[dest] = resolved
     return Config(path, values, sections)

@@ -2,12 +2,12 @@
 
 Each check returns a :class:`Finding` with a one-line fix. Everything the checks read (the
 environment, sysfs, /dev/shm, the runtime command) can be pointed elsewhere, so the checks are
-tested against real sockets, real mounts and a fake sysfs tree.
+tested against real sockets, real mounts and a fake sysfs tree. :func:`run_doctor` runs them
+all; the command (:mod:`builder.commands.doctor`) prints them.
 """
 
 from __future__ import annotations
 
-import argparse
 import errno
 import fcntl
 import getpass
@@ -18,8 +18,7 @@ import shutil
 import socket
 import struct
 import subprocess
-import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
@@ -29,7 +28,6 @@ from builder.slurm import RayPorts
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 _SIOCGIFADDR = 0x8915
-GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -338,22 +336,3 @@ def run_doctor(interface: str = "ib0", hf_home: str | None = None, runtime: str 
     findings += check_runtime(runtime)
     findings += check_cpus(env)
     return findings
-
-
-def run(args: argparse.Namespace) -> int:
-    """Entry point of ``build-env doctor``: 0 when nothing failed, 1 otherwise."""
-    findings = run_doctor(interface=args.interface, hf_home=args.hf_home, runtime=args.runtime,
-                          accelerator=getattr(args, "accelerator", None), cuda=args.cuda)
-    failed = any(f.status == FAIL for f in findings)
-    if args.json:
-        summary = {s: sum(f.status == s for f in findings) for s in (OK, WARN, FAIL, SKIP)}
-        json.dump({"schema": "verl-env/doctor/v1", "findings": [asdict(f) for f in findings],
-                   "summary": summary,
-                   "ok": not failed}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        for f in findings:
-            print(f"[{f.status.upper():4}] {f.id:20} {f.message}")
-            if f.status != OK and f.fix:
-                print(f"{'':27}fix: {f.fix}")
-    return 1 if failed else 0

@@ -38,7 +38,6 @@ backoff. Loopback registries are spoken to over plain HTTP (Docker's default con
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import hashlib
 import json
@@ -51,13 +50,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from builder import verdicts
-from builder.files import sha256_file
-from builder.sif import format as sif_format
+from builder import runlock, verdicts
+from builder.cluster_verdict import ClusterVerdict
+from builder.cluster_verdict import read as read_cluster_verdict
 from builder.engine import Engine, ImageInfo
-from builder.errors import BuildEnvError, EngineError, PublishError
+from builder.errors import BuildEnvError, ClusterError, PublishError
+from builder.files import sha256_file
 from builder.registry import (PASSWORD_ENV, TIMEOUT_S, USER_ENV, Client, Credentials, Transient,
                               docker_config_path, parse_reference, resolve_credentials)
+from builder.sif import format as sif_format
+from builder.trust import referrers
+from builder.trust import statements as st
+from builder.trust.cluster_signing import envelope, referrer_kind
+from builder.trust.keys import keyid, load_private
+from builder.trust.sign import envelopes, statement_inputs
 
 __all__ = ["PASSWORD_ENV", "USER_ENV", "Client", "Credentials", "Transient", "connect",
            "docker_config_path", "preflight", "publish", "publish_verified"]
@@ -125,6 +131,16 @@ def manifest_digest(reg: Client, reference: str, attempts: int,
                     f"read back {reg.repo}:{reference}", attempts)
 
 
+def read_back(reg: Client, reference: str, pushed: str, attempts: int, *,
+              accept: str = MANIFEST_ACCEPT, where: str, pushed_by: str) -> dict[str, Any]:
+    """The manifest ``reference`` names, read back: it must be the one pushed (``pushed``, the
+    digest ``pushed_by`` reported), else :class:`PublishError`. Returns its JSON."""
+    served_digest, served = manifest_digest(reg, reference, attempts, accept=accept)
+    if served_digest != pushed:
+        raise PublishError(f"{where}: the registry serves {served_digest}, {pushed_by} {pushed}")
+    return served
+
+
 # --------------------------------------------------------------------------- the image
 
 
@@ -189,13 +205,11 @@ def push_sif(sif: Path, reg: Client, tag: str, attempts: int, *, blob: str | Non
     retrying(lambda: reg.put_blob(sif, blob), f"ORAS push {target} (SIF blob)", attempts)
     pushed = retrying(lambda: reg.put_manifest(digest, manifest, OCI_MANIFEST),
                       f"ORAS push {target} (manifest)", attempts)
-    served_digest, served = manifest_digest(reg, pushed, attempts, accept=OCI_MANIFEST)
-    if served_digest != pushed:
-        raise PublishError(f"{target}: the registry serves {served_digest}, the SIF manifest "
-                           f"pushed was {pushed}")
+    served = read_back(reg, pushed, pushed, attempts, accept=OCI_MANIFEST, where=target,
+                       pushed_by="the SIF manifest pushed was")
     if move_tag:
         release_tags(reg, [(tag, pushed, OCI_MANIFEST)], attempts)
-    return served_digest, served
+    return pushed, served
 
 
 def release_tags(reg: Client, moves: list[tuple[str, str, str]], attempts: int,
@@ -371,8 +385,6 @@ class Attestations:
     provenance: Any  # builder.trust.statements.ProvenanceInputs
 
     def envelopes(self, subjects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        from builder.trust.sign import envelopes
-
         return envelopes(subjects, self.verdict, self.sbom, self.provenance, self.private)
 
 
@@ -383,9 +395,6 @@ def prepare_attestations(engine: Engine, image: ImageInfo, sign_key: Path, repor
     """The key, a release verdict of this image, the report describing it, its SBOM: every
     refusal happens here, before the first byte is pushed. ``verdict``/``sbom_doc``: what the
     caller already holds (the pipeline), else read and inventoried here."""
-    from builder.trust.keys import keyid, load_private
-    from builder.trust.sign import statement_inputs
-
     private = load_private(sign_key)
     if report is None:
         raise PublishError("--sign-key needs the build's report.json for the provenance "
@@ -404,12 +413,10 @@ def attest(reg: Client, attestations: Attestations, digest: str,
            subjects: list[dict[str, Any]], attempts: int) -> dict[str, Any]:
     """Sign the statements about ``subjects`` (the first names the manifest ``digest``) and push
     them as referrers of that manifest, as the registry serves it."""
-    from builder.trust import referrers
-
     subject = retrying(lambda: referrers.read_subject(reg, digest),
                        f"read back {reg.repo}@{digest}", attempts)
-    envelopes = attestations.envelopes(subjects)  # once: ECDSA signatures are randomised
-    return retrying(lambda: referrers.attach(reg, subject, envelopes),
+    signed = attestations.envelopes(subjects)  # once: ECDSA signatures are randomised
+    return retrying(lambda: referrers.attach(reg, subject, signed),
                     f"attestations of {reg.repo}@{digest}", attempts)
 
 
@@ -431,8 +438,6 @@ def publish(engine: Engine, image: ImageInfo, registry: str, *, tag: str, sif: P
     One publish at a time writes one record (:mod:`builder.runlock`, keyed on the record's
     path): a second waits, then publishes over what the first left (nothing is uploaded twice:
     blobs the registry has are skipped)."""
-    from builder import runlock
-
     if verdict is None:
         verdict = verdicts.lookup(image.id)
     try:
@@ -490,19 +495,15 @@ def _publish(engine: Engine, image: ImageInfo, registry: str, *, tag: str, sif: 
 
 def _transfer(engine: Engine, image: ImageInfo, reg: Client, progress: Progress, *, tag: str,
               stag: str, sif: Path | None, attempts: int, signing: Attestations | None,
-              clusters: list[Any], sign_key: Path | None) -> dict[str, Any]:
+              clusters: list[ClusterVerdict], sign_key: Path | None) -> dict[str, Any]:
     """The stages that send bytes, in order: image (under its staging tag) and SIF by digest,
     the attestations about both digests, and only then the release tags."""
-    from builder.trust import statements as st
-
     where = f"{reg.host}/{reg.repo}"
     progress.enter("image push")
     staging = staging_tag(tag)
-    pushed = push_image(engine, image, reg, staging, attempts)
-    digest, _ = manifest_digest(reg, staging, attempts)
-    if digest != pushed:
-        raise PublishError(f"{where}:{staging}: the registry serves {digest}, the engine "
-                           f"pushed {pushed}")
+    digest = push_image(engine, image, reg, staging, attempts)
+    read_back(reg, staging, digest, attempts, where=f"{where}:{staging}",
+              pushed_by="the engine pushed")
     image_rec = {"tag": f"{where}:{tag}", "digest": digest, "reference": f"{where}@{digest}"}
     progress.finish("image push", image={**image_rec, "staging_tag": f"{where}:{staging}"})
     record: dict[str, Any] = {"image": image_rec, "image_digest": digest, "sif": None}
@@ -545,21 +546,18 @@ def _transfer(engine: Engine, image: ImageInfo, reg: Client, progress: Progress,
 
 
 def _clusters_to_attach(files: tuple[Path, ...], sif: Path | None,
-                        sign_key: Path | None) -> list[Any]:
+                        sign_key: Path | None) -> list[ClusterVerdict]:
     """The cluster verdicts of ``--attach``, each about this SIF: checked before any push."""
     if not files:
         return []
-    from builder.cluster import file_digest, read
-    from builder.errors import ClusterError
-
     if sign_key is None or sif is None:
         raise PublishError("--attach signs cluster verdicts about the SIF: give --sign-key and "
                            "--sif")
-    digest = file_digest(sif)
+    digest = sha256_file(sif)
     out = []
     for path in files:
         try:
-            verdict = read(path)
+            verdict = read_cluster_verdict(path)
         except ClusterError as exc:
             raise PublishError(str(exc).removeprefix("cluster: ")) from None
         if verdict.subject.get("digest") != digest:
@@ -569,16 +567,11 @@ def _clusters_to_attach(files: tuple[Path, ...], sif: Path | None,
     return out
 
 
-def _attach_clusters(reg: Client, clusters: list[Any], sign_key: Path, image_digest: str,
+def _attach_clusters(reg: Client, clusters: list[ClusterVerdict], sign_key: Path, image_digest: str,
                      sif_record: dict[str, Any], sif_name: str, attempts: int
                      ) -> list[dict[str, Any]]:
     """Each cluster verdict signed about the image manifest, the SIF artifact and the SIF file,
     and pushed as a referrer of both manifests (its own kind: several live side by side)."""
-    from builder.trust import referrers
-    from builder.trust import statements as st
-    from builder.trust.cluster import envelope, referrer_kind
-    from builder.trust.keys import load_private
-
     private = load_private(sign_key)
     subjects = [st.subject(f"{reg.host}/{reg.repo}", image_digest),
                 st.subject(f"oras://{reg.host}/{reg.repo}", sif_record["digest"]),
@@ -587,17 +580,21 @@ def _attach_clusters(reg: Client, clusters: list[Any], sign_key: Path, image_dig
     for verdict in clusters:
         env = envelope(subjects, verdict, private)
         kind = referrer_kind(verdict)
-        pushed = {}
-        for what, digest in (("image", image_digest), ("sif", sif_record["digest"])):
-            subject = retrying(lambda d=digest: referrers.read_subject(reg, d),
-                               f"read back {reg.repo}@{digest}", attempts)
-            pushed[what] = retrying(
-                lambda s=subject: referrers.attach(reg, s, [env], kind=kind, cosign=False),
-                f"cluster verdict of {reg.repo}@{digest}", attempts)
+        pushed = {what: _attach_cluster(reg, digest, env, kind, attempts)
+                  for what, digest in (("image", image_digest), ("sif", sif_record["digest"]))}
         out.append({"cluster": verdict.cluster, "job": verdict.job, "overall": verdict.overall,
                     "level": verdict.level, "recorded_at": verdict.recorded_at, "kind": kind,
                     "referrers": pushed})
     return out
+
+
+def _attach_cluster(reg: Client, digest: str, env: dict[str, Any], kind: str, attempts: int
+                    ) -> dict[str, Any]:
+    """One signed cluster verdict pushed as a referrer (of its own ``kind``) of ``digest``."""
+    subject = retrying(lambda: referrers.read_subject(reg, digest),
+                       f"read back {reg.repo}@{digest}", attempts)
+    return retrying(lambda: referrers.attach(reg, subject, [env], kind=kind, cosign=False),
+                    f"cluster verdict of {reg.repo}@{digest}", attempts)
 
 
 def _verdict_summary(v: verdicts.Verdict | None) -> dict[str, Any] | None:
@@ -627,66 +624,3 @@ def publish_verified(engine: Engine, image: ImageInfo, registry: str, *, target:
                    record_path=record_path or Path("build") / target / "publish.json",
                    pins=pins, sign_key=sign_key, report=report, require=require,
                    verdict=verdict, sbom_doc=sbom_doc)
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def _default_tag(ref: str, target: str | None) -> str:
-    if target:
-        return target
-    last = ref.split("/")[-1]
-    return last.split(":", 1)[1] if ":" in last and "@" not in last else "latest"
-
-
-def run(args: argparse.Namespace) -> int:
-    """``build-env publish``."""
-    preflight(args.registry, insecure=args.insecure, attempts=max(1, min(args.attempts, 2)))
-    target = args.target
-    if target:
-        from builder.spec import load_matrix
-
-        load_matrix(args.matrix).target(target)
-        ref = f"{args.tag_prefix}:{target}"
-    else:
-        ref = args.image
-    engine = Engine.connect()
-    try:
-        image = engine.image(ref)
-    except EngineError as exc:
-        raise PublishError(str(exc).split(": ", 1)[-1], target=target) from None
-    require = verdicts.requirement(args.require)
-    verdict = verdicts.lookup(image.id)
-    problem = verdicts.release_problem(verdict, require)
-    if problem and not args.force:
-        raise PublishError(f"image {ref} ({image.id[7:19]}) has no passing verdict: {problem}; "
-                           "run `build-env verify` first, or pass --force", target=target)
-    name = target or re.sub(r"[^A-Za-z0-9_.-]+", "_", ref)
-    report = args.report or (Path("build") / target / "report.json" if target else None)
-    record = publish(engine, image, args.registry, tag=args.tag or _default_tag(ref, target),
-                     sif=args.sif, target=target,
-                     record_path=args.record or Path("build") / name / "publish.json",
-                     sif_tag=args.sif_tag, insecure=args.insecure, attempts=args.attempts,
-                     sign_key=args.sign_key, report=report if args.sign_key else None,
-                     require=require, attach=tuple(args.attach), verdict=verdict)
-    if args.json:
-        print(json.dumps(record, indent=2, sort_keys=True))
-    else:
-        print(f"image  {record['image']['reference']}")
-        v = record.get("verdict") or {}
-        if v:
-            gpu = v.get("gpu") or {}
-            print(f"verdict {v.get('overall')}, {v.get('level') or v.get('scope')} level, gpu: "
-                  f"{gpu.get('status')}" + (f" ({gpu['reason']})" if gpu.get("reason") else ""))
-        if record["sif"]:
-            print(f"sif    {record['sif']['reference']} ({record['sif']['size'] / 2**20:.0f} MiB)")
-        for what, att in sorted((k, v) for k, v in (record.get("attestations") or {}).items()
-                                if isinstance(v, dict)):
-            where = att["fallback_index"] or "referrers API"
-            print(f"signed {what}: {len(att['referrers'])} referrers of {att['subject'][:19]} "
-                  f"({where}; cosign {att['cosign_tag'][:19]}...)")
-        for c in record.get("clusters") or []:
-            print(f"attached cluster verdict {c['cluster']} ({c['overall']}, {c['level']} "
-                  f"level, job {c['job']})")
-        print(f"record {record['record']}")
-    return 0

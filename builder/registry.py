@@ -8,7 +8,9 @@ Credentials (:func:`resolve_credentials`), first match wins:
    ``credHelpers[host]``, else ``credsStore`` (both through ``docker-credential-<name> get``:
    the server address on stdin, ``{"Username": ..., "Secret": ...}`` on stdout), else the
    ``auths`` entry (``auth`` = base64 ``user:password``, or ``username``/``password``, or an
-   ``identitytoken``).
+   ``identitytoken``). Keys name a registry as ``docker.auth`` reads them (a URL's host; the
+   Hub's hosts as one); ``docker.auth.decode_auth`` reads ``auth``. The helpers are run here,
+   with a timeout and their output captured (docker's ``credentials.Store`` has neither).
 
 Auth (:class:`Client`): a request goes out without credentials; on ``401`` the
 ``WWW-Authenticate`` challenge decides. ``Basic``: the request is repeated with the credentials.
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import docker.auth
 import requests
 
 from builder.errors import PublishError
@@ -81,11 +84,25 @@ def docker_config_path() -> Path:
 
 
 def config_keys(host: str) -> list[str]:
-    """The names under which Docker stores a registry's credentials."""
+    """The names a credential helper is asked for ``host`` under (as ``docker login`` stores
+    them): the bare host, then its URL; Docker Hub's under its index URL."""
     if host in DOCKER_HUB_HOSTS:
-        return [DOCKER_HUB_KEY, "docker.io", "index.docker.io", "registry-1.docker.io"]
-    return [host, f"https://{host}", f"http://{host}", f"https://{host}/v1/",
-            f"https://{host}/v2/"]
+        return [DOCKER_HUB_KEY, "docker.io"]
+    return [host, f"https://{host}"]
+
+
+def index_name(key: str) -> str:
+    """The registry a Docker config key names, as ``docker.auth`` compares them: scheme and
+    path stripped, ``index.docker.io`` (and the Hub's other hosts) as ``docker.io``."""
+    name = docker.auth.resolve_index_name(key)
+    return docker.auth.INDEX_NAME if name in DOCKER_HUB_HOSTS else name
+
+
+def _for_host(table: dict[str, Any], host: str) -> list[tuple[str, Any]]:
+    """The entries of a Docker config table (``auths``, ``credHelpers``) for ``host``: under
+    its exact key first, then under any key that names the same registry."""
+    return sorted(((k, v) for k, v in table.items() if k == host or index_name(k) ==
+                   index_name(host)), key=lambda kv: kv[0] != host)
 
 
 def _load_config(path: Path) -> dict[str, Any]:
@@ -106,7 +123,7 @@ def credential_helper(name: str, host: str, origin: str) -> Credentials | None:
     if exe is None:
         raise PublishError(f"{origin} names the credential helper {name!r}, but "
                            f"docker-credential-{name} is not on PATH")
-    for key in config_keys(host)[:2]:
+    for key in config_keys(host):
         try:
             proc = subprocess.run([exe, "get"], input=key, capture_output=True, text=True,
                                   timeout=HELPER_TIMEOUT_S, check=False)
@@ -137,7 +154,7 @@ def _from_auths(entry: dict[str, Any], path: Path, key: str) -> Credentials | No
                            "docker-config", identity=True)
     if entry.get("auth"):
         try:
-            user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+            user, password = docker.auth.decode_auth(entry["auth"])
         except (ValueError, UnicodeDecodeError):
             raise PublishError(f"{path}: auths.{key}.auth is not base64 user:password") from None
         if user and password:
@@ -154,17 +171,14 @@ def resolve_credentials(host: str) -> Credentials | None:
         return Credentials(user, password, "environment")
     path = docker_config_path()
     config = _load_config(path)
-    helpers = config.get("credHelpers") or {}
-    for key in config_keys(host):
-        if helpers.get(key):
-            return credential_helper(str(helpers[key]), host, f"{path} credHelpers.{key}")
-    auths = config.get("auths") or {}
+    for key, helper in _for_host(config.get("credHelpers") or {}, host):
+        if helper:
+            return credential_helper(str(helper), host, f"{path} credHelpers.{key}")
     if config.get("credsStore"):
         found = credential_helper(str(config["credsStore"]), host, f"{path} credsStore")
         if found is not None:
             return found
-    for key in config_keys(host):
-        entry = auths.get(key)
+    for key, entry in _for_host(config.get("auths") or {}, host):
         if isinstance(entry, dict) and (creds := _from_auths(entry, path, key)):
             return creds
     return None
@@ -418,6 +432,15 @@ class Client:
     def _absolute(self, location: str) -> str:
         return urllib.parse.urljoin(f"{self.scheme}://{api_host(self.host)}/", location)
 
+    def _served_digest(self, r: requests.Response, reference: str) -> str:
+        """The digest of the manifest bytes served, checked against ``Docker-Content-Digest``."""
+        digest = "sha256:" + hashlib.sha256(r.content).hexdigest()
+        header = r.headers.get("Docker-Content-Digest")
+        if header and header != digest:
+            raise PublishError(f"{self.repo}:{reference}: registry digest {header} differs "
+                               f"from the manifest it served ({digest})")
+        return digest
+
     def manifest(self, reference: str, accept: str) -> tuple[str, dict[str, Any]]:
         """A manifest's digest (sha256 of the bytes served, checked against
         ``Docker-Content-Digest``) and its JSON."""
@@ -425,12 +448,7 @@ class Client:
         if r.status_code != 200:
             raise PublishError(f"{self.host}/{self.repo}:{reference}: manifest read-back "
                                f"answered HTTP {r.status_code}")
-        digest = "sha256:" + hashlib.sha256(r.content).hexdigest()
-        header = r.headers.get("Docker-Content-Digest")
-        if header and header != digest:
-            raise PublishError(f"{self.repo}:{reference}: registry digest {header} differs "
-                               f"from the manifest it served ({digest})")
-        return digest, r.json()
+        return self._served_digest(r, reference), r.json()
 
     def has_blob(self, digest: str) -> bool:
         r = self.request("HEAD", f"{self.repo}/blobs/{digest}")
@@ -475,11 +493,7 @@ class Client:
         if r.status_code != 200:
             raise PublishError(f"{self.host}/{self.repo}:{reference}: manifest read answered HTTP "
                                f"{r.status_code}{_registry_errors(r)}")
-        digest = "sha256:" + hashlib.sha256(r.content).hexdigest()
-        header = r.headers.get("Docker-Content-Digest")
-        if header and header != digest:
-            raise PublishError(f"{self.repo}:{reference}: registry digest {header} differs "
-                               f"from the manifest it served ({digest})")
+        digest = self._served_digest(r, reference)
         if reference.startswith("sha256:") and reference != digest:
             raise PublishError(f"{self.repo}@{reference}: the registry served other bytes "
                                f"({digest})")

@@ -9,11 +9,9 @@ stage by stage, is documented in ``docs/slurm.md`` and in the template's header.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shlex
-import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -75,14 +73,14 @@ class Bind:
             raise SlurmError(f"--bind expects SRC[:DST[:ro]], got {spec!r}")
         if len(parts) == 2 and parts[1] in ("ro", "rw"):
             parts = [parts[0], parts[0], parts[1]]
-        src = _absolute(parts[0], "--bind")
+        src = absolute_path(parts[0], "--bind")
         dst = parts[1] if len(parts) > 1 and parts[1] else src
         if not dst.startswith(("/", "$")):
             raise SlurmError(f"--bind destination {dst!r} must be an absolute path")
         return cls(src, dst, len(parts) == 3 and parts[2] == "ro", f"--bind {spec}")
 
 
-def _absolute(path: str, option: str) -> str:
+def absolute_path(path: str, option: str) -> str:
     """A path for the nodes: absolute, ``$VAR``-relative, or made absolute against the cwd (the
     generator runs where the job is submitted from)."""
     if not path:
@@ -118,15 +116,15 @@ class Inputs:
         if data and (train_files or val_files):
             raise SlurmError("give --data DIR or --train-files/--val-files, not both")
         if data:
-            root = _absolute(data, "--data").rstrip("/") or "/"
+            root = absolute_path(data, "--data").rstrip("/") or "/"
             train_files, val_files = f"{root}/train.parquet", f"{root}/test.parquet"
         else:
-            train_files = _absolute(train_files, "--train-files") if train_files else None
-            val_files = _absolute(val_files, "--val-files") if val_files else None
+            train_files = absolute_path(train_files, "--train-files") if train_files else None
+            val_files = absolute_path(val_files, "--val-files") if val_files else None
         if model and is_model_path(model):
-            model = _absolute(model, "--model")
+            model = absolute_path(model, "--model")
         return cls(train_files, val_files, model,
-                   _absolute(checkpoint_dir, "--checkpoint-dir") if checkpoint_dir
+                   absolute_path(checkpoint_dir, "--checkpoint-dir") if checkpoint_dir
                    else DEFAULT_CHECKPOINT_DIR,
                    tuple(Bind.parse(b) for b in binds or ()))
 
@@ -281,9 +279,10 @@ class SlurmJob:
     # OpenPGP signature with trust_pgp)
     trust_key: str | None = None
     trust_pgp: str | None = None
-    # the job's cluster verdict (builder/cluster.py, run by build-env on the batch host): the
-    # site/cluster it holds for (None: Slurm's $SLURM_CLUSTER_NAME) and the SIF it names (None:
-    # the SIF the job runs; ch-run runs an unpacked directory: the SIF it was unpacked from)
+    # the job's cluster verdict (builder/cluster_verdict.py, run by build-env on the batch
+    # host): the site/cluster it holds for (None: Slurm's $SLURM_CLUSTER_NAME) and the SIF it
+    # names (None: the SIF the job runs; ch-run runs an unpacked directory: the SIF it was
+    # unpacked from)
     cluster: str | None = None
     verdict_sif: str | None = None
 
@@ -564,46 +563,7 @@ def parse_env(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def job_from_args(args: argparse.Namespace) -> SlurmJob:
-    """Build a :class:`SlurmJob` from parsed ``build-env slurm`` options."""
-    family = getattr(args, "family", None)
-    if family is None:
-        raise SlurmError("no accelerator family: pass --family (or a --target the CLI resolves)")
-    if not getattr(args, "sif", None):
-        raise SlurmError("no image: pass --sif (oras://…@sha256:…, docker://…@sha256:… or a path)")
-    inputs = Inputs.from_options(data=args.data, train_files=args.train_files,
-                                 val_files=args.val_files, model=args.model,
-                                 checkpoint_dir=args.checkpoint_dir, binds=args.bind)
-    sif = args.sif if args.sif.startswith(_REMOTE + ("$",)) else _absolute(args.sif, "--sif")
-    return SlurmJob(
-        target=getattr(args, "target", None) or family, family=family, sif=sif,
-        nodes=args.nodes, gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
-        partition=args.partition, time=args.time, interface=args.interface,
-        cache_dir=args.cache_dir, hf_home=args.hf_home, train_cmd=args.train_cmd, inputs=inputs,
-        env=parse_env(args.env), runtime=args.runtime, roce=args.roce,
-        account=args.account, qos=args.qos, constraint=args.constraint,
-        reservation=args.reservation, mem=args.mem, cpu_bind=args.cpu_bind,
-        selftest_phases=args.selftest_phases, selftest_args=args.selftest_args,
-        ray_wait_timeout=args.ray_wait_timeout, exclusive=args.exclusive,
-        node_check_interval=args.node_check_interval,
-        trust_key=_absolute(args.trust_key, "--trust-key") if args.trust_key else None,
-        trust_pgp=_absolute(args.trust_pgp, "--trust-pgp") if args.trust_pgp else None,
-        cluster=args.cluster,
-        verdict_sif=(_absolute(args.verdict_sif, "--verdict-sif") if args.verdict_sif
-                     else None),
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    """Entry point of ``build-env slurm``: 0 written, 2 bad input."""
-    try:
-        job = job_from_args(args)
-        if args.output:
-            path = write_sbatch(job, args.output)
-            print(f"wrote {path} (submit with: sbatch {shlex.quote(str(path))})")
-        else:
-            sys.stdout.write(render_sbatch(job))
-    except SlurmError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    return 0
+def image_source(sif: str) -> str:
+    """The image the job runs as ``--sif`` names it: a registry reference (``oras://``,
+    ``docker://``) or a ``$VAR`` path as given, any other path made absolute."""
+    return sif if sif.startswith(_REMOTE + ("$",)) else absolute_path(sif, "--sif")

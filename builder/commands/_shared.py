@@ -1,5 +1,5 @@
-"""What several commands share: the option groups, opening the site, JSON output, progress.
-Nothing below the commands sees an argparse Namespace."""
+"""What several commands share: the option groups, opening the site or the verified image a
+command acts on, JSON output, progress. Nothing below the commands sees an argparse Namespace."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from builder import verdicts
 from builder.argtypes import non_negative_int, positive_float, positive_int
+from builder.engine import Engine, ImageInfo
+from builder.errors import BuildEnvError, EngineError
+from builder.spec import load_matrix
 from builder.targets import Site, open_site
 
 SCHEMA = "verl-env/{}/v1"  # every --json document names its kind and version
@@ -113,6 +117,11 @@ def site(args: argparse.Namespace) -> Site:
     return open_site(args.matrix, args.snapshot)
 
 
+def target_names(args: argparse.Namespace) -> list[str] | None:
+    """The ``--target`` names, each once, in order; None: every target."""
+    return list(dict.fromkeys(args.targets)) if args.targets else None
+
+
 def emit_json(kind: str, payload: dict[str, Any]) -> None:
     """One JSON document on stdout: ``{"schema": "verl-env/<kind>/v1", ...}``."""
     print(json.dumps({"schema": SCHEMA.format(kind), **payload}, indent=2, sort_keys=True))
@@ -144,14 +153,18 @@ def progress(args: argparse.Namespace, what: str) -> Iterator[None]:
         print(f"\r{what}: {end}" if tty else f"{what}: {end}", file=sys.stderr, flush=True)
 
 
-def require(p: argparse.ArgumentParser) -> None:
-    """``--require build|gpu``: the verdict level that unlocks tags, SIF and publish."""
-    from builder import verdicts
-
-    p.add_argument("--require", choices=verdicts.LEVELS, default=None,
-                   help="the verdict level the image needs: build (default; a GPU family's GPU "
-                        f"phases may be pending) or gpu (they passed on GPUs); env "
-                        f"{verdicts.REQUIRE_ENV}; config: require")
+def require(p: argparse.ArgumentParser, to: str | None = None) -> None:
+    """``--require build|gpu``: the verdict level that unlocks tags, SIF and publish; ``to``:
+    what ``trust sign``/``trust verify`` do at that level (sign, accept)."""
+    if to is None:
+        text = ("the verdict level the image needs: build (default; a GPU family's GPU phases "
+                f"may be pending) or gpu (they passed on GPUs); env {verdicts.REQUIRE_ENV}; "
+                "config: require")
+    else:
+        text = (f"the verdict level to {to}: build (default; the GPU phases may be pending) or "
+                "gpu (GPU and collective phases proven on GPUs); env "
+                f"{verdicts.REQUIRE_ENV}")
+    p.add_argument("--require", choices=verdicts.LEVELS, default=None, help=text)
 
 
 def verified_image(p: argparse.ArgumentParser, verb: str) -> None:
@@ -164,3 +177,27 @@ def verified_image(p: argparse.ArgumentParser, verb: str) -> None:
                    help="repository of the local release tags (default: verl-env)")
     p.add_argument("--force", action="store_true",
                    help=f"{verb} an image that has no passing verdict")
+
+
+def verified_source(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The image of the :func:`verified_image` options: (reference, target). An unknown target
+    is a usage error, raised before the engine is asked."""
+    if args.target:
+        load_matrix(args.matrix).target(args.target)
+        return f"{args.tag_prefix}:{args.target}", args.target
+    return args.image, None
+
+
+def output_name(ref: str, target: str | None) -> str:
+    """The default file name (without suffix) of what a command writes from an image."""
+    return target or ref.split("/")[-1].replace(":", "_").replace("@", "_")
+
+
+def engine_image(ref: str, target: str | None, error: type[BuildEnvError]
+                 ) -> tuple[Engine, ImageInfo]:
+    """The engine and the image ``ref`` names in it; a missing image is ``error``."""
+    engine = Engine.connect()
+    try:
+        return engine, engine.image(ref)
+    except EngineError as exc:
+        raise error(str(exc).split(": ", 1)[-1], target=target) from None

@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from builder import sources
 from builder.commands import _shared
+from builder.compat import check_target, index_pins, local_sources
+from builder.lock import lock_path, stale_reason
+from builder.metadata import IndexClient, load_snapshot, refresh, save_snapshot
 
 NAME = "check"
 HELP = "validate the matrix, the pins' compatibility and locks"
@@ -26,13 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from builder import sources
-    from builder.compat import check_target, index_pins, local_sources
-    from builder.lock import lock_path, stale_reason
-    from builder.metadata import IndexClient, load_snapshot, refresh, save_snapshot
-
     site = _shared.site(args)
-    names = list(dict.fromkeys(args.targets)) if args.targets else None
+    names = _shared.target_names(args)
     targets = site.targets(names)
     refreshed = None
     if args.online:

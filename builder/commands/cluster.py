@@ -1,30 +1,24 @@
-"""``build-env cluster``: collect (and sign) a Slurm job's cluster verdict."""
+"""``build-env cluster``: collect (and sign) a Slurm job's cluster verdict; exit 0 when it
+passed, 1 when not."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 from pathlib import Path
-from typing import Any
 
-from builder import cluster as lib
-from builder.cluster import FILE_NAME
+from builder import cluster_verdict as lib
+from builder.cluster_verdict import FILE_NAME, PASS
+from builder.trust.cluster_signing import sign_cluster
+from builder.verdicts import NONE
 
 NAME = "cluster"
 HELP = "collect (and sign) a Slurm job's cluster verdict"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    _options(p)
-
-
-def run(args: argparse.Namespace) -> int:
-    return lib.run(args)
-
-
-def _options(p: Any) -> None:
     """``build-env cluster JOBDIR --sif SIF --cluster NAME [--sign-key KEY]``."""
-    import os
-
     p.add_argument("job_dir", type=Path, metavar="JOBDIR",
                    help="the Slurm job's directory (selftest-<node>.json and .rc)")
     p.add_argument("--sif", type=Path, required=True, help="the SIF the job ran")
@@ -42,3 +36,26 @@ def _options(p: Any) -> None:
                    metavar="PATH", help="sign it and append it to SIF.clusters.intoto.jsonl "
                    "(env VERL_ENV_SIGN_KEY)")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    verdict = lib.collect(args.job_dir, args.sif, args.cluster, job=args.job,
+                          nodes=tuple(n for n in args.nodes.split(",") if n),
+                          runtime=args.runtime)
+    path = lib.write(verdict, args.output or Path(args.job_dir) / FILE_NAME)
+    signed = sign_cluster(args.sif, verdict, args.sign_key) if args.sign_key else None
+    if args.json:
+        print(json.dumps(verdict.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(f"{args.sif}: {verdict.describe()}")
+        for n in verdict.nodes:
+            gpu = n.gpu.get("status")
+            print(f"  {n.node}: {n.overall} (exit {n.exit_code})"
+                  + (f", gpu {gpu}" if gpu and gpu != NONE else "")
+                  + (f": {n.reason}" if n.reason else ""))
+        for problem in verdict.problems:
+            print(f"  problem: {problem}")
+        print(f"  written: {path}")
+        if signed is not None:
+            print(f"  signed: {signed[0]} (key {signed[1][:16]})")
+    return 0 if verdict.overall == PASS else 1

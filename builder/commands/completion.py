@@ -52,7 +52,6 @@ complete -o filenames -F _build_env build-env
 
 
 def run(args: argparse.Namespace) -> int:
-    from builder.cli import build_parser
-
-    print(script(build_parser(), args.shell), end="")
+    """``args.parser``: the whole ``build-env`` parser (set by :func:`builder.cli.build_parser`)."""
+    print(script(args.parser, args.shell), end="")
     return 0

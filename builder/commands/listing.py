@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from builder import prebuilt, verdicts
 from builder.commands import _shared
+from builder.lock import lock_path
+from builder.vendor import base_record_path
 from builder.targets import Site
 
 NAME = "list"
@@ -19,9 +22,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def vendor_note(site: Site, t: Any) -> str:
     """How far a vendor base is verified: declared (from published sources) or inspected."""
-    from builder.lock import lock_path
-    from builder.vendor import base_record_path
-
     if not t.base.vendor:
         return ""
     if base_record_path(lock_path(site.path, t)).is_file():
@@ -34,9 +34,6 @@ def vendor_note(site: Site, t: Any) -> str:
 def prebuilt_choices(site: Site, t: Any) -> dict[str, dict[str, Any]]:
     """What `lock` chose per package with prebuilt wheels (a wheel, or a source build, and
     why); packages it has not decided yet say so."""
-    from builder import prebuilt
-    from builder.lock import lock_path
-
     record = prebuilt.load_record(lock_path(site.path, t))
     return {p.name: {k: v for k, v in record.get(p.name, {
         "choice": "undecided", "why": "not locked yet: run `build-env lock`"}).items()
@@ -51,8 +48,6 @@ def verdict_json(v: Any) -> dict[str, Any] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from builder import verdicts
-
     site = _shared.site(args)
     matrix = site.matrix
     latest = {n: verdicts.latest_for_target(n) for n in matrix.targets}

@@ -10,9 +10,12 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from builder import runlock
+from builder import runlock, vendor
 from builder.commands import _shared
+from builder.compat import check_target
+from builder.engine import Engine
 from builder.errors import CompatError, LockError
+from builder.lock import compile_lock, lock_path, moved_pins, parse_lock
 
 NAME = "lock"
 HELP = "resolve the full dependency lock (with hashes) for a target"
@@ -46,16 +49,12 @@ def base_record(args: argparse.Namespace, t: Any, lock_file: Path, probe: bool
                 ) -> dict[str, Any] | None:
     """The vendor base's record: probed now (``--probe``, through the engine) and written beside
     the lock, or the one already there (builder.vendor)."""
-    from builder import vendor
-
     if not t.base.vendor:
         if probe:
             _shared.info(args, f"{t.name}: not a vendor base (base.vendor unset): nothing to probe")
         return None
     if not probe:
         return vendor.load_record(t, lock_file)
-    from builder.engine import Engine
-
     with _shared.progress(args, f"{t.name}: probing the base through the engine"):
         record = vendor.probe(Engine.connect(), t)
     vendor.write_record(vendor.base_record_path(lock_file), record)
@@ -68,9 +67,6 @@ def base_record(args: argparse.Namespace, t: Any, lock_file: Path, probe: bool
 
 
 def run(args: argparse.Namespace) -> int:
-    from builder.compat import check_target
-    from builder.lock import compile_lock, lock_path, moved_pins, parse_lock
-
     site = _shared.site(args)
     targets = site.targets([args.target] if args.target else None)
     snapshot = site.snapshot(targets)

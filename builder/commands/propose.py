@@ -10,6 +10,12 @@ from pathlib import Path
 
 from builder.argtypes import positive_int
 from builder.commands import _shared
+from builder.errors import SpecError
+from builder.metadata import IndexClient, load_snapshot
+from builder.propose import candidate
+from builder.propose.online import refresh_candidates
+from builder.propose.proposal import propose
+from builder.propose.search import Anchors
 
 NAME = "propose"
 HELP = "propose the newest coherent pins for a target, say why each stops, prove the candidate"
@@ -58,13 +64,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from builder.errors import SpecError
-    from builder.metadata import IndexClient, load_snapshot
-    from builder.propose import candidate
-    from builder.propose.online import refresh_candidates
-    from builder.propose.proposal import propose
-    from builder.propose.search import Anchors
-
     site = _shared.site(args)
     if args.apply is not None:
         written = candidate.apply(args.apply, site.path, site.snapshot_file)
@@ -77,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--build needs --output DIR (the candidate it builds and proves)",
                         file="--build")
     anchors = Anchors.parse(args.hold, args.want, args.only)
-    names = list(dict.fromkeys(args.targets)) if args.targets else None
+    names = _shared.target_names(args)
     targets = site.targets(names)
     if args.online:  # the site's snapshot is read, refreshed in memory, never written back
         snapshot = load_snapshot(site.snapshot_file)

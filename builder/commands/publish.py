@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 from builder import publish as lib
+from builder import verdicts
 from builder.commands import _shared
+from builder.errors import PublishError
 
 NAME = "publish"
 HELP = "push image and SIF"
@@ -15,15 +20,6 @@ HELP = "push image and SIF"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     _shared.common(p)
-    _options(p)
-
-
-def run(args: argparse.Namespace) -> int:
-    return lib.run(args)
-
-
-def _options(p: argparse.ArgumentParser) -> None:
-    """Options of ``build-env publish`` (``--matrix``/``--snapshot`` come from the CLI)."""
     _shared.verified_image(p, "publish")
     p.add_argument("--sif", type=Path, default=None, metavar="PATH",
                    help="also push this SIF (made from the same image) as an ORAS artifact")
@@ -50,3 +46,59 @@ def _options(p: argparse.ArgumentParser) -> None:
                         "--sign-key and pushed as a referrer of the image and the SIF; repeat "
                         "for several")
     p.add_argument("--json", action="store_true", help="print the record as JSON")
+
+
+def _default_tag(ref: str, target: str | None) -> str:
+    if target:
+        return target
+    last = ref.split("/")[-1]
+    return last.split(":", 1)[1] if ":" in last and "@" not in last else "latest"
+
+
+def run(args: argparse.Namespace) -> int:
+    lib.preflight(args.registry, insecure=args.insecure, attempts=max(1, min(args.attempts, 2)))
+    ref, target = _shared.verified_source(args)
+    engine, image = _shared.engine_image(ref, target, PublishError)
+    require = verdicts.requirement(args.require)
+    verdict = verdicts.lookup(image.id)
+    problem = verdicts.release_problem(verdict, require)
+    if problem and not args.force:
+        raise PublishError(f"image {ref} ({image.id[7:19]}) has no passing verdict: {problem}; "
+                           "run `build-env verify` first, or pass --force", target=target)
+    name = target or re.sub(r"[^A-Za-z0-9_.-]+", "_", ref)
+    report = args.report or (Path("build") / target / "report.json" if target else None)
+    record = lib.publish(
+        engine, image, args.registry, tag=args.tag or _default_tag(ref, target), sif=args.sif,
+        target=target, record_path=args.record or Path("build") / name / "publish.json",
+        sif_tag=args.sif_tag, insecure=args.insecure, attempts=args.attempts,
+        sign_key=args.sign_key, report=report if args.sign_key else None, require=require,
+        attach=tuple(args.attach), verdict=verdict)
+    if args.json:
+        print(json.dumps(record, indent=2, sort_keys=True))
+    else:
+        print("\n".join(_lines(record)))
+    return 0
+
+
+def _lines(record: dict[str, Any]) -> list[str]:
+    """The record, for a person: what went where, signed and attached."""
+    lines = [f"image  {record['image']['reference']}"]
+    v = record.get("verdict") or {}
+    if v:
+        gpu = v.get("gpu") or {}
+        lines.append(f"verdict {v.get('overall')}, {v.get('level') or v.get('scope')} level, "
+                     f"gpu: {gpu.get('status')}" + (f" ({gpu['reason']})" if gpu.get("reason")
+                                                     else ""))
+    if record["sif"]:
+        lines.append(f"sif    {record['sif']['reference']} "
+                     f"({record['sif']['size'] / 2**20:.0f} MiB)")
+    for what, att in sorted((k, v) for k, v in (record.get("attestations") or {}).items()
+                            if isinstance(v, dict)):
+        where = att["fallback_index"] or "referrers API"
+        lines.append(f"signed {what}: {len(att['referrers'])} referrers of {att['subject'][:19]} "
+                     f"({where}; cosign {att['cosign_tag'][:19]}...)")
+    for c in record.get("clusters") or []:
+        lines.append(f"attached cluster verdict {c['cluster']} ({c['overall']}, {c['level']} "
+                     f"level, job {c['job']})")
+    lines.append(f"record {record['record']}")
+    return lines

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
+from builder import verdicts
 from builder.commands import _shared
-from builder import sif as lib
-from builder.sif.convert import DEFAULT_PHASES
+from builder.errors import SifError
+from builder.sif.convert import DEFAULT_PHASES, convert, summary, write_report
 
 NAME = "sif"
 HELP = "convert a verified image to .sif"
@@ -15,15 +17,6 @@ HELP = "convert a verified image to .sif"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     _shared.common(p)
-    _options(p)
-
-
-def run(args: argparse.Namespace) -> int:
-    return lib.run(args)
-
-
-def _options(p: argparse.ArgumentParser) -> None:
-    """Options of ``build-env sif`` (``--matrix``/``--snapshot`` are added by the CLI)."""
     _shared.verified_image(p, "convert")
     p.add_argument("--output", "-o", type=Path, default=None, metavar="PATH",
                    help="the .sif to write (default: ./<target>.sif)")
@@ -42,3 +35,26 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", type=Path, default=None, metavar="PATH",
                    help="also write the conversion and verification report here")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    ref, target = _shared.verified_source(args)
+    output = args.output or Path(f"{_shared.output_name(ref, target)}.sif")
+    engine, image = _shared.engine_image(ref, target, SifError)
+    report = convert(engine, image, output=output, source=ref, target=target,
+                     backend=args.backend, force=args.force, run=not args.no_run,
+                     phases=args.phases, timeout=args.timeout, tmpdir=args.tmpdir,
+                     require=verdicts.requirement(args.require))
+    if args.report:
+        try:
+            write_report(args.report, report)
+        except OSError as exc:
+            raise SifError(f"{args.report}: cannot write the report ({exc.strerror or exc}); "
+                           f"the SIF at {report['output']} is complete and verified",
+                           target=target) from None
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        for line in summary(report):
+            print(line)
+    return 0

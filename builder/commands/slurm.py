@@ -6,9 +6,10 @@ import argparse
 import shlex
 import sys
 
-from builder import slurm as lib
 from builder.commands import _shared
-from builder.slurm import DEFAULT_CHECKPOINT_DIR, FAMILY_NAMES, RUNTIMES, SlurmJob
+from builder.errors import SlurmError
+from builder.slurm import (DEFAULT_CHECKPOINT_DIR, FAMILY_NAMES, RUNTIMES, Inputs, SlurmJob,
+                           absolute_path, image_source, parse_env, render_sbatch, write_sbatch)
 
 NAME = "slurm"
 HELP = "write an sbatch script"
@@ -22,23 +23,54 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _shared.quiet(p)
 
 
+def job_from_args(args: argparse.Namespace, family: str | None = None) -> SlurmJob:
+    """The :class:`SlurmJob` of parsed ``build-env slurm`` options; ``family``: the --target's,
+    when --family names none."""
+    family = args.family or family
+    if family is None:
+        raise SlurmError("no accelerator family: pass --family (or a --target the CLI resolves)")
+    if not args.sif:
+        raise SlurmError("no image: pass --sif (oras://…@sha256:…, docker://…@sha256:… or a path)")
+    inputs = Inputs.from_options(data=args.data, train_files=args.train_files,
+                                 val_files=args.val_files, model=args.model,
+                                 checkpoint_dir=args.checkpoint_dir, binds=args.bind)
+
+    def path(value: str | None, option: str) -> str | None:
+        return absolute_path(value, option) if value else None
+
+    return SlurmJob(
+        target=getattr(args, "target", None) or family, family=family,
+        sif=image_source(args.sif), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+        cpus_per_task=args.cpus_per_task, partition=args.partition, time=args.time,
+        interface=args.interface, cache_dir=args.cache_dir, hf_home=args.hf_home,
+        train_cmd=args.train_cmd, inputs=inputs, env=parse_env(args.env), runtime=args.runtime,
+        roce=args.roce, account=args.account, qos=args.qos, constraint=args.constraint,
+        reservation=args.reservation, mem=args.mem, cpu_bind=args.cpu_bind,
+        selftest_phases=args.selftest_phases, selftest_args=args.selftest_args,
+        ray_wait_timeout=args.ray_wait_timeout, exclusive=args.exclusive,
+        node_check_interval=args.node_check_interval,
+        trust_key=path(args.trust_key, "--trust-key"),
+        trust_pgp=path(args.trust_pgp, "--trust-pgp"), cluster=args.cluster,
+        verdict_sif=path(args.verdict_sif, "--verdict-sif"))
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.target and not args.family:
-        args.family = _shared.site(args).matrix.target(args.target).accelerator
+    family = (_shared.site(args).matrix.target(args.target).accelerator
+              if args.target and not args.family else None)
     try:
-        job = lib.job_from_args(args)
+        job = job_from_args(args, family)
         summary = {"target": job.target, "family": job.family, "runtime": job.runtime,
                    "image": job.sif, "nodes": job.nodes, "gpus_per_node": job.gpus_per_node}
         if args.output:
-            path = lib.write_sbatch(job, args.output)
+            path = write_sbatch(job, args.output)
             if args.json:
                 _shared.emit_json("slurm", {**summary, "script": str(path)})
             _shared.info(args, f"wrote {path} (submit with: sbatch {shlex.quote(str(path))})")
         elif args.json:
-            _shared.emit_json("slurm", {**summary, "script": None, "text": lib.render_sbatch(job)})
+            _shared.emit_json("slurm", {**summary, "script": None, "text": render_sbatch(job)})
         else:
-            sys.stdout.write(lib.render_sbatch(job))
-    except lib.SlurmError as exc:
+            sys.stdout.write(render_sbatch(job))
+    except SlurmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     return 0

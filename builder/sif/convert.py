@@ -1,4 +1,4 @@
-"""``build-env sif``: convert a verified image to an Apptainer SIF, then prove the SIF.
+"""Convert a verified image to an Apptainer SIF, then prove the SIF.
 
 Backends: ``apptainer`` (the real one, driven through ``spython`` from a one-layer
 ``docker-archive`` written from the engine's export of the image) or ``native``
@@ -16,7 +16,6 @@ next run of the same output (:mod:`builder.sif.placement`).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import io
@@ -32,59 +31,15 @@ from typing import Any
 from builder import verdicts
 from builder.engine import Engine, ImageInfo, interrupts_raise
 from builder.errors import EngineError, SifError
+from builder.families import family
 from builder.files import atomic_write_text
 from builder.sif import native as sif_native
 from builder.sif.overlay import OverlayError
 from builder.sif.placement import Need, is_disk_full, mib, placing
-from builder.sif.verify import DEFAULT_PHASES, verify_sif
+from builder.sif.checks import DEFAULT_PHASES, verify_sif
 
-__all__ = ["run", "convert", "convert_verified", "verify_sif"]
+__all__ = ["convert", "convert_verified", "summary", "verify_sif", "write_report"]
 REPORT_SCHEMA = "verl-env/sif-report/v1"
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def _target_ref(args: argparse.Namespace) -> tuple[str, str | None]:
-    if args.target:
-        from builder.spec import load_matrix
-
-        load_matrix(args.matrix).target(args.target)  # an unknown target is a usage error
-        return f"{args.tag_prefix}:{args.target}", args.target
-    return args.image, None
-
-
-def _default_output(ref: str, target: str | None) -> Path:
-    name = target or ref.split("/")[-1].replace(":", "_").replace("@", "_")
-    return Path(f"{name}.sif")
-
-
-def run(args: argparse.Namespace) -> int:
-    """``build-env sif``."""
-    ref, target = _target_ref(args)
-    output = args.output or _default_output(ref, target)
-    engine = Engine.connect()
-    try:
-        image = engine.image(ref)
-    except EngineError as exc:
-        raise SifError(str(exc).split(": ", 1)[-1], target=target) from None
-    report = convert(engine, image, output=output, source=ref, target=target,
-                     backend=args.backend, force=args.force, run=not args.no_run,
-                     phases=args.phases, timeout=args.timeout, tmpdir=args.tmpdir,
-                     require=verdicts.requirement(args.require))
-    if args.report:
-        try:
-            _write_json(args.report, report)
-        except OSError as exc:
-            raise SifError(f"{args.report}: cannot write the report ({exc.strerror or exc}); "
-                           f"the SIF at {report['output']} is complete and verified",
-                           target=target) from None
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        for line in summary(report):
-            print(line)
-    return 0
 
 
 def summary(report: dict[str, Any]) -> list[str]:
@@ -185,8 +140,6 @@ def space_needs(backend: str, image_size: int) -> list[Need]:
 
 def _runtime_flags(image: ImageInfo) -> tuple[str, ...]:
     """The family's apptainer flags (``--nv``/``--rocm``) from the image's accelerator label."""
-    from builder.families import family
-
     fam = family(image.labels.get("org.verl-env.accelerator"))
     return fam.apptainer_flags if fam else ()
 
@@ -334,6 +287,6 @@ def build_apptainer(engine: Engine, image: ImageInfo, partial: Path, source: str
             "log_tail": captured.getvalue()[-1000:]}
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Atomically (a failed write, a full disk included, leaves no temporary file)."""
+def write_report(path: Path, data: dict[str, Any]) -> None:
+    """A report as JSON, atomically (a failed write, a full disk included, leaves no temporary file)."""
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

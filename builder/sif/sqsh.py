@@ -1,4 +1,4 @@
-"""``build-env sqsh``: a verified image as an enroot squashfs (what ``enroot import`` writes), for
+"""A verified image as an enroot squashfs (what ``enroot import`` writes), for
 ``srun --container-image=IMAGE.sqsh`` (pyxis) and ``enroot create``.
 
 Streamed as the native SIF is (:mod:`builder.sif.native`): the engine's ``docker export`` of a
@@ -16,9 +16,7 @@ disk is named, and two runs of one output take turns (:mod:`builder.sif.placemen
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import os
 import shlex
 import subprocess
@@ -30,7 +28,7 @@ from typing import Any
 
 from builder import verdicts
 from builder.engine import Engine, ImageInfo, interrupts_raise
-from builder.errors import EngineError, SifError
+from builder.errors import SifError
 from builder.sif import meta as sif_meta
 from builder.sif import native as sif_native
 from builder.sif.overlay import Overlay, OverlayError, Piece, file_entry, header
@@ -124,12 +122,12 @@ def check(path: Path, config: dict[str, Any] | None) -> None:
     proc = subprocess.run(["unsquashfs", "-s", str(path)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SifError(f"unsquashfs -s {path}: {proc.stderr.strip()[-500:]}")
-    proc = subprocess.run(["unsquashfs", "-cat", str(path), "etc/environment"],
-                          capture_output=True)
+    cat = subprocess.run(["unsquashfs", "-cat", str(path), "etc/environment"],
+                         capture_output=True)
     want = enroot_files(config, "")["etc/environment"][0]
-    if proc.returncode != 0 or proc.stdout != want:
+    if cat.returncode != 0 or cat.stdout != want:
         raise SifError(f"{path}: /etc/environment does not hold the image's ENV "
-                       f"({proc.stderr.decode(errors='replace').strip()[-300:]})")
+                       f"({cat.stderr.decode(errors='replace').strip()[-300:]})")
 
 
 def space_needs(compression: str, image_size: int) -> list[Need]:
@@ -162,30 +160,3 @@ def convert(engine: Engine, image: ImageInfo, *, output: Path, source: str,
         os.replace(work.partial, output)
     return {"schema": REPORT_SCHEMA, "target": target, "image_id": image.id, "source": source,
             "output": str(output), "size": output.stat().st_size, "build": details}
-
-
-def run(args: argparse.Namespace) -> int:
-    """``build-env sqsh``."""
-    if args.target:
-        from builder.spec import load_matrix
-
-        load_matrix(args.matrix).target(args.target)  # an unknown target is a usage error
-        ref, target = f"{args.tag_prefix}:{args.target}", args.target
-    else:
-        ref, target = args.image, None
-    name = target or ref.split("/")[-1].replace(":", "_").replace("@", "_")
-    output = args.output or Path(f"{name}.sqsh")
-    engine = Engine.connect()
-    try:
-        image = engine.image(ref)
-    except EngineError as exc:
-        raise SifError(str(exc).split(": ", 1)[-1], target=target) from None
-    report = convert(engine, image, output=output, source=ref, target=target, force=args.force,
-                     compression=args.compression, tmpdir=args.tmpdir)
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        print(f"{report['output']}: {report['size'] / 2**20:.0f} MiB enroot squashfs from {ref} "
-              f"({report['build']['seconds']:.1f} s); run it with srun --container-image="
-              f"{report['output']} or build-env slurm --runtime pyxis --image {report['output']}")
-    return 0

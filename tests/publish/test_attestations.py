@@ -334,7 +334,7 @@ def test_cluster_verdicts_attached_listed_and_refused(
     replaces the other, the cosign copy is left alone); `trust verify` and `status` list them
     newest first and say which last passed on a cluster; a verdict about another file is
     refused before any push, one signed by another key refuses the reference."""
-    from builder import cluster
+    from builder import cluster_verdict as cluster
     from builder.errors import PublishError
     from tests.trust.test_cluster_verdict import _cpu_reports
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.files import sha256_file
 from builder.sif import format as sif_format
 from builder.trust.keys import KeyFiles
 from tests.conftest import run_build_env
@@ -79,8 +80,8 @@ def sif_bench(slurm_cluster: SlurmCluster, sif_and_dir: tuple[Path, Path],
 def test_job_writes_a_cluster_verdict_signed_attached_and_listed(
         sif_bench: Bench, sif_and_dir: tuple[Path, Path], cpu_image: dict,
         keypair: KeyFiles, tmp_path: Path) -> None:
-    from builder import cluster
-    from builder.trust.cluster import clusters_sidecar
+    from builder import cluster_verdict as cluster
+    from builder.trust.cluster_signing import clusters_sidecar
     from tests.publish.conftest import start_registry
 
     bench, (sif, _) = sif_bench, sif_and_dir
@@ -92,7 +93,7 @@ def test_job_writes_a_cluster_verdict_signed_attached_and_listed(
     v = cluster.read(verdict_file)
     assert v.overall == "pass" and v.problems == [] and v.level == "build"
     assert v.cluster == "verlenvtest" and v.job == info["JobId"] and v.runtime == "ch-run"
-    assert v.subject["digest"] == cluster.file_digest(sif)
+    assert v.subject["digest"] == sha256_file(sif)
     assert v.subject["family"] == "cpu" and v.subject["target"] == "cpu-x86_64"
     assert [(n.node, n.exit_code, n.overall) for n in v.nodes] == [("node1", 0, "pass"),
                                                                     ("node2", 0, "pass")]
@@ -153,7 +154,7 @@ def test_job_writes_a_cluster_verdict_signed_attached_and_listed(
 
 def test_a_failing_node_fails_the_cluster_verdict_naming_it(
         sif_bench: Bench, sif_and_dir: tuple[Path, Path]) -> None:
-    from builder import cluster
+    from builder import cluster_verdict as cluster
 
     bench, (sif, _) = sif_bench, sif_and_dir
     switch = bench.break_node("node2", "HIP_VISIBLE_DEVICES=0\nCUDA_VISIBLE_DEVICES=1\n")

@@ -3,7 +3,6 @@ tree, and real process affinity."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from builder import doctor
+from builder.cli import main
 from builder.doctor import FAIL, OK, SKIP, WARN, Finding, run_doctor
 from builder.slurm import RayPorts
 from tests.slurm.conftest import free_port_block
@@ -259,14 +259,6 @@ def test_run_doctor_covers_every_area(tmp_path: Path) -> None:
     assert all(f.fix for f in findings if f.status != OK)
 
 
-def _args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    from builder.commands import doctor as command
-
-    command.add_arguments(parser)  # the command's options, as build-env parses them
-    return parser.parse_args(argv)
-
-
 def test_cli_exit_codes_and_json(tmp_path: Path, standin_runtime: Path,
                                  monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture[str]) -> None:
@@ -280,7 +272,7 @@ def test_cli_exit_codes_and_json(tmp_path: Path, standin_runtime: Path,
                 "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE"):
         monkeypatch.delenv(var, raising=False)
     ok = ["--interface", routable[0], "--hf-home", str(tmp_path / "hf")]
-    assert doctor.run(_args(ok + ["--json"])) == 0
+    assert main(["doctor", *ok, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is True and report["summary"]["fail"] == 0
     assert report["schema"] == "verl-env/doctor/v1"
@@ -289,7 +281,7 @@ def test_cli_exit_codes_and_json(tmp_path: Path, standin_runtime: Path,
     held.bind(("0.0.0.0", ports.gcs))
     held.listen()
     try:
-        assert doctor.run(_args(ok)) == 1
+        assert main(["doctor", *ok]) == 1
     finally:
         held.close()
     text = capsys.readouterr().out

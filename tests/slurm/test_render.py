@@ -20,6 +20,8 @@ import jinja2
 import pytest
 
 from builder import slurm
+from builder.cli import main
+from builder.commands import slurm as command
 from builder.errors import SlurmError
 from builder.slurm import Inputs, RayPorts, SlurmJob, render_sbatch, shell_word, write_sbatch
 
@@ -373,45 +375,43 @@ def test_write_sbatch_is_atomic_and_executable(tmp_path: Path) -> None:
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    from builder.commands import slurm as command
-
     command.add_arguments(parser)  # the command's options, as build-env parses them
     return parser.parse_args(argv)
 
 
 def test_cli_writes_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "job.sbatch"
-    args = _parse(["--family", "rocm", "--nodes", "4", "--gpus-per-node", "8", "--sif", ORAS,
-                   "--partition", "mi300", "--interface", "ib1", "--env", "NCCL_IB_GID_INDEX=3",
-                   "--env", "NCCL_IB_HCA=mlx5_0", "--data", "/shared/gsm8k", "--model",
-                   "/shared/models/qwen", "--checkpoint-dir", "/shared/ckpt", "--bind",
-                   "/scratch", "--output", str(out)])
-    assert slurm.run(args) == 0
+    args = ["--family", "rocm", "--nodes", "4", "--gpus-per-node", "8", "--sif", ORAS,
+            "--partition", "mi300", "--interface", "ib1", "--env", "NCCL_IB_GID_INDEX=3",
+            "--env", "NCCL_IB_HCA=mlx5_0", "--data", "/shared/gsm8k", "--model",
+            "/shared/models/qwen", "--checkpoint-dir", "/shared/ckpt", "--bind",
+            "/scratch", "--output", str(out)]
+    assert main(["slurm", *args]) == 0
     text = out.read_text()
     assert "#SBATCH --nodes=4" in text and "#SBATCH --partition=mi300" in text
     assert "#SBATCH --gpus-per-node=8" in text and "#SBATCH --cpus-per-task" not in text
     assert 'IFACE="ib1"' in text and 'export NCCL_IB_HCA="mlx5_0"' in text
     assert '"trainer.default_local_dir=/shared/ckpt"' in text and '"/scratch"' in text
     assert "sbatch" in capsys.readouterr().out
-    assert slurm.run(_parse(["--family", "cpu", "--sif", "/x", "--runtime", "ch-run",
-                             "--train-cmd", "python3 t.py"])) == 0
+    assert main(["slurm", "--family", "cpu", "--sif", "/x", "--runtime", "ch-run",
+                 "--train-cmd", "python3 t.py"]) == 0
     assert capsys.readouterr().out.startswith("#!/usr/bin/env bash")
 
 
 def test_cli_reports_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    assert slurm.run(_parse(["--family", "cuda", "--sif", "oras://r.example/v:latest"])) == 2
+    assert main(["slurm", "--family", "cuda", "--sif", "oras://r.example/v:latest"]) == 2
     assert "pinned by digest" in capsys.readouterr().err
-    assert slurm.run(_parse(["--sif", ORAS])) == 2
+    assert main(["slurm", "--sif", ORAS]) == 2
     assert "--family" in capsys.readouterr().err
-    assert slurm.run(_parse(["--family", "cuda"])) == 2
+    assert main(["slurm", "--family", "cuda"]) == 2
     assert "--sif" in capsys.readouterr().err
-    assert slurm.run(_parse(["--family", "cpu", "--gpus-per-node", "0", "--sif", ORAS,
-                             "--env", "NOVALUE", "--train-cmd", "x"])) == 2
-    assert slurm.run(_parse(["--family", "cuda", "--sif", ORAS, "--model", "Org/M"])) == 2
+    assert main(["slurm", "--family", "cpu", "--gpus-per-node", "0", "--sif", ORAS,
+                 "--env", "NOVALUE", "--train-cmd", "x"]) == 2
+    assert main(["slurm", "--family", "cuda", "--sif", ORAS, "--model", "Org/M"]) == 2
     err = capsys.readouterr().err
     assert "needs --data (or --train-files) and --data (or --val-files); or pass" in err
-    assert slurm.run(_parse(["--family", "cuda", "--sif", "/x", "--runtime", "ch-run",
-                             "--train-cmd", "x"])) == 2
+    assert main(["slurm", "--family", "cuda", "--sif", "/x", "--runtime", "ch-run",
+                 "--train-cmd", "x"]) == 2
     assert "refused for the cuda family" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _parse(["--runtime", "docker"])
@@ -562,7 +562,7 @@ def test_cluster_verdict_options_are_checked() -> None:
         job_for("cuda", cluster="a b")
     args = _parse(["--family", "cpu", "--runtime", "ch-run", "--sif", "/img/dir", "--train-cmd",
                    "true", "--cluster", "site-a", "--verdict-sif", "/img/x.sif"])
-    job = slurm.job_from_args(args)
+    job = command.job_from_args(args)
     assert job.cluster == "site-a" and job.verdict_sif == "/img/x.sif"
 
 
@@ -585,7 +585,7 @@ def test_site_options_become_sbatch_lines() -> None:
     args = _parse(["--family", "cuda", "--sif", ORAS, "--account", "p", "--qos", "q",
                    "--constraint", "c", "--reservation", "r", "--mem", "100G",
                    "--cpu-bind", "none", "--train-cmd", "true"])
-    job = slurm.job_from_args(args)
+    job = command.job_from_args(args)
     assert (job.account, job.qos, job.constraint, job.reservation, job.mem, job.cpu_bind) == (
         "p", "q", "c", "r", "100G", "none")
 
@@ -617,7 +617,7 @@ def test_hf_home_kept_unless_given() -> None:
     given = render_sbatch(job_for("cuda", hf_home="/shared/hf"))
     line = next(x for x in given.splitlines() if x.startswith("export HF_HOME="))
     assert _bash(f"{line}\necho $HF_HOME", {"HF_HOME": "/scratch/u/hf"}) == "/shared/hf"
-    assert slurm.job_from_args(_parse(["--family", "cpu", "--sif", ORAS, "--train-cmd",
+    assert command.job_from_args(_parse(["--family", "cpu", "--sif", ORAS, "--train-cmd",
                                        "true"])).hf_home is None
 
 

@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from builder import cluster
+from builder import cluster_verdict as cluster
 from builder.errors import ClusterError, TrustError
 from builder.selftest.report import Check, ReportMeta, build_report
 from builder.trust import dsse
-from builder.trust.cluster import clusters_sidecar, last_passed, sign_cluster, status
+from builder.files import sha256_file
+from builder.status import gather, last_passed, sif_entries
+from builder.trust.cluster_signing import clusters_sidecar, sign_cluster
 from builder.trust.keys import KeyFiles, load_private
 from tests.conftest import run_build_env
 from tests.trust.conftest import need
@@ -80,7 +82,7 @@ def test_a_two_node_cpu_job_is_one_cluster_verdict(tmp_path: Path) -> None:
     v = cluster.collect(job, sif, "fake-cluster", now="2026-11-25T12:01:00+00:00")
     assert v.overall == "pass" and v.problems == [] and v.level == "build"
     assert [n.node for n in v.nodes] == ["node1", "node2"] and v.world_size == 2
-    assert v.subject["digest"] == cluster.file_digest(sif) and v.subject["target"] == "cpu-x86_64"
+    assert v.subject["digest"] == sha256_file(sif) and v.subject["target"] == "cpu-x86_64"
     assert v.inter_node["checks"]["collective.gloo_allreduce"]["status"] == "pass"
     assert v.inter_node["busbw_gbps"] == 0.41 and v.inter_node["transport"] == "inter-node"
     assert cluster.ClusterVerdict.from_dict(v.to_dict()).to_dict() == v.to_dict()
@@ -191,11 +193,11 @@ def test_signed_listed_newest_first_and_tampering_refused(
     # a verdict about another file is refused at signing
     with pytest.raises(TrustError, match="refusing to sign: the cluster verdict is about"):
         sign_cluster(other, later, keypair.private)
-    entries = status(sif, [keypair.public])
+    entries = sif_entries(sif, [keypair.public])
     assert [e.cluster for e in entries] == ["site-b", "site-a"]  # newest first
     assert all(e.refused is None and e.overall == "pass" for e in entries)
-    best = last_passed([sif, other], [keypair.public], "site-a")
-    assert best is not None and best[0] == sif
+    best = last_passed(gather([str(sif), str(other)], [keypair.public]), "site-a")
+    assert best is not None and best[0] == str(sif)
     proc = run_build_env("status", str(sif), str(other), "--key", str(keypair.public),
                          "--cluster", "site-a", timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -215,7 +217,7 @@ def test_signed_listed_newest_first_and_tampering_refused(
     sign_cluster(other, cluster.collect(job, other, "site-a"), keypair.private)
     moved = clusters_sidecar(other).read_text().splitlines()[0]
     sidecar.write_text("\n".join([lines[0], json.dumps(env), json.dumps(foreign), moved]) + "\n")
-    entries = status(sif, [keypair.public])
+    entries = sif_entries(sif, [keypair.public])
     refused = sorted(e.refused or "" for e in entries if e.refused)
     assert len(refused) == 3 and [e.cluster for e in entries if not e.refused] == ["site-a"]
     assert any("does not verify" in r for r in refused)

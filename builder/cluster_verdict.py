@@ -8,14 +8,14 @@ digest (a SIF's sha256): the site/cluster name, the nodes, each node's result an
 transport, bus bandwidth). It passes only when every node the collective counted left a passing
 report and the inter-node collective passed; a missing node is a fail, never a skip.
 
-:mod:`builder.trust.cluster` signs one (a DSSE statement about the SIF's digest, one line of
-``NAME.sif.clusters.intoto.jsonl``) and reads them back for ``build-env status``.
+:mod:`builder.trust.cluster_signing` signs one (a DSSE statement about the SIF's digest, one line
+of ``NAME.sif.clusters.intoto.jsonl``) and reads them back for ``build-env status``; the
+``build-env cluster`` command (:mod:`builder.commands.cluster`) collects, writes and signs.
 """
 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,20 +24,13 @@ from typing import Any
 
 from builder.errors import ClusterError
 from builder.families import family as family_of_name
-from builder.files import atomic_write_text
+from builder.files import atomic_write_text, sha256_file
+from builder.sif.checks import sif_labels
 from builder.verdicts import GPU, NONE, PROVEN, gpu_facts
 
 SCHEMA = "verl-env/cluster-verdict/v1"
 FILE_NAME = "cluster-verdict.json"
 PASS, FAIL = "pass", "fail"
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -233,8 +226,6 @@ def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
     """The cluster verdict of the job in ``job_dir`` about ``sif`` (its sha256 and labels).
     ``nodes``: the job's nodes (the generated job passes its allocation); one that left no
     result is a ``missing`` node, a fail. ``runtime``: the container runtime the job used."""
-    from builder.sif.verify import sif_labels
-
     job_dir, sif = Path(job_dir), Path(sif)
     if not cluster.strip():
         raise ClusterError("name the cluster (--cluster NAME): a verdict says where it holds")
@@ -294,7 +285,7 @@ def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
                                   _node_gpu(host_view(report, name), family)))
     inter, world = _inter_node(reports)
     stamp = now or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    subject = {"name": sif.name, "digest": file_digest(sif),
+    subject = {"name": sif.name, "digest": sha256_file(sif),
                "target": labels.get("org.verl-env.target"), "family": family}
     return ClusterVerdict(cluster, subject, job or job_dir.name, stamp, tuple(results), world,
                           inter, runtime)
@@ -312,34 +303,4 @@ def read(path: Path) -> ClusterVerdict:
         raise ClusterError(f"{path}: {exc}") from None
 
 
-__all__ = ["ClusterError", "ClusterVerdict", "NodeResult", "collect", "file_digest", "read",
-           "write"]
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def run(args: Any) -> int:
-    """Collect (and sign) the job's cluster verdict; exit 0 when it passed, 1 when not."""
-    verdict = collect(args.job_dir, args.sif, args.cluster, job=args.job,
-                      nodes=tuple(n for n in args.nodes.split(",") if n), runtime=args.runtime)
-    path = write(verdict, args.output or Path(args.job_dir) / FILE_NAME)
-    if args.sign_key:
-        from builder.trust.cluster import sign_cluster
-
-        sidecar, kid = sign_cluster(args.sif, verdict, args.sign_key)
-    if args.json:
-        print(json.dumps(verdict.to_dict(), indent=2, sort_keys=True))
-    else:
-        print(f"{args.sif}: {verdict.describe()}")
-        for n in verdict.nodes:
-            gpu = n.gpu.get("status")
-            print(f"  {n.node}: {n.overall} (exit {n.exit_code})"
-                  + (f", gpu {gpu}" if gpu and gpu != NONE else "")
-                  + (f": {n.reason}" if n.reason else ""))
-        for problem in verdict.problems:
-            print(f"  problem: {problem}")
-        print(f"  written: {path}")
-        if args.sign_key:
-            print(f"  signed: {sidecar} (key {kid[:16]})")
-    return 0 if verdict.overall == PASS else 1
+__all__ = ["ClusterError", "ClusterVerdict", "NodeResult", "collect", "read", "write"]

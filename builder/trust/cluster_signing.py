@@ -1,27 +1,30 @@
-"""Signed cluster verdicts beside a SIF, and ``build-env status``: every verdict that travels with
-a SIF (its build verdict from the attestation sidecar, and each cluster verdict), newest first.
+"""Signed cluster verdicts beside a SIF: signing one, and reading them back checked (for
+``build-env status``, :mod:`builder.status`).
 
-A cluster verdict (:class:`builder.cluster.ClusterVerdict`) is signed as an in-toto Statement
-(predicate ``https://verl-env.dev/cluster-verification/v1``) whose subject is the SIF's sha256,
-one DSSE envelope a line of ``NAME.sif.clusters.intoto.jsonl`` (appended: one line per job).
+A cluster verdict (:class:`builder.cluster_verdict.ClusterVerdict`) is signed as an in-toto
+Statement (predicate ``https://verl-env.dev/cluster-verification/v1``) whose subject is the SIF's
+sha256, one DSSE envelope a line of ``NAME.sif.clusters.intoto.jsonl`` (appended: one line per
+job); :mod:`builder.publish` pushes the same envelope as a registry referrer.
 Reading it back, a line that is unsigned, signed by an unknown key, altered, or about another
 file is *refused* (listed with the reason, never counted).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from builder import __version__
-from builder.cluster import ClusterVerdict, file_digest
+from builder.cluster_verdict import ClusterVerdict
 from builder.errors import TrustError
-from builder.files import atomic_write_text
+from builder.files import atomic_write_text, sha256_file
 from builder.trust import dsse
 from builder.trust import statements as st
-from builder.trust.keys import keyid, load_private, load_public
+from builder.trust.keys import keyid, load_private
 
 CLUSTER_TYPE = st.CLUSTER_TYPE
 
@@ -36,9 +39,6 @@ def envelope(subjects: list[dict[str, Any]], verdict: ClusterVerdict, private: A
 
 def referrer_kind(verdict: ClusterVerdict) -> str:
     """The referrer's own kind (its tag suffix): one per cluster and job."""
-    import hashlib
-    import re
-
     name = re.sub(r"[^a-z0-9]+", "-", verdict.cluster.lower()).strip("-")[:40] or "cluster"
     key = hashlib.sha256(f"{verdict.cluster}\0{verdict.job}\0{verdict.recorded_at}".encode())
     return f"cluster-{name}-{key.hexdigest()[:12]}"
@@ -54,7 +54,7 @@ def sign_cluster(sif: Path, verdict: ClusterVerdict, key: Path) -> tuple[Path, s
     sif = Path(sif)
     if not sif.is_file():
         raise TrustError(f"{sif}: no such file")
-    digest = file_digest(sif)
+    digest = sha256_file(sif)
     if verdict.subject.get("digest") != digest:
         raise TrustError(f"{sif}: refusing to sign: the cluster verdict is about "
                          f"{verdict.subject.get('digest')}, not this file ({digest})")
@@ -124,43 +124,3 @@ def read_clusters(sif: Path, keys: list[Any], digest: str) -> list[Entry]:
         out.append(Entry("cluster", where, v.recorded_at, v.overall, v.level, v.cluster,
                          v.describe(), verified.keyid))
     return out
-
-
-def status(sif: Path, key_paths: list[Path]) -> list[Entry]:
-    """Every verdict that travels with ``sif``, newest first (refused ones listed as such)."""
-    from builder.trust.verify import verify_sif
-    from builder.trust.sign import sidecar_of
-
-    sif = Path(sif)
-    if not sif.is_file():
-        raise TrustError(f"{sif}: no such file")
-    if not key_paths:
-        raise TrustError("no public key given (--key verl-env.pub)")
-    keys = [load_public(k) for k in key_paths]
-    entries: list[Entry] = []
-    if sidecar_of(sif).exists():
-        try:
-            checked = verify_sif(sif, key_paths)
-            v = checked.verdict
-            assert v is not None
-            entries.append(Entry("build", str(sidecar_of(sif)), v.recorded_at, v.overall,
-                                 v.level, None, v.describe(),
-                                 checked.keyids[0] if checked.keyids else None))
-        except TrustError as exc:
-            entries.append(Entry("build", str(sidecar_of(sif)), None, None, None, None, "", None,
-                                 str(exc).removeprefix("trust: ")))
-    entries += read_clusters(sif, keys, file_digest(sif))
-    return sorted(entries, key=lambda e: (e.recorded_at or ""), reverse=True)
-
-
-def last_passed(sifs: list[Path], key_paths: list[Path], cluster: str
-                ) -> tuple[Path, Entry] | None:
-    """Which of ``sifs`` last passed on ``cluster`` (by signed cluster verdicts)."""
-    best: tuple[Path, Entry] | None = None
-    for sif in sifs:
-        for e in status(sif, key_paths):
-            if e.kind == "cluster" and e.refused is None and e.cluster == cluster \
-                    and e.overall == "pass" and (best is None or (e.recorded_at or "") >
-                                                 (best[1].recorded_at or "")):
-                best = (sif, e)
-    return best
