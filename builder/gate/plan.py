@@ -17,7 +17,6 @@ The gate fails closed:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import re
@@ -30,7 +29,7 @@ from builder.engine import Engine, ImageInfo
 from builder.errors import VerifyError
 from builder.families import FAMILIES, VENDORS
 from builder.gate.record import HOST, NODE, ArchRecord, GateGpus
-from builder.selftest.cli import UsageError, build_parser, parse_phases
+from builder.selftest.cli import ParsedArgs, UsageError, parse_phases, read_args
 
 # The daemon host's device directory the GPU probe mounts (tests point it at a fake tree).
 HOST_DEV_ENV = "VERL_ENV_HOST_DEV"
@@ -142,19 +141,16 @@ def decide_gpus(family: str | None, explicit: int | None, image_arch: str | None
                    f"GPU(s) under {dev_root or '/dev'}", **common)
 
 
-def _parse_selftest_args(parser: argparse.ArgumentParser,
-                         extra_args: Sequence[str]) -> tuple[argparse.Namespace, set[str]]:
-    """The self-test's parse of ``extra_args`` and the destinations they change."""
+def _read_selftest_args(extra_args: Sequence[str]) -> ParsedArgs:
+    """The self-test's own reading of ``extra_args`` (its parser, in its module)."""
     if {"-h", "--help", "--version"} & set(extra_args):
         raise VerifyError("--selftest-args: --help and --version do not verify anything")
     try:
-        ns = parser.parse_args(list(extra_args))
+        return read_args(list(extra_args))
     except UsageError as exc:
         raise VerifyError(f"--selftest-args: {exc}") from None
     except SystemExit:
         raise VerifyError("--selftest-args: --help and --version do not verify anything") from None
-    defaults = parser.parse_args([])
-    return ns, {dest for dest in vars(ns) if getattr(ns, dest) != getattr(defaults, dest)}
 
 
 def plan_selftest(family: str | None, extra_args: Sequence[str] = (),
@@ -163,12 +159,11 @@ def plan_selftest(family: str | None, extra_args: Sequence[str] = (),
 
     Raises VerifyError for an argument the self-test would refuse or that verify owns.
     """
-    parser = build_parser()
-    ns, changed = _parse_selftest_args(parser, extra_args)
-    flag = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+    parsed = _read_selftest_args(extra_args)
+    changed, flag = parsed.changed, parsed.flags
     for dest in sorted(changed & OWNED.keys()):
         raise VerifyError(f"--selftest-args: {flag[dest]} is set by verify; {OWNED[dest]}")
-    text = ns.phases
+    text = parsed.values["phases"]
     if phases is not None:
         if "phases" in changed:
             raise VerifyError("--phases given twice (in --selftest-args and to verify)")

@@ -21,10 +21,12 @@ import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from . import DEFAULT_MANIFEST, SCHEMA, __version__
 from .bandwidth import FAIL_FRAC, WARN_FRAC, BwRefError, load_reference
+from .distributed import run_distributed
 from .gpu import decide_device_count
 from .launcher import LauncherError, RankInfo, detect
 from .manifest import (ManifestError, load_manifest, needs_detection, parse_expect,
@@ -49,6 +51,26 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
+
+
+@dataclass(frozen=True)
+class ParsedArgs:
+    """The self-test's reading of an argument list, as plain data (for a caller that validates
+    arguments before they reach an image: ``build-env verify --selftest-args``)."""
+
+    values: dict[str, Any]  # destination -> value
+    changed: frozenset[str]  # the destinations the arguments set away from their defaults
+    flags: dict[str, str]  # destination -> its first option string
+
+
+def read_args(args: list[str]) -> ParsedArgs:
+    """Parse ``args`` as the self-test would; UsageError (or SystemExit for --help/--version)
+    as it would refuse them."""
+    parser = build_parser()
+    ns, defaults = parser.parse_args(list(args)), parser.parse_args([])
+    changed = frozenset(d for d in vars(ns) if getattr(ns, d) != getattr(defaults, d))
+    flags = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+    return ParsedArgs(dict(vars(ns)), changed, flags)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -251,7 +273,6 @@ def _run(a: argparse.Namespace, started: str, t0: float, manifest: dict[str, Any
                       launcher=info.launcher, world_size=info.world_size,
                       target=manifest.get("target"), manifest=a.manifest)
     if info.distributed:
-        from .distributed import run_distributed
         margin = min(max(5.0, 0.1 * ctx["dist_timeout"]), 30.0)  # child's own timeout first
         out = run_distributed(info, ctx_path, checks, workdir, ctx["dist_timeout"] + margin)
         overall = out["overall"]

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .bandwidth import expand_debug_file
 from .report import FAIL, PASS, Check, threshold
 from .runner import describe_rc, summarize_log
 
@@ -86,7 +87,6 @@ def spawn_local(backend: str, world: int, devices: list[str], check_bytes: int,
         pattern = env.get("NCCL_DEBUG_FILE")
         files = set(glob.glob(os.path.join(tmp, "nccl.*.log")))
         if pattern and backend == "nccl":
-            from .bandwidth import expand_debug_file
             for rr in res.results:
                 if rr:
                     files.add(expand_debug_file(pattern, str(rr.get("host")), int(rr["pid"])))

@@ -5,8 +5,8 @@ command), the native writer streaming ``docker export`` into ``mksquashfs`` (:mo
 
 from __future__ import annotations
 
-from builder.sif.convert import convert, convert_verified, pick_backend, run, summary
+from builder.sif.convert import convert, convert_verified, pick_backend, summary
 from builder.sif.checks import DEFAULT_PHASES, verify_sif
 
-__all__ = ["DEFAULT_PHASES", "convert", "convert_verified", "pick_backend", "run", "summary",
+__all__ = ["DEFAULT_PHASES", "convert", "convert_verified", "pick_backend", "summary",
            "verify_sif"]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import verdicts
-from builder.cluster import ClusterVerdict
+from builder.cluster_verdict import ClusterVerdict
 from builder.errors import PublishError, TrustError
 from builder.registry import Client, Transient, fallback_tag, is_loopback, resolve_credentials
 from builder.trust import sbom
