@@ -56,8 +56,9 @@ from builder.cluster_verdict import read as read_cluster_verdict
 from builder.engine import Engine, ImageInfo
 from builder.errors import BuildEnvError, ClusterError, PublishError
 from builder.files import sha256_file
-from builder.registry import (PASSWORD_ENV, TIMEOUT_S, USER_ENV, Client, Credentials, Transient,
-                              docker_config_path, parse_reference, resolve_credentials)
+from builder.engine.credentials import (PASSWORD_ENV, USER_ENV, Credentials, docker_config_path,
+                                        resolve_credentials)
+from builder.registry import TIMEOUT_S, Client, Transient, parse_reference
 from builder.sif import format as sif_format
 from builder.trust import referrers
 from builder.trust import statements as st

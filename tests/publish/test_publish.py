@@ -18,7 +18,7 @@ import requests
 
 from builder import publish, verdicts
 from builder import registry as regapi
-from builder.engine import Engine
+from builder.engine import Engine, credentials
 from builder.errors import PublishError
 from tests.publish.conftest import PASSWORD, REPO, USER, RegistryServer
 from tests.publish.conftest import publish_cli as cli_publish
@@ -266,26 +266,26 @@ def test_registry_argument_and_credentials_units(tmp_path: Path,
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
     monkeypatch.delenv(publish.USER_ENV, raising=False)
     monkeypatch.delenv(publish.PASSWORD_ENV, raising=False)
-    assert regapi.resolve_credentials("h:1") is None
+    assert credentials.resolve_credentials("h:1") is None
     token = base64.b64encode(b"cfguser:cfgpass").decode()
     (tmp_path / "config.json").write_text(json.dumps({"auths": {"https://h:1": {"auth": token}}}))
-    creds = regapi.resolve_credentials("h:1")
+    creds = credentials.resolve_credentials("h:1")
     assert creds and (creds.user, creds.secret, creds.source) == (
         "cfguser", "cfgpass", "docker-config")
     assert "cfgpass" not in repr(creds) and "cfgpass" not in str(creds)
     (tmp_path / "config.json").write_text(json.dumps({"auths": {
         "h:1": {"username": "u2", "password": "p2"},
         "h:2": {"identitytoken": "refresh-xyz"}}}))
-    creds = regapi.resolve_credentials("h:1")
+    creds = credentials.resolve_credentials("h:1")
     assert creds and (creds.user, creds.secret) == ("u2", "p2")
-    creds = regapi.resolve_credentials("h:2")
+    creds = credentials.resolve_credentials("h:2")
     assert creds and creds.identity and creds.auth_config() == {"identitytoken": "refresh-xyz"}
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(PublishError, match="config.json: not readable as JSON"):
-        regapi.resolve_credentials("h:1")
+        credentials.resolve_credentials("h:1")
     monkeypatch.setenv(publish.USER_ENV, "envuser")
     monkeypatch.setenv(publish.PASSWORD_ENV, "envpass")
-    creds = regapi.resolve_credentials("h:1")
+    creds = credentials.resolve_credentials("h:1")
     assert creds and (creds.user, creds.secret, creds.source) == (
         "envuser", "envpass", "environment")
     reg, source = publish.connect("127.0.0.1:1/x")
