@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import __version__, publish, runlock, sif, vendor, verdicts
-from builder.engine import BuildProgress, Engine, faults, interrupts_raise
+from builder.engine import BuildProgress, ContainerEngine, Engine, faults, interrupts_raise
 from builder.errors import BuildEnvError
 from builder.files import atomic_write_text
 from builder.lock import lock_path
@@ -158,7 +158,7 @@ def _run_one(req: BuildRequest) -> Outcome:
     return outcome
 
 
-def preflight(req: BuildRequest, target: Target) -> Engine:
+def preflight(req: BuildRequest, target: Target) -> ContainerEngine:
     """Everything the run will need, checked before minutes of build: the engine, and the SIF
     and registry prerequisites of ``--sif``/``--push``."""
     engine = Engine.connect()
@@ -211,7 +211,7 @@ def run(req: BuildRequest) -> Outcome:
 RENDER_WHAT = "the preparation of the build (base image, content tag)"
 
 
-def execute(plan: BuildPlan, engine: Engine, console: Console | None = None, *,
+def execute(plan: BuildPlan, engine: ContainerEngine, console: Console | None = None, *,
             release: Callable[[], None] = lambda: None, started: float | None = None
             ) -> Outcome:
     """Run ``plan`` on ``engine``: ask it what the plan cannot know (:func:`resolve`), then
@@ -240,7 +240,7 @@ def execute(plan: BuildPlan, engine: Engine, console: Console | None = None, *,
                    console)
 
 
-def resolve(plan: BuildPlan, engine: Engine) -> EngineFacts:
+def resolve(plan: BuildPlan, engine: ContainerEngine) -> EngineFacts:
     """The plan's engine facts: a declared vendor base inspected (which stops the run), the
     base images' identities, the content hash over them, and the image under its content tag."""
     target = plan.target
@@ -266,7 +266,7 @@ class _Step:
     built: bool = False
 
 
-def _build_and_gate(plan: BuildPlan, facts: EngineFacts, engine: Engine, console: Console,
+def _build_and_gate(plan: BuildPlan, facts: EngineFacts, engine: ContainerEngine, console: Console,
                     report: Report) -> Outcome | Gated:
     """Under the target's run lock: reuse the verified image of the content tag, or build,
     verify and tag one. An Outcome when the run ends here (refused, failed, interrupted), else
@@ -302,7 +302,7 @@ def _build_and_gate(plan: BuildPlan, facts: EngineFacts, engine: Engine, console
     return done
 
 
-def _gate(plan: BuildPlan, facts: EngineFacts, engine: Engine, console: Console,
+def _gate(plan: BuildPlan, facts: EngineFacts, engine: ContainerEngine, console: Console,
           report: Report, step: _Step) -> Outcome | Gated:
     """(reuse | build) -> verify -> tag; ``step`` says what is under way."""
     req, tags, report_path = plan.request, facts.tags, plan.report_path
@@ -343,7 +343,7 @@ def _gate(plan: BuildPlan, facts: EngineFacts, engine: Engine, console: Console,
     return image_id, recorded, report, report_path
 
 
-def _build(plan: BuildPlan, engine: Engine, console: Console, report: Report, step: _Step
+def _build(plan: BuildPlan, engine: ContainerEngine, console: Console, report: Report, step: _Step
            ) -> None:
     """Build the plan's context into a candidate image (``step`` holds its ID)."""
     assert plan.context is not None
@@ -360,7 +360,7 @@ def _build(plan: BuildPlan, engine: Engine, console: Console, report: Report, st
                   f"{result.cache_hits} cached, {result.seconds:.1f} s")
 
 
-def _reuse(engine: Engine, report: Report, report_path: Path, console: Console, tags: Names,
+def _reuse(engine: ContainerEngine, report: Report, report_path: Path, console: Console, tags: Names,
            known: Verdict) -> Gated:
     """The content tag exists and holds a release verdict: nothing is built or re-verified."""
     assert report.image_id is not None
@@ -390,7 +390,7 @@ def _skips(v: Verdict) -> str:
     return f", {len(skipped)} checks skipped (see report)" if skipped else ""
 
 
-def _refuse(engine: Engine, report: Report, report_path: Path, console: Console,
+def _refuse(engine: ContainerEngine, report: Report, report_path: Path, console: Console,
             v: Verdict, req: BuildRequest, target: Target, built: bool,
             problem: str) -> Outcome:
     report.result = v.overall if v.overall in ("fail", "incomplete") else "fail"
@@ -410,7 +410,7 @@ def _refuse(engine: Engine, report: Report, report_path: Path, console: Console,
     return Outcome(report, 1)
 
 
-def _extend(req: BuildRequest, target: Target, engine: Engine, image_id: str, verdict: Verdict,
+def _extend(req: BuildRequest, target: Target, engine: ContainerEngine, image_id: str, verdict: Verdict,
             report: Report, report_path: Path, console: Console) -> Outcome:
     """``--sif`` and ``--push`` continue from the verified image (which keeps its tags when
     they fail: the report records the error), with the run's engine and ``verdict`` (the
@@ -424,7 +424,7 @@ def _extend(req: BuildRequest, target: Target, engine: Engine, image_id: str, ve
     return Outcome(report, 0)
 
 
-def _sif_and_push(req: BuildRequest, target: Target, engine: Engine, image_id: str,
+def _sif_and_push(req: BuildRequest, target: Target, engine: ContainerEngine, image_id: str,
                   verdict: Verdict, report: Report, report_path: Path, console: Console) -> None:
     if not (req.sif or req.push):
         return

@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 from builder import runlock, verdicts
 from builder.cluster_verdict import ClusterVerdict
 from builder.cluster_verdict import read as read_cluster_verdict
-from builder.engine import Engine, ImageInfo
+from builder.engine import ContainerEngine, ImageInfo
 from builder.errors import BuildEnvError, ClusterError, PublishError
 from builder.files import sha256_file
 from builder.engine.credentials import (PASSWORD_ENV, USER_ENV, Credentials, docker_config_path,
@@ -145,7 +145,7 @@ def read_back(reg: Client, reference: str, pushed: str, attempts: int, *,
 # --------------------------------------------------------------------------- the image
 
 
-def push_image(engine: Engine, image: ImageInfo, reg: Client, tag: str, attempts: int) -> str:
+def push_image(engine: ContainerEngine, image: ImageInfo, reg: Client, tag: str, attempts: int) -> str:
     """Tag ``HOST/REPO:TAG`` and push; returns the digest the engine reported. The engine gets
     the credentials as ``auth_config`` and negotiates Basic or Bearer auth itself."""
     ref = f"{reg.host}/{reg.repo}"
@@ -389,7 +389,7 @@ class Attestations:
         return envelopes(subjects, self.verdict, self.sbom, self.provenance, self.private)
 
 
-def prepare_attestations(engine: Engine, image: ImageInfo, sign_key: Path, report: Path | None,
+def prepare_attestations(engine: ContainerEngine, image: ImageInfo, sign_key: Path, report: Path | None,
                          target: str | None, require: str = verdicts.BUILD, *,
                          verdict: verdicts.Verdict | None = None,
                          sbom_doc: dict[str, Any] | None = None) -> Attestations:
@@ -421,7 +421,7 @@ def attest(reg: Client, attestations: Attestations, digest: str,
                     f"attestations of {reg.repo}@{digest}", attempts)
 
 
-def publish(engine: Engine, image: ImageInfo, registry: str, *, tag: str, sif: Path | None,
+def publish(engine: ContainerEngine, image: ImageInfo, registry: str, *, tag: str, sif: Path | None,
             target: str | None, record_path: Path, pins: dict[str, str] | None = None,
             sif_tag: str | None = None, insecure: bool = False,
             attempts: int = 4, sign_key: Path | None = None,
@@ -455,7 +455,7 @@ def publish(engine: Engine, image: ImageInfo, registry: str, *, tag: str, sif: P
         raise
 
 
-def _publish(engine: Engine, image: ImageInfo, registry: str, *, tag: str, sif: Path | None,
+def _publish(engine: ContainerEngine, image: ImageInfo, registry: str, *, tag: str, sif: Path | None,
              target: str | None, record_path: Path, pins: dict[str, str] | None,
              sif_tag: str | None, insecure: bool, attempts: int, sign_key: Path | None,
              report: Path | None, require: str, attach: tuple[Path, ...],
@@ -494,7 +494,7 @@ def _publish(engine: Engine, image: ImageInfo, registry: str, *, tag: str, sif: 
     return record
 
 
-def _transfer(engine: Engine, image: ImageInfo, reg: Client, progress: Progress, *, tag: str,
+def _transfer(engine: ContainerEngine, image: ImageInfo, reg: Client, progress: Progress, *, tag: str,
               stag: str, sif: Path | None, attempts: int, signing: Attestations | None,
               clusters: list[ClusterVerdict], sign_key: Path | None) -> dict[str, Any]:
     """The stages that send bytes, in order: image (under its staging tag) and SIF by digest,
@@ -606,7 +606,7 @@ def _verdict_summary(v: verdicts.Verdict | None) -> dict[str, Any] | None:
             "recorded_at": v.recorded_at}
 
 
-def publish_verified(engine: Engine, image: ImageInfo, registry: str, *, target: str,
+def publish_verified(engine: ContainerEngine, image: ImageInfo, registry: str, *, target: str,
                      sif: Path | None, pins: dict[str, str], verdict: verdicts.Verdict | None,
                      record_path: Path | None = None, sign_key: Path | None = None,
                      report: Path | None = None, require: str = verdicts.BUILD,

@@ -32,17 +32,15 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from builder.engine import ContainerEngine
 from builder.errors import LockError
 from builder.files import atomic_write_text
 from builder.spec import Target
-
-if TYPE_CHECKING:
-    from builder.engine import Engine
 
 BASE_SCHEMA = "verl-env/base/v1"
 # The installer lives in its own directory, never in the base's environment.
@@ -166,7 +164,7 @@ def load_record(target: Target, lock_file: Path) -> dict[str, Any] | None:
                     target=target.name)
 
 
-def probe(engine: Engine, target: Target, *, timeout: float = 600) -> dict[str, Any]:
+def probe(engine: ContainerEngine, target: Target, *, timeout: float = 600) -> dict[str, Any]:
     """Inspect the target's base through the engine (``Engine.run``: a short container, no
     network, the image's entrypoint replaced) and return its record."""
     ref = target.base.ref
@@ -284,7 +282,7 @@ def interpreter(record: dict[str, Any]) -> str:
     return path
 
 
-def first_inspection(engine: Engine, target: Target, lock_file: Path) -> None:
+def first_inspection(engine: ContainerEngine, target: Target, lock_file: Path) -> None:
     """A declared base reached an engine that can pull it: inspect it, record what it really
     holds beside the lock, and stop (the lock was resolved from declared facts, and its input
     hash covers the record): the build host re-locks with the record and commits both."""

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from builder.commands import _shared
-from builder.engine import Engine, faults
+from builder.engine import ContainerEngine, Engine, faults
 from builder.errors import VerifyError
 from builder.files import atomic_write_text
 from builder.gate.image import verify_image
@@ -107,7 +107,7 @@ def _run_sif(args: argparse.Namespace) -> int:
     return v.exit_code
 
 
-def _run_image(engine: Engine, args: argparse.Namespace) -> int:
+def _run_image(engine: ContainerEngine, args: argparse.Namespace) -> int:
     image = engine.image(args.image)
     manifest = None
     if args.target:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from builder import shipped
-from builder.engine import Engine, ImageInfo, faults
+from builder.engine import ContainerEngine, ImageInfo, faults
 from builder.errors import EngineError
 from builder.gate import ending
 from builder.gate.plan import (EMULATION_FACTOR, GpuPlan, SelftestPlan, arch_plan, expected_gpus,
@@ -42,7 +42,7 @@ _LAUNCH = ('PY=$(cat /opt/verl-env/interpreter 2>/dev/null); [ -x "$PY" ] || '
 ENTRYPOINT = ["/bin/sh", "-c", _LAUNCH, "verl-env-selftest"]
 
 
-def verify_image(engine: Engine, image: str, *, expect_gpus: int | None = None,
+def verify_image(engine: ContainerEngine, image: str, *, expect_gpus: int | None = None,
                  timeout: float = 900, gpus: str | None = "auto",
                  extra_args: Sequence[str] | None = None, phases: str | None = None,
                  network: str = "none", manifest: dict[str, Any] | None = None,
@@ -99,7 +99,7 @@ def _handed(gpus: str | None, gpu: GpuPlan) -> str | None:
     return gpus
 
 
-def _run(engine: Engine, img: ImageInfo, image: str, gate: GateRecord, plan: SelftestPlan,
+def _run(engine: ContainerEngine, img: ImageInfo, image: str, gate: GateRecord, plan: SelftestPlan,
          gpu: GpuPlan, *, gpus: str | None, manifest: dict[str, Any] | None, network: str,
          timeout: float) -> Verdict:
     """Copy the self-test (and the manifest) in, run it, and read its report out."""
@@ -147,7 +147,7 @@ def _parse(raw: bytes | None) -> dict[str, Any]:
     return report if isinstance(report, dict) else {}
 
 
-def raise_engine_fault(engine: Engine, exc: EngineError, what: str) -> None:
+def raise_engine_fault(engine: ContainerEngine, exc: EngineError, what: str) -> None:
     """An engine that died or filled up is the run's error, never a verdict about the image."""
     fault = faults.translate(engine, exc, stage="verify", what=what)
     if fault is None and not engine.alive():

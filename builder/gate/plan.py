@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.engine import Engine, ImageInfo
+from builder.engine import ContainerEngine, ImageInfo
 from builder.errors import VerifyError
 from builder.families import FAMILIES, VENDORS
 from builder.gate.record import HOST, NODE, ArchRecord, GateGpus
@@ -200,7 +200,7 @@ def host_dev_root() -> str:
     return os.environ.get(HOST_DEV_ENV) or "/dev"
 
 
-def expected_gpus(engine: Engine, image_id: str, family: str | None, *,
+def expected_gpus(engine: ContainerEngine, image_id: str, family: str | None, *,
                   expect_gpus: int | None = None, image_arch: str | None = None,
                   dev_root: str | None = None) -> GpuPlan:
     """Decide the GPU expectation, probing the engine's host when the family has GPUs (also with
@@ -216,7 +216,7 @@ def expected_gpus(engine: Engine, image_id: str, family: str | None, *,
     return decide_gpus(family, expect_gpus, image_arch, daemon_arch, devices, dev_root)
 
 
-def arch_plan(engine: Engine, img: ImageInfo, manifest: Mapping[str, Any] | None,
+def arch_plan(engine: ContainerEngine, img: ImageInfo, manifest: Mapping[str, Any] | None,
               emulated: bool | None = None) -> ArchRecord:
     """The image's architecture against the target's (the given manifest's, else the image's
     label) and the engine host's: ``refused`` (why the gate refuses it, or None) and

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import verdicts
-from builder.engine import Engine, ImageInfo, interrupts_raise
+from builder.engine import ContainerEngine, ImageInfo, interrupts_raise
 from builder.errors import EngineError, SifError
 from builder.families import family
 from builder.files import atomic_write_text
@@ -71,7 +71,7 @@ def summary(report: dict[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- conversion
 
 
-def convert_verified(engine: Engine, image: ImageInfo, output: Path, *, target: str,
+def convert_verified(engine: ContainerEngine, image: ImageInfo, output: Path, *, target: str,
                      verdict: verdicts.Verdict | None, require: str = verdicts.BUILD) -> Path:
     """Pipeline entry (``build-env --target T --sif PATH``): convert the just-verified image,
     with the engine and the verdict the pipeline already holds."""
@@ -82,7 +82,7 @@ def convert_verified(engine: Engine, image: ImageInfo, output: Path, *, target: 
     return Path(output)
 
 
-def convert(engine: Engine, image: ImageInfo, *, output: Path, source: str,
+def convert(engine: ContainerEngine, image: ImageInfo, *, output: Path, source: str,
             target: str | None = None, backend: str = "auto", force: bool = False,
             run: bool = True, phases: str = DEFAULT_PHASES, timeout: float = 900,
             tmpdir: Path | None = None, require: str = verdicts.BUILD,
@@ -158,7 +158,7 @@ def _accept(verification: dict[str, Any], run: bool, target: str | None) -> None
     raise SifError(f"the SIF did not verify ({overall}): {failing}{extra}", target=target)
 
 
-def _build(engine: Engine, backend: str, image: ImageInfo, partial: Path, source: str,
+def _build(engine: ContainerEngine, backend: str, image: ImageInfo, partial: Path, source: str,
            scratch: Path, target: str | None, labels: dict[str, str]) -> dict[str, Any]:
     try:
         if backend == "native":
@@ -219,7 +219,7 @@ def _singularity_on_path(scratch: Path) -> Iterator[None]:
         os.environ["PATH"] = old
 
 
-def export_archive(engine: Engine, image: ImageInfo, source: str, path: Path) -> None:
+def export_archive(engine: ContainerEngine, image: ImageInfo, source: str, path: Path) -> None:
     """A one-layer ``docker-archive`` (what ``docker save`` writes) for apptainer: the layer is
     the engine's export of the image, streamed into the archive file (its tar header is written
     last, once the size is known); the config carries the image's Config and platform."""
@@ -255,7 +255,7 @@ def export_archive(engine: Engine, image: ImageInfo, source: str, path: Path) ->
         f.write(head)
 
 
-def build_apptainer(engine: Engine, image: ImageInfo, partial: Path, source: str,
+def build_apptainer(engine: ContainerEngine, image: ImageInfo, partial: Path, source: str,
                     scratch: Path) -> dict[str, Any]:
     """``singularity build --tmpdir S PARTIAL docker-archive://S/image.tar`` through spython
     (the archive: :func:`export_archive`).

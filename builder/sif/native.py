@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder.engine import Engine, ImageInfo
+from builder.engine import ContainerEngine, ImageInfo
 from builder.sif import format as sif_format
 from builder.sif import meta as sif_meta
 from builder.sif.overlay import Overlay, OverlayStats, Piece
@@ -125,7 +125,7 @@ def run_mksquashfs(command: list[str], pieces: Iterable[Piece], log_path: Path) 
     return text
 
 
-def build(engine: Engine, image: ImageInfo, output: Path, *, source: str, workdir: Path,
+def build(engine: ContainerEngine, image: ImageInfo, output: Path, *, source: str, workdir: Path,
           when: datetime.datetime | None = None,
           labels: dict[str, str] | None = None) -> NativeResult:
     """Build the SIF for ``image`` into ``output`` (overwritten). ``source`` is

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import verdicts
-from builder.engine import Engine, ImageInfo, interrupts_raise
+from builder.engine import ContainerEngine, ImageInfo, interrupts_raise
 from builder.errors import SifError
 from builder.sif import meta as sif_meta
 from builder.sif import native as sif_native
@@ -101,7 +101,7 @@ def mksquashfs_command(output: Path, compression: str = "gzip") -> list[str]:
             *COMPRESSIONS[compression], "-root-mode", "755", "-quiet", "-no-progress"]
 
 
-def build(engine: Engine, image: ImageInfo, output: Path, *, source: str, workdir: Path,
+def build(engine: ContainerEngine, image: ImageInfo, output: Path, *, source: str, workdir: Path,
           compression: str = "gzip") -> dict[str, Any]:
     """Write the enroot squashfs of ``image`` to ``output`` (overwritten)."""
     if image.os != "linux":
@@ -138,7 +138,7 @@ def space_needs(compression: str, image_size: int) -> list[Need]:
                  f"the squashfs ({compression}) of a {mib(image_size)} image")]
 
 
-def convert(engine: Engine, image: ImageInfo, *, output: Path, source: str,
+def convert(engine: ContainerEngine, image: ImageInfo, *, output: Path, source: str,
             target: str | None = None, force: bool = False, compression: str = "gzip",
             tmpdir: Path | None = None) -> dict[str, Any]:
     """Build, check, then atomically place the squashfs. Raises SifError on any failure."""

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from builder.engine import Engine
+from builder.engine import ContainerEngine
 from builder.errors import TrustError
 
 MARKER = "--verl-env-sbom--"
@@ -68,7 +68,7 @@ class Inventory:
     os_version: str = ""
 
 
-def collect(engine: Engine, image: str, *, timeout: float = 300) -> Inventory:
+def collect(engine: ContainerEngine, image: str, *, timeout: float = 300) -> Inventory:
     """Run the inventory script in a throw-away container of ``image`` (no network)."""
     result = engine.run(image, ["-c", _LAUNCH, _COLLECT], entrypoint=["/bin/sh"],
                         timeout=timeout, network="none", shm_size="64m", role="sbom")

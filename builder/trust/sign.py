@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import verdicts
-from builder.engine import Engine
+from builder.engine import ContainerEngine, Engine
 from builder.errors import TrustError
 from builder.files import atomic_write_text, sha256_file
 from builder.sif import format as sif_format
@@ -90,7 +90,7 @@ def sign_sif(sif: Path, verdict: Verdict, sbom: dict[str, Any],
 
 
 def statement_inputs(report: Path, *, verdict: Verdict | dict[str, Any] | None = None,
-                     sbom_doc: dict[str, Any] | None = None, engine: Engine | None = None,
+                     sbom_doc: dict[str, Any] | None = None, engine: ContainerEngine | None = None,
                      image_id: str | None = None, what: str | None = None,
                      require: str = verdicts.BUILD
                      ) -> tuple[Verdict, dict[str, Any], st.ProvenanceInputs]:
@@ -147,7 +147,7 @@ def envelopes(subjects: list[dict[str, Any]], verdict: Verdict, sbom_doc: dict[s
 
 def sign_from_report(sif: Path, report: Path, key: Path, pgp_key: Path | None = None, *,
                      verdict: Verdict | dict[str, Any] | None = None,
-                     sbom_doc: dict[str, Any] | None = None, engine: Engine | None = None,
+                     sbom_doc: dict[str, Any] | None = None, engine: ContainerEngine | None = None,
                      require: str = verdicts.BUILD) -> Signed:
     """The whole signing step from a build's ``report.json`` (see :func:`statement_inputs`)."""
     load_private(key)  # fail before the (slower) inventory
