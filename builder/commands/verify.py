@@ -15,7 +15,7 @@ from builder.errors import VerifyError
 from builder.files import atomic_write_text
 from builder.gate.image import verify_image
 from builder.gate.plan import EMULATION_FACTOR
-from builder.gate.record import SifRun
+from builder.gate_record import SifRun
 from builder.gate.sif import is_sif, verify_sif_image
 from builder.gate.summary import summary_lines
 from builder.render.baked import manifest as render_manifest

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from builder.gate.record import GateRecord, SeenGpus
+from builder.gate_record import GateRecord, SeenGpus
 from builder.verdicts import EXIT_VERDICTS, Verdict
 
 

@@ -26,7 +26,7 @@ from builder.errors import EngineError
 from builder.gate import ending
 from builder.gate.plan import (EMULATION_FACTOR, GpuPlan, SelftestPlan, arch_plan, expected_gpus,
                                family_of, plan_selftest)
-from builder.gate.record import GateGpus, GateRecord, ImageRun, SeenGpus
+from builder.gate_record import GateGpus, GateRecord, ImageRun, SeenGpus
 from builder.verdicts import PARTIAL, RELEASE, Verdict
 
 OUT_DIR, HOST_DIR = "/verl-env-out", "/verl-env-host"

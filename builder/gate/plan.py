@@ -28,7 +28,7 @@ from typing import Any
 from builder.engine import ContainerEngine, ImageInfo
 from builder.errors import VerifyError
 from builder.families import FAMILIES, VENDORS
-from builder.gate.record import HOST, NODE, ArchRecord, GateGpus
+from builder.gate_record import HOST, NODE, ArchRecord, GateGpus
 from builder.selftest.cli import ParsedArgs, UsageError, parse_phases, read_args
 
 # The daemon host's device directory the GPU probe mounts (tests point it at a fake tree).

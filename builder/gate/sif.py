@@ -16,7 +16,7 @@ from builder.files import sha256_file
 from builder.gate import ending
 from builder.gate.plan import (RELEASE_PHASES, host_dev_root, list_devices, plan_selftest,
                                plan_sif_gate)
-from builder.gate.record import GateRecord, SifRun, SifSubject
+from builder.gate_record import GateRecord, SifRun, SifSubject
 from builder.sif import format as sif_format
 from builder.sif.checks import pick_runtime, run_in_sif, sif_labels
 from builder.verdicts import PARTIAL, RELEASE, Verdict

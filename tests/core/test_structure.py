@@ -1,5 +1,6 @@
 """The shape of ``builder/`` read from its own syntax trees (docs/architecture.md, "Rules"):
-imports point down and never round in a circle; argparse lives in the command layers only;
+imports point down and never round in a circle, between modules or between the top-level
+modules and packages a newcomer reads from the folder names; argparse lives in the command layers only;
 exactly one module is named ``verify``; imports of the project's own modules sit at module top
 unless a comment says why; no function is over 80 lines.
 
@@ -10,7 +11,7 @@ tree written here that breaks it.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,12 +93,20 @@ def import_sites(known: dict[str, Module], package: str) -> Iterator[ImportSite]
         yield from walk(mod, mod.tree, False)
 
 
-def cycles(known: dict[str, Module], package: str) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan), over every import."""
-    graph: dict[str, set[str]] = {name: set() for name in known}
+def top_level(name: str) -> str:
+    """``builder.gate.image`` -> ``builder.gate``: the module or package under the root."""
+    return ".".join(name.split(".")[:2])
+
+
+def cycles(known: dict[str, Module], package: str, group: Callable[[str], str] = str
+           ) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan), over every import; a node
+    is a module, or what ``group`` maps it to."""
+    graph: dict[str, set[str]] = {group(name): set() for name in known}
     for site in import_sites(known, package):
-        if site.target in known and site.target != site.module.name:
-            graph[site.module.name].add(site.target)
+        source, target = group(site.module.name), group(site.target)
+        if site.target in known and target != source:
+            graph[source].add(target)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -168,6 +177,10 @@ def test_no_import_circle(tree: dict[str, Module]) -> None:
     assert cycles(tree, "builder") == []
 
 
+def test_no_circle_between_top_level_packages(tree: dict[str, Module]) -> None:
+    assert cycles(tree, "builder", top_level) == []
+
+
 def test_argparse_only_in_the_command_layers(tree: dict[str, Module]) -> None:
     assert argparse_users(tree, BUILDER) == []
 
@@ -197,10 +210,13 @@ def test_the_rules_catch_what_they_forbid(tmp_path: Path) -> None:
     (pkg / "a.py").write_text("import argparse\nfrom pkg import b\n")
     (pkg / "b.py").write_text("def f():\n    from pkg import a\n    return a\n")
     (pkg / "commands" / "ok.py").write_text("import argparse\n")
+    (pkg / "commands" / "down.py").write_text("from pkg import c\n")
+    (pkg / "c.py").write_text("from pkg.commands import ok\n")
     body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
     (pkg / "long.py").write_text(f"def g():\n{body}")
     known = modules(pkg)
     assert cycles(known, "pkg") == [["pkg.a", "pkg.b"]]
+    assert sorted(cycles(known, "pkg", top_level)) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.commands"]]
     assert argparse_users(known, pkg) == ["a.py"]
     inner = [s for s in import_sites(known, "pkg") if s.inside_function]
     assert [(s.module.name, _justified(s)) for s in inner] == [("pkg.b", False)]
