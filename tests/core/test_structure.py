@@ -201,6 +201,37 @@ def test_no_function_over_80_lines(tree: dict[str, Module]) -> None:
     assert long_functions(tree) == []
 
 
+def rows(known: dict[str, Module], package: str) -> list[set[str]]:
+    """The top-level modules and packages in rows, highest first: a node's row is the length
+    of its longest chain of imports down to a node that imports nothing of the package."""
+    graph: dict[str, set[str]] = {top_level(name): set() for name in known}
+    for site in import_sites(known, package):
+        source, target = top_level(site.module.name), top_level(site.target)
+        if site.target in known and target != source:
+            graph[source].add(target)
+    depth: dict[str, int] = {}
+
+    def rank(node: str) -> int:
+        if node not in depth:
+            depth[node] = 1 + max((rank(d) for d in graph[node]), default=-1)
+        return depth[node]
+
+    found: dict[int, set[str]] = {}
+    for node in graph:
+        found.setdefault(rank(node), set()).add(node.removeprefix(f"{package}."))
+    return [found[d] for d in sorted(found, reverse=True)]
+
+
+def test_the_architecture_picture_is_the_code(tree: dict[str, Module]) -> None:
+    """docs/architecture.md draws the rows; the code decides them."""
+    doc = (BUILDER.parent / "docs" / "architecture.md").read_text()
+    block = doc.split("```\n__main__", 1)[1].split("```", 1)[0]
+    drawn = [{"__main__"}] + [{w.rstrip("/") for w in line.split()}
+                              for line in block.splitlines()[1:] if line.strip()]
+    computed = [row - {"builder"} for row in rows(tree, "builder")]
+    assert drawn == [row for row in computed if row]
+
+
 def test_the_rules_catch_what_they_forbid(tmp_path: Path) -> None:
     """A tree that breaks every rule is caught by every rule (none of them passes vacuously)."""
     pkg = tmp_path / "pkg"
