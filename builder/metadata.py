@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 from collections.abc import Iterable
@@ -277,8 +278,6 @@ class IndexClient:
             return email.parser.Parser().parsestr(zf.read(member).decode("utf-8", "replace"))
 
     def _sdist_metadata(self, f: dict[str, Any]) -> email.message.Message:
-        import tarfile
-
         resp = self._get(f["url"])
         resp.raise_for_status()
         with tarfile.open(fileobj=io.BytesIO(resp.content)) as tf:

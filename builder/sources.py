@@ -27,6 +27,7 @@ import subprocess
 import tarfile
 import tempfile
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -223,8 +224,6 @@ def fetch_git(target: Target, p: Package, commit: str, dest: Path) -> None:
 
 
 def _ignored(name: str) -> bool:
-    from fnmatch import fnmatch
-
     return any(fnmatch(name, pattern) for pattern in IGNORED)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -547,8 +548,6 @@ def _gpus(ctx: _Ctx, accel: str, value: Any, key: str, name: str) -> tuple[str, 
 
 
 def _build_tools(ctx: _Ctx, value: list[str], key: str) -> tuple[str, ...]:
-    from packaging.requirements import InvalidRequirement, Requirement
-
     for i, req in enumerate(value):
         try:
             r = Requirement(req)

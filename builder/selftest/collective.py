@@ -7,6 +7,7 @@ Under torchrun/srun the collective spans all ranks instead: see ``distributed.py
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .bandwidth import (WARN_FRAC, FAIL_FRAC, decide_busbw, decide_transport,
@@ -53,8 +54,6 @@ def judge(run: Run, correctness: Check, busbw: float | None, world: int, nodes: 
 
 def nccl_step(run: Run) -> list[Check]:
     """Spawn one rank per visible GPU and judge the run."""
-    import os
-
     import torch  # type: ignore[import-not-found]
 
     expect = run.expect

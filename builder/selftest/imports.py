@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 from typing import Any
 
 from .phase import Run, Step, skip
@@ -39,8 +40,6 @@ def driver_missing(error: str | None) -> str | None:
 
 def first_existing(candidates: tuple[str, ...]) -> str:
     """The first candidate module that can be found (else the first, to report its error)."""
-    import importlib.util
-
     for name in candidates:
         try:
             if importlib.util.find_spec(name) is not None:

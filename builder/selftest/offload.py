@@ -58,7 +58,7 @@ def _zstd() -> Callable[[bytes, int], bytes]:
     except ImportError:
         pass
     try:
-        import zstandard
+        import zstandard  # optional: an image may hold it
     except ImportError:
         return decompress_prefix
 

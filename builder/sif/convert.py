@@ -264,7 +264,7 @@ def build_apptainer(engine: ContainerEngine, image: ImageInfo, partial: Path, so
     stale output is deleted first and a missing output is the failure signal; its captured
     stderr (spython prints it to stdout) becomes the error message.
     """
-    from spython.main import Client
+    from spython.main import Client  # the apptainer backend only (apptainer is optional)
 
     archive = scratch / "image.tar"
     t0 = time.monotonic()

@@ -135,6 +135,7 @@ def generate(directory: Path, *, pgp: bool = False, name: str = "verl-env signin
 
 def _new_pgp(name: str, email: str) -> Any:
     pgpy = pgpy_module()
+    # PGPy loads in about 0.5 s (pgpy_module): only the OpenPGP signature pays for it
     from pgpy.constants import (CompressionAlgorithm, HashAlgorithm, KeyFlags, PubKeyAlgorithm,
                                 SymmetricKeyAlgorithm)
 

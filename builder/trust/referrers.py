@@ -22,6 +22,7 @@ serves it (digest and size of the raw bytes read back, never of re-serialised JS
 
 from __future__ import annotations
 
+import base64
 import datetime
 import hashlib
 import json
@@ -77,8 +78,6 @@ def envelope_bytes(envelope: dict[str, Any]) -> bytes:
 
 def predicate_type_of(envelope: dict[str, Any]) -> str:
     """The predicate type of a DSSE envelope this tool signed (its payload is a Statement)."""
-    import base64
-
     stmt = json.loads(base64.b64decode(envelope["payload"]))
     return str(stmt["predicateType"])
 
