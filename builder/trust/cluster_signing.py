@@ -96,13 +96,11 @@ def read_clusters(sif: Path, keys: list[Any], digest: str) -> list[Entry]:
             continue
         where = f"{sidecar}:{n}"
         try:
-            verified = dsse.verify(json.loads(line), keys, where)
-            stmt = dsse.statement_of(verified, where)
-            if stmt.get("predicateType") != CLUSTER_TYPE:
-                raise TrustError(f"{where}: predicateType {stmt.get('predicateType')!r} is not "
+            opened = st.open_statement(json.loads(line), keys, where)
+            stmt, subjects = opened.statement, opened.subjects
+            if opened.predicate_type != CLUSTER_TYPE:
+                raise TrustError(f"{where}: predicateType {opened.predicate_type!r} is not "
                                  f"{CLUSTER_TYPE}")
-            subjects = [s.get("digest", {}).get("sha256") for s in stmt.get("subject") or ()
-                        if isinstance(s, dict)]
             if digest.split(":", 1)[1] not in subjects:
                 raise TrustError(f"{where}: the statement is about sha256:{(subjects or ['?'])[0]}"
                                  f", not this file ({digest})")
@@ -122,5 +120,5 @@ def read_clusters(sif: Path, keys: list[Any], digest: str) -> list[Entry]:
                              str(exc).removeprefix("trust: ")))
             continue
         out.append(Entry("cluster", where, v.recorded_at, v.overall, v.level, v.cluster,
-                         v.describe(), verified.keyid))
+                         v.describe(), opened.keyid))
     return out
