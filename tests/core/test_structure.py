@@ -1,8 +1,8 @@
 """The shape of ``builder/`` read from its own syntax trees (docs/architecture.md, "Rules"):
 imports point down and never round in a circle, between modules or between the top-level
-modules and packages a newcomer reads from the folder names; argparse lives in the command layers only;
-exactly one module is named ``verify``; imports of the project's own modules sit at module top
-unless a comment says why; no function is over 80 lines.
+modules and packages a newcomer reads from the folder names; argparse lives in the command
+layers only; exactly one module is named ``verify``; imports of the project's own modules sit at
+module top unless a comment says why; no function is over 80 lines.
 
 Each rule is checked on the real tree and, so that none of them can pass vacuously, on a small
 tree written here that breaks it.
@@ -98,15 +98,21 @@ def top_level(name: str) -> str:
     return ".".join(name.split(".")[:2])
 
 
-def cycles(known: dict[str, Module], package: str, group: Callable[[str], str] = str
-           ) -> list[list[str]]:
-    """Strongly connected components of more than one node (Tarjan), over every import; a node
-    is a module, or what ``group`` maps it to."""
+def import_graph(known: dict[str, Module], package: str, group: Callable[[str], str] = str
+                 ) -> dict[str, set[str]]:
+    """Who imports whom, over every import; a node is a module, or what ``group`` maps it to."""
     graph: dict[str, set[str]] = {group(name): set() for name in known}
     for site in import_sites(known, package):
         source, target = group(site.module.name), group(site.target)
         if site.target in known and target != source:
             graph[source].add(target)
+    return graph
+
+
+def cycles(known: dict[str, Module], package: str, group: Callable[[str], str] = str
+           ) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan) of the import graph."""
+    graph = import_graph(known, package, group)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -204,11 +210,7 @@ def test_no_function_over_80_lines(tree: dict[str, Module]) -> None:
 def rows(known: dict[str, Module], package: str) -> list[set[str]]:
     """The top-level modules and packages in rows, highest first: a node's row is the length
     of its longest chain of imports down to a node that imports nothing of the package."""
-    graph: dict[str, set[str]] = {top_level(name): set() for name in known}
-    for site in import_sites(known, package):
-        source, target = top_level(site.module.name), top_level(site.target)
-        if site.target in known and target != source:
-            graph[source].add(target)
+    graph = import_graph(known, package, top_level)
     depth: dict[str, int] = {}
 
     def rank(node: str) -> int:
@@ -247,7 +249,8 @@ def test_the_rules_catch_what_they_forbid(tmp_path: Path) -> None:
     (pkg / "long.py").write_text(f"def g():\n{body}")
     known = modules(pkg)
     assert cycles(known, "pkg") == [["pkg.a", "pkg.b"]]
-    assert sorted(cycles(known, "pkg", top_level)) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.commands"]]
+    assert sorted(cycles(known, "pkg", top_level)) == [["pkg.a", "pkg.b"],
+                                                       ["pkg.c", "pkg.commands"]]
     assert argparse_users(known, pkg) == ["a.py"]
     inner = [s for s in import_sites(known, "pkg") if s.inside_function]
     assert [(s.module.name, _justified(s)) for s in inner] == [("pkg.b", False)]
