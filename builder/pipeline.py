@@ -297,7 +297,7 @@ def _build_and_gate(plan: BuildPlan, facts: EngineFacts, engine: ContainerEngine
         if isinstance(error, BuildEnvError):
             return Outcome(report, error.exit_code, str(error))
         raise
-    if not isinstance(done, Outcome) and not report.reused:  # a reuse wrote its own
+    if not isinstance(done, Outcome):
         report.write(report_path)
     return done
 
@@ -360,8 +360,8 @@ def _build(plan: BuildPlan, engine: ContainerEngine, console: Console, report: R
                   f"{result.cache_hits} cached, {result.seconds:.1f} s")
 
 
-def _reuse(engine: ContainerEngine, report: Report, report_path: Path, console: Console, tags: Names,
-           known: Verdict) -> Gated:
+def _reuse(engine: ContainerEngine, report: Report, report_path: Path, console: Console,
+           tags: Names, known: Verdict) -> Gated:
     """The content tag exists and holds a release verdict: nothing is built or re-verified."""
     assert report.image_id is not None
     for ref in tags.release:
@@ -376,7 +376,6 @@ def _reuse(engine: ContainerEngine, report: Report, report_path: Path, console: 
                                "gpu": known.gpu.status}
     console.stage("verify", "pass", f"{tags.content} was verified {when} ({_level(known)}); "
                   "not rebuilt, not re-verified (--reverify to run the gate again)")
-    report.write(report_path)
     return report.image_id, known, report, report_path
 
 
@@ -410,8 +409,8 @@ def _refuse(engine: ContainerEngine, report: Report, report_path: Path, console:
     return Outcome(report, 1)
 
 
-def _extend(req: BuildRequest, target: Target, engine: ContainerEngine, image_id: str, verdict: Verdict,
-            report: Report, report_path: Path, console: Console) -> Outcome:
+def _extend(req: BuildRequest, target: Target, engine: ContainerEngine, image_id: str,
+            verdict: Verdict, report: Report, report_path: Path, console: Console) -> Outcome:
     """``--sif`` and ``--push`` continue from the verified image (which keeps its tags when
     they fail: the report records the error), with the run's engine and ``verdict`` (the
     image's recorded one)."""
