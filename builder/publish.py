@@ -55,9 +55,9 @@ from builder.cluster_verdict import ClusterVerdict
 from builder.cluster_verdict import read as read_cluster_verdict
 from builder.engine import ContainerEngine, ImageInfo
 from builder.errors import BuildEnvError, ClusterError, PublishError
-from builder.files import sha256_file
 from builder.engine.credentials import (PASSWORD_ENV, USER_ENV, Credentials, docker_config_path,
                                         resolve_credentials)
+from builder.files import sha256_file
 from builder.registry import TIMEOUT_S, Client, Transient, parse_reference
 from builder.sif import format as sif_format
 from builder.trust import referrers
@@ -145,7 +145,8 @@ def read_back(reg: Client, reference: str, pushed: str, attempts: int, *,
 # --------------------------------------------------------------------------- the image
 
 
-def push_image(engine: ContainerEngine, image: ImageInfo, reg: Client, tag: str, attempts: int) -> str:
+def push_image(engine: ContainerEngine, image: ImageInfo, reg: Client, tag: str,
+               attempts: int) -> str:
     """Tag ``HOST/REPO:TAG`` and push; returns the digest the engine reported. The engine gets
     the credentials as ``auth_config`` and negotiates Basic or Bearer auth itself."""
     ref = f"{reg.host}/{reg.repo}"
@@ -389,8 +390,8 @@ class Attestations:
         return envelopes(subjects, self.verdict, self.sbom, self.provenance, self.private)
 
 
-def prepare_attestations(engine: ContainerEngine, image: ImageInfo, sign_key: Path, report: Path | None,
-                         target: str | None, require: str = verdicts.BUILD, *,
+def prepare_attestations(engine: ContainerEngine, image: ImageInfo, sign_key: Path,
+                         report: Path | None, target: str | None, require: str = verdicts.BUILD, *,
                          verdict: verdicts.Verdict | None = None,
                          sbom_doc: dict[str, Any] | None = None) -> Attestations:
     """The key, a release verdict of this image, the report describing it, its SBOM: every
@@ -455,8 +456,8 @@ def publish(engine: ContainerEngine, image: ImageInfo, registry: str, *, tag: st
         raise
 
 
-def _publish(engine: ContainerEngine, image: ImageInfo, registry: str, *, tag: str, sif: Path | None,
-             target: str | None, record_path: Path, pins: dict[str, str] | None,
+def _publish(engine: ContainerEngine, image: ImageInfo, registry: str, *, tag: str,
+             sif: Path | None, target: str | None, record_path: Path, pins: dict[str, str] | None,
              sif_tag: str | None, insecure: bool, attempts: int, sign_key: Path | None,
              report: Path | None, require: str, attach: tuple[Path, ...],
              verdict: verdicts.Verdict | None, sbom_doc: dict[str, Any] | None
@@ -494,8 +495,8 @@ def _publish(engine: ContainerEngine, image: ImageInfo, registry: str, *, tag: s
     return record
 
 
-def _transfer(engine: ContainerEngine, image: ImageInfo, reg: Client, progress: Progress, *, tag: str,
-              stag: str, sif: Path | None, attempts: int, signing: Attestations | None,
+def _transfer(engine: ContainerEngine, image: ImageInfo, reg: Client, progress: Progress, *,
+              tag: str, stag: str, sif: Path | None, attempts: int, signing: Attestations | None,
               clusters: list[ClusterVerdict], sign_key: Path | None) -> dict[str, Any]:
     """The stages that send bytes, in order: image (under its staging tag) and SIF by digest,
     the attestations about both digests, and only then the release tags."""

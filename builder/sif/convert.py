@@ -288,5 +288,6 @@ def build_apptainer(engine: ContainerEngine, image: ImageInfo, partial: Path, so
 
 
 def write_report(path: Path, data: dict[str, Any]) -> None:
-    """A report as JSON, atomically (a failed write, a full disk included, leaves no temporary file)."""
+    """A report as JSON, atomically (a failed write, a full disk included, leaves no temporary
+    file)."""
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

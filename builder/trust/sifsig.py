@@ -121,7 +121,8 @@ def verify_group(path: Path, pgp_public_path: Path, group: int = 1) -> str:
 
     fpr = pgp_fingerprint(public)
     sif = read_sif(path)
-    ungrouped = [d for d in sif.descriptors if d.group == 0 and d.datatype != sif_format.DATA_SIGNATURE]
+    ungrouped = [d for d in sif.descriptors
+                 if d.group == 0 and d.datatype != sif_format.DATA_SIGNATURE]
     if ungrouped:
         raise TrustError(f"{path}: object {ungrouped[0].ident} ({ungrouped[0].name}) is in no "
                          "object group; apptainer verify refuses such a SIF")
