@@ -29,8 +29,7 @@ from builder.trust import statements as st
 from builder.trust.keys import load_public
 from builder.trust.referrers import (ARTIFACT_TYPE, DSSE_MEDIA, OCI_MANIFEST,
                                      PREDICATE_ANNOTATION, read_subject)
-from builder.trust.signatures import attested_lines, provenance_summary, verdict_fields
-from builder.verdicts import Verdict
+from builder.trust.signatures import Attested, attested_lines, provenance_summary
 
 SIF_LAYER_MEDIA = "application/vnd.sylabs.sif.layer.v1.sif"
 _REF = re.compile(r"(?P<host>[A-Za-z0-9.-]+(?::[0-9]+)?|\[[0-9a-fA-F:]+\](?::[0-9]+)?)/"
@@ -78,27 +77,17 @@ def parse(text: str) -> Reference:
 
 
 @dataclass
-class RefChecked:
+class RefChecked(Attested):
     reference: str
     digest: str
     source: str  # "referrers API" or "fallback tag sha256-..."
     referrers: list[str] = field(default_factory=list)
-    keyids: list[str] = field(default_factory=list)
-    verdict: Verdict | None = None
-    selftest_version: str | None = None
-    pins: dict[str, str] = field(default_factory=dict)
-    components: dict[str, int] = field(default_factory=dict)
-    provenance: dict[str, Any] = field(default_factory=dict)
     sif_blob: str | None = None
     clusters: list[ClusterVerdict] = field(default_factory=list)  # newest first
 
     def to_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "digest": self.digest, "source": self.source,
-                "referrers": self.referrers, "keyids": self.keyids,
-                **verdict_fields(self.verdict),
-                "selftest_version": self.selftest_version, "pins": self.pins,
-                "components": self.components, "provenance": self.provenance,
-                "sif_blob": self.sif_blob,
+                "referrers": self.referrers, **self.attested_dict(), "sif_blob": self.sif_blob,
                 "clusters": [c.to_dict() for c in self.clusters]}
 
 

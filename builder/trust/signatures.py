@@ -25,23 +25,34 @@ from builder.trust.sign import SBOM_NAME, VERDICT_NAME, sidecar_of
 from builder.verdicts import Verdict
 
 
-@dataclass
-class Checked:
-    sif: Path
-    digest: str
+@dataclass(kw_only=True)
+class Attested:
+    """What a checked set of attestations says, a SIF's (:class:`Checked`) or a registry
+    reference's (:class:`builder.trust.remote.RefChecked`): who signed, the verdict, the pins
+    and SBOM counts, the provenance."""
+
     keyids: list[str] = field(default_factory=list)
     verdict: Verdict | None = None
     selftest_version: str | None = None
     pins: dict[str, str] = field(default_factory=dict)
     components: dict[str, int] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    def attested_dict(self) -> dict[str, Any]:
+        """These fields for ``--json``, in the order both checks print them."""
+        return {"keyids": self.keyids, **verdict_fields(self.verdict),
+                "selftest_version": self.selftest_version, "pins": self.pins,
+                "components": self.components, "provenance": self.provenance}
+
+
+@dataclass
+class Checked(Attested):
+    sif: Path
+    digest: str
     pgp_fingerprint: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sif": str(self.sif), "digest": self.digest, "keyids": self.keyids,
-                **verdict_fields(self.verdict),
-                "selftest_version": self.selftest_version, "pins": self.pins,
-                "components": self.components, "provenance": self.provenance,
+        return {"sif": str(self.sif), "digest": self.digest, **self.attested_dict(),
                 "pgp_fingerprint": self.pgp_fingerprint}
 
 
@@ -140,12 +151,13 @@ def provenance_summary(pred: dict[str, Any]) -> dict[str, Any]:
             "finished": (run.get("metadata") or {}).get("finishedOn")}
 
 
-def attested_lines(c: Any) -> list[str]:
+def attested_lines(c: Attested) -> list[str]:
     """What a checked set of attestations says (keys, verdict, pins, SBOM, provenance): the lines
     a SIF check and a registry check (:mod:`builder.trust.remote`) share."""
     pins = "  ".join(f"{k}={v}" for k, v in sorted(c.pins.items()))
     p = c.provenance
     v = c.verdict
+    assert v is not None  # a check that passed holds its verdict
     return [f"  signed by key {', '.join(sorted({k[:16] for k in c.keyids}))}",
             f"  verdict: {v.overall} (target {v.target}, self-test {c.selftest_version}, "
             f"recorded {v.recorded_at or '?'})",
