@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 
 class BuildEnvError(Exception):
-    """Base class. ``exit_code`` is what the CLI returns: 2 bad input, 1 a check failed."""
+    """Base class. ``exit_code`` is what the CLI returns (docs/commands.md): 1 a gate or check
+    failed, 2 bad input, 3 an infrastructure or network error (:class:`InfraError`)."""
 
     exit_code = 2
     stage = "build-env"
@@ -93,3 +96,29 @@ class ClusterError(BuildEnvError):
 
     stage = "cluster"
     exit_code = 1
+
+
+class InfraError(BuildEnvError):
+    """Something outside the user's input failed: an engine, a daemon, a registry, the network.
+    Exit 3: retrying may help; changing the input will not."""
+
+    stage = "infrastructure"
+    exit_code = 3
+
+
+class NetworkError(InfraError):
+    """A network call (git, index, registry) failed or timed out. The message names the URL with
+    its credentials redacted (:func:`redact`) and the way out (``--no-fetch``, ``--index-url``)."""
+
+    stage = "network"
+
+    def __init__(self, url: str, reason: str, *, way_out: str | None = None,
+                 target: str | None = None) -> None:
+        self.url = redact(url)
+        text = f"{self.url}: {reason}" + (f" ({way_out})" if way_out else "")
+        super().__init__(text, target=target)
+
+
+def redact(url: str) -> str:
+    """``scheme://user:secret@host/...`` -> ``scheme://***@host/...``: no credential in a message."""
+    return re.sub(r"(?<=://)[^/@\s]+@", "***@", url)
