@@ -10,13 +10,16 @@ built on a different torch than the index's vLLM wheel says).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
+from builder.families import SOURCE_ARCHS
+from builder.grammar import GrammarError, parse_oci_reference
 from builder.metadata import Snapshot
 from builder.spec import Package, Target
 
@@ -71,6 +74,7 @@ def check_target(target: Target, snapshot: Snapshot) -> list[Problem]:
             f"provided packages ({', '.join(p.name for p in target.provided)}) need a base that "
             "provides them: set base.vendor (declared or probed) and base.interpreter, or move "
             "them to packages: (a fresh venv would hide the base's copies)"))
+    problems += accelerator_problems(target, snapshot) + source_arch_problems(target)
     pins = {p.name: p for p in (*target.enabled_packages, *target.provided)}
     constraints: dict[str, list[tuple[Package, Requirement]]] = {}
 
@@ -132,3 +136,135 @@ def local_sources(target: Target) -> list[str]:
     archive or a URL (they may be absent from the index)."""
     return [p.name for p in target.enabled_packages
             if p.build == "source" and p.source is not None]
+
+
+# --------------------------------------------------------------------------- cross-field checks
+
+# torch's local version names its build: +cu130 (CUDA 13.0), +rocm7.0.2, +cpu
+_LOCAL_CUDA = re.compile(r"cu([0-9]+)([0-9])")
+_LOCAL_ROCM = re.compile(r"rocm([0-9]+(?:\.[0-9]+)*)")
+# what a CUDA build of torch requires: the toolkit's or the runtime's exact version, or a
+# -cuNN library (the major version only)
+_REQ_CUDA_EXACT = ("cuda-toolkit", "nvidia-cuda-runtime", "nvidia-cuda-runtime-cu11",
+                   "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu13")
+_REQ_CUDA_MAJOR = re.compile(r"nvidia-.+-cu([0-9]+)")
+# a ROCm version inside an image tag (rocm/verl:..._rocm7.0.2_..., rocm/pytorch:rocm7.0.2_...)
+_TAG_ROCM = re.compile(r"rocm([0-9]+(?:\.[0-9]+)+)")
+_TAG_CUDA = re.compile(r"([0-9]+)\.([0-9]+)(?:\.[0-9]+)?(?:-.*)?")
+
+
+@dataclass(frozen=True)
+class Build:
+    """What a package was built for: ``kind`` cuda | rocm | cpu, its version (as precise as
+    known), and how that is known."""
+
+    kind: str
+    version: str
+    how: str
+
+
+def _agree(declared: str, found: str) -> bool:
+    """Versions agree on the parts both give (13.0 ~ 13.0.2 ~ 13; 12.0 !~ 13.0)."""
+    a, b = declared.split("."), found.split(".")
+    n = min(len(a), len(b))
+    return [int(x) for x in a[:n]] == [int(x) for x in b[:n]]
+
+
+def torch_build(target: Target, snapshot: Snapshot) -> Build | None:
+    """What the pinned (or provided) torch was built for: its local version (+cu130,
+    +rocm7.0.2, +cpu), else the CUDA its index metadata requires; None when neither says."""
+    torch = target.package("torch")
+    if torch is None:
+        return None
+    try:
+        local = Version(torch.version).local or ""
+    except InvalidVersion:
+        return None
+    if m := _LOCAL_CUDA.fullmatch(local):
+        return Build("cuda", f"{m[1]}.{m[2]}", f"its local version +{local}")
+    if m := _LOCAL_ROCM.fullmatch(local):
+        return Build("rocm", m[1], f"its local version +{local}")
+    if local == "cpu":
+        return Build("cpu", "", "its local version +cpu")
+    rel = snapshot.release(torch.name, torch.version)
+    if rel is None or torch in target.provided:
+        return None
+    major = None
+    for req in rel.requirements():
+        if not _applies(req, target, torch.extras):
+            continue
+        name = canonicalize_name(req.name)
+        exact = [s.version for s in req.specifier if s.operator == "=="]
+        if name in _REQ_CUDA_EXACT and exact:
+            v = Version(exact[0])
+            return Build("cuda", f"{v.major}.{v.minor}", f"it requires {req.name}=={exact[0]}")
+        if m := _REQ_CUDA_MAJOR.fullmatch(name):
+            major = major or Build("cuda", m[1], f"it requires {req.name}")
+    return major
+
+
+def _base_versions(target: Target) -> list[tuple[str, str, str]]:
+    """``(key, reference, version)`` for each base image whose tag names the target's CUDA or
+    ROCm version (nvidia/cuda:13.0.2-..., ..._rocm7.0.2_...)."""
+    out = []
+    for key, ref in (("base.image", target.base.image),
+                     ("base.source_image", target.base.source_image)):
+        if not ref:
+            continue
+        try:
+            parsed = parse_oci_reference(ref)
+        except GrammarError:
+            continue
+        tag = parsed.tag or ""
+        if target.accelerator == "cuda" and parsed.name.rsplit("/", 1)[-1] == "cuda":
+            if m := _TAG_CUDA.fullmatch(tag):
+                out.append((key, ref, f"{m[1]}.{m[2]}"))
+        elif target.accelerator == "rocm" and (m := _TAG_ROCM.search(tag)):
+            out.append((key, ref, m[1]))
+    return out
+
+
+def accelerator_problems(target: Target, snapshot: Snapshot) -> list[Problem]:
+    """The target's CUDA/ROCm version against the torch build and the base image's tag."""
+    kind = "cuda" if target.cuda else "rocm" if target.rocm else None
+    declared = target.cuda or target.rocm
+    if kind is None or declared is None:
+        return []
+    key, name = kind, kind.upper() if kind == "cuda" else "ROCm"
+    problems = []
+    build = torch_build(target, snapshot)
+    torch = target.package("torch")
+    if build is not None and torch is not None and (
+            build.kind != kind or not _agree(declared, build.version)):
+        label = {"cuda": "CUDA", "rocm": "ROCm", "cpu": "CPU"}[build.kind]
+        what = f"{label} {build.version}".strip()
+        problems.append(Problem(
+            target.where(key), f"targets.{target.name}.{key}",
+            f"{kind} {declared} disagrees with torch {torch.version}, a {what} build ({build.how}"
+            f"): set {key} to the torch build's version or pin a torch built for {name} "
+            f"{declared}"))
+    for bkey, ref, version in _base_versions(target):
+        if not _agree(declared, version):
+            problems.append(Problem(
+                target.where(key), f"targets.{target.name}.{key}",
+                f"{kind} {declared} disagrees with {bkey} {ref} ({name} {version})"))
+    return problems
+
+
+def source_arch_problems(target: Target) -> list[Problem]:
+    """Each source build's GPU list against what its build system compiles for
+    (builder.families' SOURCE_ARCHS): a GPU it has no code for would fail the gate."""
+    problems = []
+    for p in target.enabled_packages:
+        archs = SOURCE_ARCHS.get(p.name)
+        if p.build != "source" or archs is None or archs.family != target.accelerator:
+            continue
+        missing = archs.unsupported(target.gpus)
+        if missing:
+            gens = ", ".join(f"sm_{m}x" for m in archs.generations)
+            problems.append(Problem(
+                target.where("gpus"), f"targets.{target.name}.gpus",
+                f"{p.name} {archs.version} builds no code for {', '.join(missing)} (its setup "
+                f"builds for {gens}): remove them from gpus, or do not build {p.name} from "
+                "source"))
+    return problems

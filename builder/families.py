@@ -134,6 +134,46 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({
 })
 
 
+@dataclass(frozen=True)
+class SourceArchs:
+    """What a source build's own build system compiles GPU code for, read from one release of
+    it: each GPU generation (``sm_<major>x``) it supports -> the value its arch list takes."""
+
+    package: str
+    version: str  # the release the table was read from (a new pin is a review of it)
+    family: str
+    variable: str  # the build's own arch-list variable
+    generations: Mapping[int, str]
+
+    def unsupported(self, gpus: tuple[str, ...]) -> tuple[str, ...]:
+        """The GPUs the build has no code for (no value for their generation)."""
+        return tuple(g for g in gpus if sm_major(g) not in self.generations)
+
+    def arch_list(self, gpus: tuple[str, ...]) -> str:
+        """``sm_80, sm_89, sm_100, sm_103`` -> ``80;100``; a GPU without a value is refused."""
+        missing = self.unsupported(gpus)
+        if missing:
+            raise ValueError(f"{self.package} {self.version} builds no code for "
+                             f"{', '.join(missing)} (it builds for "
+                             f"{', '.join(f'sm_{m}x' for m in self.generations)})")
+        return ";".join(dict.fromkeys(self.generations[sm_major(g)] for g in gpus))
+
+
+def sm_major(gpu: str) -> int:
+    """``sm_89`` -> 8, ``sm_103a`` -> 10, ``sm_120f`` -> 12."""
+    return int(gpu[3:].rstrip("af")[:-1])
+
+
+# flash-attn 2.8.3's setup.py: FLASH_ATTN_CUDA_ARCHS takes one value per GPU generation and emits
+# code for 80, 90, 100 and 120 only (Blackwell per family, compute_100f: sm_100 and sm_103
+# alike). sm_86/sm_89 (A10, L40S, RTX 4090) run the sm_80 code: "89" would be ignored by the
+# setup, which then builds no kernel at all. sm_110 (Thor) and sm_7x get none.
+SOURCE_ARCHS: Mapping[str, SourceArchs] = MappingProxyType({
+    "flash-attn": SourceArchs("flash-attn", "2.8.3", "cuda", "FLASH_ATTN_CUDA_ARCHS",
+                              MappingProxyType({8: "80", 9: "90", 10: "100", 12: "120"})),
+})
+
+
 def family(name: str | None) -> Family | None:
     """The family called ``name`` (None for an unknown or missing name)."""
     return FAMILIES.get(name or "")

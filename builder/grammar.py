@@ -224,7 +224,7 @@ def url(s: str, schemes: tuple[str, ...] = ("https", "http")) -> str:
     if scheme not in schemes:
         raise GrammarError(f"{_show(s)} is not {what}: expected a scheme of {want}")
     rest = s[m.end():] if m else s
-    if scheme != "file" and not re.match(r"//[^/?#]+", rest):
+    if not scheme.endswith("file") and not re.match(r"//[^/?#]+", rest):
         raise GrammarError(f"{_show(s)} is not {what}: expected {scheme}://HOST/...")
     return s
 

@@ -19,6 +19,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from builder import grammar
 from builder.errors import SpecError
 from builder.families import FAMILIES
 
@@ -48,6 +49,11 @@ VENDOR_KINDS = ("probe", "declared")
 _PACKAGE_KEYS = {"version", "extras", "build", "enabled", "import", "source", "prebuilt"}
 # How a git source may be fetched (by the build host, at render time: builder.sources).
 GIT_SCHEMES = ("git+https://", "git+ssh://", "git+git://", "git+file://")
+# A distribution name (PEP 508 names), an extra, an importable module, a base's interpreter.
+_DIST_NAME = re.compile(r"[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9]", re.ASCII)
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*", re.ASCII)
+_INTERPRETER = re.compile(r"[A-Za-z0-9_./+-]+", re.ASCII)
+_PYTHON = re.compile(r"[0-9]+\.[0-9]+", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,12 @@ class Base:
     vendor: str | None = None  # probe | declared: the base provides packages (builder.vendor)
     interpreter: str | None = None  # declared vendor bases: the base's python (else probed)
     sources: tuple[str, ...] = ()  # declared vendor bases: where the declared facts come from
+
+    @property
+    def pinned_digest(self) -> str | None:
+        """The digest the base is pinned by: ``digest:``, or the one in ``image``
+        (``name:tag@sha256:...``); None when the base is pinned by tag only."""
+        return self.digest or grammar.parse_oci_reference(self.image).digest
 
     @property
     def ref(self) -> str:
@@ -286,7 +298,10 @@ class _Ctx:
         self.file, self.lines = file, lines
 
     def error(self, key: str, message: str, target: str | None = None) -> SpecError:
-        return SpecError(message, file=self.file, line=self.lines.get(key), key=key, target=target)
+        # a key is shown on one line: a control character or separator in it is escaped
+        shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in key)
+        return SpecError(message, file=self.file, line=self.lines.get(key), key=shown,
+                         target=target)
 
     def mapping(self, value: Any, key: str, allowed: set[str]) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -305,15 +320,33 @@ class _Ctx:
             raise self.error(key, f"write versions as quoted strings (got the number {value!r})")
         return str(value)
 
+    def checked(self, check: Any, value: Any, key: str, *args: Any) -> str:
+        """``value`` as a string fitting ``check`` (a :mod:`builder.grammar` function), else a
+        SpecError naming file:line:key and what the grammar expects."""
+        text = self.string(value, key)
+        try:
+            return check(text, *args)
+        except grammar.GrammarError as exc:
+            raise self.error(key, str(exc)) from None
+
+    def matching(self, pattern: re.Pattern[str], value: Any, key: str, what: str) -> str:
+        """``value`` as a string that ``pattern`` matches whole, else a SpecError."""
+        text = self.checked(grammar.plain, value, key)
+        if not pattern.fullmatch(text):
+            raise self.error(key, f"{text!r} is not {what}")
+        return text
+
     def version(self, value: Any, key: str) -> str:
         text = self.string(value, key)
         try:
-            return str(Version(text))
-        except InvalidVersion:
+            return str(Version(grammar.pep440_version(text)))
+        except (grammar.GrammarError, InvalidVersion):
             raise self.error(key, f"invalid version {text!r} (PEP 440)") from None
 
 
 def _package(ctx: _Ctx, name: str, value: Any, key: str) -> Package:
+    ctx.matching(_DIST_NAME, name, key, "a distribution name (PEP 508: letters, digits, "
+                 "'.', '_', '-', starting and ending with a letter or digit)")
     if isinstance(value, dict):
         ctx.mapping(value, key, _PACKAGE_KEYS)
         if "version" not in value:
@@ -321,6 +354,11 @@ def _package(ctx: _Ctx, name: str, value: Any, key: str) -> Package:
         extras = value.get("extras", [])
         if not isinstance(extras, list) or not all(isinstance(e, str) for e in extras):
             raise ctx.error(f"{key}.extras", "expected a list of extra names")
+        for i, e in enumerate(extras):
+            ctx.matching(_DIST_NAME, e, f"{key}.extras[{i}]", "an extra name (PEP 508)")
+        if "import" in value:
+            ctx.matching(_MODULE, value["import"], f"{key}.import", "a module name (dotted "
+                         "Python identifiers)")
         build = value.get("build", "wheel")
         if build not in BUILD_KINDS:
             raise ctx.error(f"{key}.build", f"build must be one of {', '.join(BUILD_KINDS)}")
@@ -359,7 +397,8 @@ def _prebuilt(ctx: _Ctx, value: Any, key: str) -> tuple[dict[str, str], ...]:
                             "or {wheelhouse: DIR_OR_INDEX_URL}")
         if "wheelhouse" in entry:
             ctx.mapping(entry, k, {"wheelhouse"})
-            where = ctx.string(entry["wheelhouse"], f"{k}.wheelhouse")
+            where = ctx.checked(grammar.url if "://" in str(entry["wheelhouse"])
+                                else grammar.path, entry["wheelhouse"], f"{k}.wheelhouse")
             if "://" not in where and not Path(where).is_absolute() and not ctx.file.startswith(
                     "--"):
                 where = str((Path(ctx.file).parent / where).resolve())
@@ -375,12 +414,12 @@ def _prebuilt(ctx: _Ctx, value: Any, key: str) -> tuple[dict[str, str], ...]:
         arch = ctx.string(entry["arch"], f"{k}.arch")
         if arch not in ARCHES:
             raise ctx.error(f"{k}.arch", f"must be one of {', '.join(ARCHES)}")
-        url = ctx.string(entry["url"], f"{k}.url")
+        url = ctx.checked(grammar.url, entry["url"], f"{k}.url", ("https", "http", "file"))
         if not url.split("#")[0].endswith(".whl"):
             raise ctx.error(f"{k}.url", "expected the URL of a .whl file")
-        out.append({"url": url, "sha256": sha, "python": ctx.string(entry["python"],
-                                                                    f"{k}.python"),
-                    "arch": arch})
+        python = ctx.matching(_PYTHON, entry["python"], f"{k}.python", "a python version "
+                              "MAJOR.MINOR")
+        out.append({"url": url, "sha256": sha, "python": python, "arch": arch})
     return tuple(out)
 
 
@@ -388,6 +427,7 @@ def _source(ctx: _Ctx, value: Any, key: str) -> Source:
     """``git+https://HOST/REPO@TAG``, a path string, ``{path: P[, sha256: H]}`` or
     ``{url: U, sha256: H}``; relative paths are relative to the matrix file."""
     if isinstance(value, str) and value.startswith("git+"):
+        ctx.checked(grammar.url, value, key, tuple(s[:-3] for s in GIT_SCHEMES))
         rest = value.split("://", 1)[1] if "://" in value else ""
         ref = rest.rpartition("@")[2] if "@" in rest else ""
         if not value.startswith(GIT_SCHEMES) or not ref or "/" in ref:
@@ -404,13 +444,11 @@ def _source(ctx: _Ctx, value: Any, key: str) -> Source:
     if sha and not _SHA256.fullmatch(sha):
         raise ctx.error(f"{key}.sha256", "expected 64 hex digits")
     if "url" in value:
-        url = ctx.string(value["url"], f"{key}.url")
-        if not url.startswith(("https://", "http://", "file://")):
-            raise ctx.error(f"{key}.url", "expected an http(s):// or file:// URL")
+        url = ctx.checked(grammar.url, value["url"], f"{key}.url", ("https", "http", "file"))
         if not sha:
             raise ctx.error(f"{key}.sha256", "a source url needs its sha256")
         return Source("url", url, sha)
-    raw = Path(ctx.string(value["path"], f"{key}.path")).expanduser()
+    raw = Path(ctx.checked(grammar.path, value["path"], f"{key}.path")).expanduser()
     where = raw if raw.is_absolute() or ctx.file.startswith("--") else (
         Path(ctx.file).parent / raw)
     if not where.exists():
@@ -433,17 +471,9 @@ def _merge(defaults: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
-    t = raw
-    for req in ("accelerator", "arch", "base", "python", "packages"):
-        if req not in t:
-            raise ctx.error(key, f"missing key {req!r}", target=name)
-    accel = ctx.string(t["accelerator"], f"{key}.accelerator")
-    if accel not in ACCELERATORS:
-        raise ctx.error(f"{key}.accelerator", f"must be one of {', '.join(ACCELERATORS)}")
-    arch = ctx.string(t["arch"], f"{key}.arch")
-    if arch not in ARCHES:
-        raise ctx.error(f"{key}.arch", f"must be one of {', '.join(ARCHES)}")
+def _base(ctx: _Ctx, t: dict[str, Any], key: str) -> Base:
+    """The base image: every string against its grammar (an image reference, a digest, URLs);
+    a digest named twice (in ``image`` and ``digest:``) must agree."""
     b = ctx.mapping(t["base"], f"{key}.base", _BASE_KEYS)
     if "image" not in b:
         raise ctx.error(f"{key}.base", "missing key 'image'")
@@ -451,6 +481,13 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
     if digest is not None and not (isinstance(digest, str) and digest.startswith("sha256:")
                                    and len(digest) == 71):
         raise ctx.error(f"{key}.base.digest", "expected sha256:<64 hex digits>")
+    if digest is not None:
+        ctx.checked(grammar.oci_digest, digest, f"{key}.base.digest")
+    image = ctx.checked(grammar.oci_reference, b["image"], f"{key}.base.image")
+    embedded = grammar.parse_oci_reference(image).digest
+    if digest and embedded and digest != embedded:
+        raise ctx.error(f"{key}.base.digest", f"the image names the digest {embedded} and "
+                        f"digest: names {digest}: keep one")
     glibc = ctx.version(b["glibc"], f"{key}.base.glibc") if "glibc" in b else None
     if glibc and Version(glibc) < GLIBC_FLOOR:
         raise ctx.error(f"{key}.base.glibc", f"glibc {glibc} is below {GLIBC_FLOOR}: vLLM's "
@@ -465,20 +502,37 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
     sources = b.get("sources", [])
     if not isinstance(sources, list) or not all(isinstance(x, str) for x in sources):
         raise ctx.error(f"{key}.base.sources", "expected a list of strings")
+    for i, src in enumerate(sources):
+        ctx.checked(grammar.url, src, f"{key}.base.sources[{i}]")
     if vendor and not t.get("provided"):
         raise ctx.error(f"{key}.base.vendor", "a vendor base needs the packages it provides "
                         "under provided:")
-    base = Base(ctx.string(b["image"], f"{key}.base.image"), digest, glibc,
-                ctx.string(b["source_image"], f"{key}.base.source_image")
-                if "source_image" in b else None, vendor,
-                ctx.string(b["interpreter"], f"{key}.base.interpreter")
-                if "interpreter" in b else None, tuple(sources))
-    python = ctx.string(t["python"], f"{key}.python")
+    source_image = (ctx.checked(grammar.oci_reference, b["source_image"],
+                                f"{key}.base.source_image") if "source_image" in b else None)
+    interpreter = (ctx.matching(_INTERPRETER, b["interpreter"], f"{key}.base.interpreter",
+                                "an interpreter (a command or path of letters, digits, ./+-_)")
+                   if "interpreter" in b else None)
+    return Base(image, digest, glibc, source_image, vendor, interpreter, tuple(sources))
+
+
+def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
+    t = raw
+    for req in ("accelerator", "arch", "base", "python", "packages"):
+        if req not in t:
+            raise ctx.error(key, f"missing key {req!r}", target=name)
+    accel = ctx.string(t["accelerator"], f"{key}.accelerator")
+    if accel not in ACCELERATORS:
+        raise ctx.error(f"{key}.accelerator", f"must be one of {', '.join(ACCELERATORS)}")
+    arch = ctx.string(t["arch"], f"{key}.arch")
+    if arch not in ARCHES:
+        raise ctx.error(f"{key}.arch", f"must be one of {', '.join(ARCHES)}")
+    base = _base(ctx, t, key)
+    python = ctx.checked(grammar.plain, t["python"], f"{key}.python")
     try:
         pv = Version(python)
     except InvalidVersion:
         raise ctx.error(f"{key}.python", f"invalid python version {python!r}") from None
-    if len(pv.release) != 2:
+    if len(pv.release) != 2 or not _PYTHON.fullmatch(python):
         raise ctx.error(f"{key}.python", f"give python as MAJOR.MINOR (got {python!r})")
     packages = _packages(ctx, t["packages"], f"{key}.packages")
     provided = _packages(ctx, t.get("provided"), f"{key}.provided")
@@ -488,6 +542,7 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
         v = t.get(listkey, [])
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise ctx.error(f"{key}.{listkey}", "expected a list of strings")
+    _strings(ctx, t, key)
     target = Target(name, accel, arch, base, python, packages, provided, cuda, rocm,
                     str(t.get("description", "")), tuple(t.get("find_links", [])),
                     tuple(t.get("apt", [])), ctx.file,
@@ -499,6 +554,18 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
                                                    f"{key}.coverage_allow", name))
     _rules(ctx, target, key)
     return target
+
+
+def _strings(ctx: _Ctx, t: dict[str, Any], key: str) -> None:
+    """The target's free strings against their grammars (docs/matrix.md): apt packages are
+    Debian package names, find-links are paths or URLs, the description is one plain line."""
+    for i, pkg in enumerate(t.get("apt", [])):
+        ctx.checked(grammar.debian_package, pkg, f"{key}.apt[{i}]")
+    for i, link in enumerate(t.get("find_links", [])):
+        ctx.checked(grammar.url if "://" in link else grammar.path, link,
+                    f"{key}.find_links[{i}]")
+    if "description" in t:
+        ctx.checked(grammar.plain, t["description"], f"{key}.description")
 
 
 def _coverage_allow(ctx: _Ctx, accel: str, value: Any, key: str, name: str
@@ -517,6 +584,9 @@ def _coverage_allow(ctx: _Ctx, accel: str, value: Any, key: str, name: str
         if not isinstance(glob, str) or not glob.strip() or glob.strip("*/. ") == "":
             raise ctx.error(f"{key}.{glob}", "a glob must name libraries (not match everything)",
                             name)
+        ctx.checked(grammar.path, glob, f"{key}.{glob}")
+        if isinstance(why, str):
+            ctx.checked(grammar.plain, why, f"{key}.{glob}")
         if not isinstance(why, str) or len(why.strip()) < 10:
             raise ctx.error(f"{key}.{glob}", "give the reason in words (why this library may "
                                              "lack code for a declared GPU)", name)
@@ -549,6 +619,7 @@ def _gpus(ctx: _Ctx, accel: str, value: Any, key: str, name: str) -> tuple[str, 
 
 def _build_tools(ctx: _Ctx, value: list[str], key: str) -> tuple[str, ...]:
     for i, req in enumerate(value):
+        ctx.checked(grammar.pep508_requirement, req, f"{key}[{i}]")
         try:
             r = Requirement(req)
         except InvalidRequirement as exc:
@@ -640,7 +711,7 @@ def load_matrix(path: str | Path) -> Matrix:
                     if sub not in entry[k]:
                         lines.setdefault(f"{key}.{k}.{sub}", lines.get(f"defaults.{k}.{sub}", 0))
         t = _target(ctx, str(name), merged, key)
-        if not t.base.digest:
+        if not t.base.pinned_digest:
             warnings.append(f"{t.where('base.image')}: targets.{name}.base: base image "
                             f"{t.base.image!r} is pinned by tag only; add its digest")
         targets[str(name)] = t

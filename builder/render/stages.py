@@ -11,7 +11,7 @@ from pathlib import Path
 from builder.errors import RenderError
 from builder.files import sha256_file
 from builder.metadata import Snapshot
-from builder.render.blocks import block_for, common_env
+from builder.render.blocks import Block, block_for, common_env
 from builder.sources import ARCHIVE_SUFFIXES, Pin, archive_suffix, split_git, tree_sha256
 from builder.sources import load_record as load_source_record
 from builder.spec import Package, Target
@@ -74,6 +74,15 @@ def source_pins(target: Target, snapshot: Snapshot, lock_file: Path | None) -> d
     return pins
 
 
+def _block_env(block: Block, target: Target) -> list[tuple[str, str]]:
+    """The block's variables; a GPU its build has no code for is a render error (check names
+    it first, with its file and line)."""
+    try:
+        return list(block.env(target))
+    except ValueError as exc:
+        raise RenderError(str(exc), target=target.name) from None
+
+
 def source_stages(target: Target, pins: dict[str, Pin], cache_inputs: str
                   ) -> tuple[SourceStage, ...]:
     """One build stage per source package. ``cache_inputs``: what every wheel is compiled
@@ -98,7 +107,7 @@ def source_stages(target: Target, pins: dict[str, Pin], cache_inputs: str
         key = hashlib.sha256(f"{cache_inputs}\n{p.name}".encode()).hexdigest()[:12]
         stages.append(SourceStage(
             name=p.name, version=p.version, origin=origin, notes=block.notes, src=copy,
-            copy_dest=dest, what=what, env=(*common_env(target, p), *block.env(target)),
+            copy_dest=dest, what=what, env=(*common_env(target, p), *_block_env(block, target)),
             hashed=pin.kind == "sdist", cache_key=key,
             bind=f"type=bind,from=source-{p.name},source=/wheels,"
                  f"target=/tmp/verl-env/built/{p.name}"))

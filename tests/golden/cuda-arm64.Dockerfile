@@ -13,7 +13,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1
 # System packages: the interpreter and the RDMA user-space NCCL needs (libibverbs/librdmacm);
 # without them NCCL silently falls back to sockets. Versions: those of the base image's suite
-# (the base is pinned by digest), hence no per-package apt pins.
+# (the base is pinned by tag only: its suite moves with the tag; add its digest to the matrix).
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv build-essential git ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps python3.12-dev \
@@ -68,7 +68,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1
 # System packages: the interpreter and the RDMA user-space NCCL needs (libibverbs/librdmacm);
 # without them NCCL silently falls back to sockets. Versions: those of the base image's suite
-# (the base is pinned by digest), hence no per-package apt pins.
+# (the base is pinned by tag only: its suite moves with the tag; add its digest to the matrix).
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps \

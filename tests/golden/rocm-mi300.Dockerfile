@@ -38,7 +38,7 @@ RUN echo /opt/verl-env > "$(python3 -c 'import sysconfig; print(sysconfig.get_pa
     && python3 -m compileall -q /opt/verl-env/verl_env_selftest \
     && command -v python3 > /opt/verl-env/interpreter
 
-LABEL org.opencontainers.image.description="AMD MI300 (gfx942), ROCm 7.0.2; torch and vLLM come from AMD\u0027s verl image" \
+LABEL org.opencontainers.image.description="AMD MI300 (gfx942), ROCm 7.0.2; torch and vLLM come from AMD's verl image" \
       org.opencontainers.image.title="verl-env rocm-mi300" \
       org.verl-env.accelerator="rocm" \
       org.verl-env.arch="x86_64" \

@@ -8,9 +8,12 @@ common variables alone.
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from builder import grammar
 from builder.spec import Package, Target
 
 Env = list[tuple[str, str]]  # (variable, value as the Dockerfile writes it)
@@ -66,7 +69,7 @@ def gpu_env(target: Target) -> Env:
 def common_env(target: Target, package: Package) -> Env:
     """What every source build gets: CMake finds pybind11 through its own cmake dir, GPU code for
     the target's gpus, and setuptools-scm told the version (sources carry no .git)."""
+    scm = grammar.env_name("SETUPTOOLS_SCM_PRETEND_VERSION_FOR_"
+                           + re.sub(r"[-_.]+", "_", package.name).upper())
     return [("pybind11_DIR", '"$(/opt/venv/bin/python -m pybind11 --cmakedir)"'),
-            *gpu_env(target),
-            (f"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_{package.name.upper().replace('-', '_')}",
-             package.version)]
+            *gpu_env(target), (scm, shlex.quote(package.version))]
