@@ -300,8 +300,17 @@ class _Ctx:
     def error(self, key: str, message: str, target: str | None = None) -> SpecError:
         # a key is shown on one line: a control character or separator in it is escaped
         shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in key)
-        return SpecError(message, file=self.file, line=self.lines.get(key), key=shown,
+        return SpecError(message, file=self.file, line=self.line(key), key=shown,
                          target=target)
+
+    def line(self, key: str) -> int | None:
+        """The line of ``key``, else of the nearest key above it (a list item of a default)."""
+        while key:
+            if self.lines.get(key):
+                return self.lines[key]
+            key = re.sub(r"(\[[0-9]+\]|\.[^.\[]*)$", "", key) if key[-1] == "]" or "." in key \
+                else ""
+        return None
 
     def mapping(self, value: Any, key: str, allowed: set[str]) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -503,7 +512,7 @@ def _base(ctx: _Ctx, t: dict[str, Any], key: str) -> Base:
     if not isinstance(sources, list) or not all(isinstance(x, str) for x in sources):
         raise ctx.error(f"{key}.base.sources", "expected a list of strings")
     for i, src in enumerate(sources):
-        ctx.checked(grammar.url, src, f"{key}.base.sources[{i}]")
+        ctx.checked(grammar.plain, src, f"{key}.base.sources[{i}]")  # a citation: URL or title
     if vendor and not t.get("provided"):
         raise ctx.error(f"{key}.base.vendor", "a vendor base needs the packages it provides "
                         "under provided:")
@@ -702,7 +711,8 @@ def load_matrix(path: str | Path) -> Matrix:
         for k, v in defaults.items():  # defaults report their own lines when they are the culprit
             if k not in entry:
                 for dk, dl in list(lines.items()):
-                    if dk == f"defaults.{k}" or dk.startswith(f"defaults.{k}."):
+                    if dk == f"defaults.{k}" or dk.startswith((f"defaults.{k}.",
+                                                               f"defaults.{k}[")):
                         lines.setdefault(key + dk[len("defaults"):], dl)
         merged = _merge(defaults, entry)
         for k in ("base", "packages", "provided"):
@@ -763,6 +773,10 @@ def apply_overrides(target: Target, assignments: list[str], *, base_image: str |
             raise SpecError(f"cannot override {key!r} (python, cuda, rocm, gpus, packages.NAME"
                             "[.enabled|.build], provided.NAME)", file="--set", key=key)
     if base_image:
+        try:
+            grammar.oci_reference(base_image)
+        except grammar.GrammarError as exc:
+            raise SpecError(str(exc), file="--base-image") from None
         raw["base"] = {"image": base_image}
     name = raw.pop("name")
     lines = {"": 0}

@@ -101,12 +101,22 @@ def test_a_hostile_base_image_is_refused_from_the_command_line(
     code = main(["render", "--target", "t", "--matrix", str(workdir / "matrix.yaml"),
                  "--base-image", "ubuntu:24.04\nRUN id", "--out", str(workdir / "out")])
     err = capsys.readouterr().err
-    assert code == 2 and "is not an image reference" in err and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err
+    assert "error: --base-image: 'ubuntu:24.04\\nRUN id' is not an image reference" in err
     code = main(["render", "--target", "t", "--matrix", str(workdir / "matrix.yaml"),
                  "--set", "python=3.12\nRUN id", "--out", str(workdir / "out")])
     err = capsys.readouterr().err
     assert code == 2 and "python" in err and "Traceback" not in err
     assert not (workdir / "out").exists()
+
+
+def test_a_hostile_default_names_the_defaults_line(
+        workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A value a target inherits from `defaults:` is named at the line that wrote it."""
+    text = GOOD.replace("targets:\n", 'defaults:\n  apt: [procps, "curl && id"]\ntargets:\n')
+    code, err = _run(workdir, text, "check", capsys=capsys)
+    assert code == 2, err
+    assert "error: matrix.yaml:3: targets.t.apt[1]: 'curl && id' is not a Debian package" in err
 
 
 # --------------------------------------------------------------------------- cross-field checks
