@@ -174,7 +174,7 @@ def test_every_fragment_at_the_end_of_every_field(workdir: Path, i: int) -> None
         _holds(i, FIELDS[i][2] + fragment, workdir)
 
 
-@settings(max_examples=200, deadline=None,
+@settings(max_examples=200, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(i=st.integers(0, len(FIELDS) - 1), data=st.data())
 def test_hostile_values_are_refused_or_change_nothing(workdir: Path, i: int, data) -> None:
