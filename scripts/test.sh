@@ -8,47 +8,13 @@
 #
 # Every skip is held against tests/expected-skips.txt (--expected-skips): a skip the reviewed list
 # does not name fails its group, one line per skip. Before a whole run starts, the disk must hold
-# what the run writes (disk_check below); a run that would run out of space mid-way stops first,
-# in one line, exit 3. `scripts/test.sh --disk-check` runs that check alone.
+# what the run writes (scripts/disk-check.sh); a run that would run out of space mid-way stops
+# first, in one line, exit 3.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
-# What a whole run writes, in GB (a run of 2026-11-26; docs/testing.md): the three groups'
-# engines under /var/tmp (data roots, ~22) with the wheel and its venvs (~1), and the pytest
-# temporary directories under /tmp (~9). VERL_ENV_TEST_DISK_GB=0 turns the check off.
-declare -A disk_need=([/var/tmp]=24 [/tmp]=11)
-disk_check() {
-  [ "${VERL_ENV_TEST_DISK_GB:-}" = 0 ] && return 0
-  local dir mount free want short="" ok="" line
-  declare -A need=() avail=() names=()
-  for dir in "${!disk_need[@]}"; do
-    read -r free mount < <(df -Pk "$dir" | awk 'NR == 2 {print int($4 / 1048576), $6}') \
-      || { echo "test.sh: cannot read the free space of $dir (df)" >&2; return 1; }
-    need[$mount]=$(( ${need[$mount]:-0} + disk_need[$dir] ))
-    avail[$mount]=$free
-    names[$mount]="${names[$mount]:+${names[$mount]} and }$dir"
-  done
-  for mount in "${!need[@]}"; do
-    want=${VERL_ENV_TEST_DISK_GB:-${need[$mount]}}
-    if [ "${avail[$mount]}" -lt "$want" ]; then
-      line="${names[$mount]} (on $mount): ${avail[$mount]} GB free, the run needs $want GB"
-      short="${short:+$short; }$line"
-    fi
-    ok="${ok:+$ok; }${names[$mount]} (on $mount): ${avail[$mount]} GB free of $want GB needed"
-  done
-  if [ -z "$short" ]; then
-    echo "test.sh: disk ok: $ok"
-    return 0
-  fi
-  echo "test.sh: not enough disk for a whole run: $short (free space, or set" \
-       "VERL_ENV_TEST_DISK_GB)" >&2
-  return 1
-}
-if [ "${1:-}" = --disk-check ]; then  # the check alone: is there room for a whole run here?
-  disk_check || exit 3
-  exit 0
-fi
-[ $# -gt 0 ] || disk_check || exit 3
+# A whole run first checks that the disk holds what it writes (scripts/disk-check.sh).
+[ $# -gt 0 ] || scripts/disk-check.sh || exit 3
 
 scripts/os-packages.sh || exit 1
 command -v uv >/dev/null || python3 -m pip install -q --disable-pip-version-check uv || exit 1
