@@ -53,9 +53,7 @@ def gpu_hostenv() -> Path:
     """The python of a cached venv with the index's CUDA torch at the CPU wheel's version (the
     latest when this machine keeps none), tensordict and Ray, for the GPU tests on a host that
     has a GPU. Raises RuntimeError with the reason when it cannot be built."""
-    wheel = find_torch_wheel()
-    torch = f"torch=={wheel.name.split('-')[1].split('+')[0]}" if wheel else "torch"
-    python = _venv("gpuenv", [torch, *PACKAGES], isolated=True)
+    python = _venv("gpuenv", gpu_requirements(), isolated=True)
     proc = subprocess.run([str(python), "-c", "import torch; print(torch.version.cuda or '')"],
                           capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 or not proc.stdout.strip():
@@ -64,15 +62,28 @@ def gpu_hostenv() -> Path:
     return python
 
 
+def gpu_requirements() -> list[str]:
+    """What :func:`gpu_hostenv` installs."""
+    wheel = find_torch_wheel()
+    torch = f"torch=={wheel.name.split('-')[1].split('+')[0]}" if wheel else "torch"
+    return [torch, *PACKAGES]
+
+
+def venv_dir(prefix: str, requirements: list[str]) -> Path:
+    """Where the venv of ``requirements`` is cached (one directory per content key)."""
+    key = hashlib.sha256("\n".join([sys.version, *requirements]).encode()).hexdigest()[:12]
+    return CACHE / f"{prefix}-{key}"
+
+
 def _venv(prefix: str, requirements: list[str], isolated: bool = False) -> Path:
     """A venv under CACHE holding ``requirements``, made once per content key (under a lock).
     ``isolated``: pip reads no config file and no PIP_FIND_LINKS (a local CPU wheel must not
     stand in for the index's); an index given by PIP_INDEX_URL is still used."""
-    key = hashlib.sha256("\n".join([sys.version, *requirements]).encode()).hexdigest()[:12]
-    venv = CACHE / f"{prefix}-{key}"
+    venv = venv_dir(prefix, requirements)
+    key = venv.name.rsplit("-", 1)[1]
     python = venv / "bin" / "python"
     CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / f"{prefix}-{key}.lock", "w") as lock:
+    with open(CACHE / f"{venv.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (venv / ".complete").exists():
             return python

@@ -20,6 +20,7 @@ The list, one entry a line (a line starting with ``#`` is a comment)::
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -33,9 +34,13 @@ _NVIDIA = re.compile(r"nvidia\d+")
 _RENDER = re.compile(r"renderD\d+")
 
 
-def host_gpus(dev: Path = Path("/dev")) -> int:
-    """How many GPUs this host shows in ``dev`` (NVIDIA device nodes, else AMD render nodes
-    behind ``/dev/kfd``)."""
+HOST_DEV_ENV = "VERL_ENV_HOST_DEV"  # where the host's device nodes are, as for the gate
+
+
+def host_gpus(dev: Path | None = None) -> int:
+    """How many GPUs this host shows in ``dev`` (default ``$VERL_ENV_HOST_DEV``, else /dev):
+    NVIDIA device nodes, else AMD render nodes behind ``kfd``."""
+    dev = dev or Path(os.environ.get(HOST_DEV_ENV) or "/dev")
     try:
         nvidia = sum(1 for p in dev.iterdir() if _NVIDIA.fullmatch(p.name))
     except OSError:
