@@ -165,6 +165,7 @@ class Checker:
         if self.found and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    @pytest.hookimpl(trylast=True)  # last before the final counts, after -rs and durations
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.found:
             terminalreporter.section("unexpected skips", red=True)
