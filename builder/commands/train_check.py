@@ -11,7 +11,6 @@ import sys
 
 from builder.argtypes import positive_float, positive_int
 from builder.commands import _shared
-from builder.errors import VerifyError
 from builder.slurm import Inputs, is_model_path
 from builder.spec import load_matrix
 from builder.train import check as lib
@@ -70,11 +69,11 @@ def run(args: argparse.Namespace) -> int:
     inputs = Inputs.from_options(data=args.data, train_files=args.train_files,
                                  val_files=args.val_files, model=args.model)
     if not is_model_path(args.model):
-        raise VerifyError(f"--model {args.model}: the check reads a local model directory (a "
-                          "hub id cannot be read without network)")
+        raise lib.TrainCheckError(f"--model {args.model}: the check reads a local model "
+                                  "directory (a hub id cannot be read without network)")
     missing = [m for m in inputs.missing_for_trainer() if "--model" not in m]
     if missing:
-        raise VerifyError(f"the training command needs {' and '.join(missing)}")
+        raise lib.TrainCheckError(f"the training command needs {' and '.join(missing)}")
     ref, target = _shared.verified_source(args)
     verl, rollout = args.verl, args.rollout
     if target is not None:
@@ -83,10 +82,10 @@ def run(args: argparse.Namespace) -> int:
     if args.print_command and verl and rollout:
         print(shlex.join(_argv(args, inputs, verl, rollout)))
         return 0
-    engine, image = _shared.engine_image(ref, target, VerifyError)
+    engine, image = _shared.engine_image(ref, target, lib.TrainCheckError)
     verl = verl or shapes.label_pin(image.labels, "verl")
     if verl is None:
-        raise VerifyError(f"{ref}: its labels name no verl pin; give --verl VERSION")
+        raise lib.TrainCheckError(f"{ref}: its labels name no verl pin; give --verl VERSION")
     argv = _argv(args, inputs, verl, rollout or shapes.label_rollout(image.labels) or "vllm")
     if args.print_command:
         print(shlex.join(argv))

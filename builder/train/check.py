@@ -35,7 +35,10 @@ STATUS_EXIT = {"pass": 0, "rejected": 1, "error": 3}
 
 
 class TrainCheckError(BuildEnvError):
-    """The check's inputs are unusable (exit 2): a missing model or data file, too much to copy."""
+    """The check's inputs are unusable (exit 2): a missing model or data file, too much to copy,
+    an image the engine does not have."""
+
+    stage = "train-check"
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ override that fixes it named), 3 could not run (verl not importable, the checker
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import io
@@ -39,6 +38,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 SCHEMA = "verl-env/train-check/v1"
@@ -146,13 +146,13 @@ class Check:
     """One run: the stages in order, each recorded; a stage that needs an earlier one's result
     is skipped, with the reason, when that one failed."""
 
-    def __init__(self, args: argparse.Namespace, tee: Tee) -> None:
-        self.args, self.tee = args, tee
+    def __init__(self, args: Args, tee: Tee, tmp: str) -> None:
+        self.args, self.tee, self.tmp = args, tee, tmp
         self.stages: list[dict[str, Any]] = []
         self.cfg: Any = None
         self.model: Any = None
         self.rows: dict[str, dict[str, Any]] = {}
-        self.verl = "?"
+        self.rows_count: dict[str, int] = {}
 
     def run(self, name: str, fn: Callable[[], dict[str, Any]], needs: tuple[str, ...] = ()
             ) -> None:
@@ -374,7 +374,6 @@ class Check:
                           "loads the weights and starts the rollout engine: it needs GPUs"}
 
     def all(self) -> None:
-        self.rows_count: dict[str, int] = {}
         self.run("compose", self.compose)
         self.run("validate", self.validate, ("compose",))
         self.run("trainer", self.trainer, ("compose",))
@@ -382,7 +381,7 @@ class Check:
         self.run("train_data", lambda: self._data("train"), ("model",))
         self.run("val_data", lambda: self._data("val"), ("model",))
         self.run("reward", self.reward, ("train_data", "val_data"))
-        self.run("cluster", self.cluster, ("compose", "train_data"))
+        self.run("cluster", self.cluster, ("compose",))
 
     def _data(self, split: str) -> dict[str, Any]:
         out = self.data_stage(split)
@@ -461,19 +460,50 @@ def _prompt_tokens(ds: Any, path: str) -> int | None:
     return len(ids)
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="incheck.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--nnodes", type=int, required=True, help="nodes the job has")
-    p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node of the job")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the report here")
-    p.add_argument("--manifest", default=MANIFEST, metavar="PATH",
-                   help="the image's manifest (its accelerator: a cpu image needs no rollout "
-                        f"engine; default {MANIFEST})")
-    p.add_argument("overrides", nargs="*", help="main_ppo's hydra overrides (after --)")
-    args = p.parse_args(argv)
+USAGE = ("usage: incheck.py --nnodes N --gpus-per-node G [--json PATH] [--manifest PATH] "
+         "-- OVERRIDE...")
+
+
+@dataclass
+class Args:
+    """The command line (parsed by hand: an in-image program, no argparse in builder/ but the
+    command layers)."""
+
+    nnodes: int = 0
+    gpus_per_node: int = 0
+    json: str | None = None
+    manifest: str = MANIFEST
+    overrides: list[str] = field(default_factory=list)
+
+
+def parse(argv: list[str]) -> Args:
+    """``--nnodes N --gpus-per-node G [--json PATH] [--manifest PATH] -- OVERRIDE...``;
+    SystemExit(2) with the usage on anything else."""
+    args, rest = Args(), list(argv)
+    if "--" in rest:
+        args.overrides, rest = rest[rest.index("--") + 1:], rest[:rest.index("--")]
+    names = {"--nnodes": "nnodes", "--gpus-per-node": "gpus_per_node", "--json": "json",
+             "--manifest": "manifest"}
+    while rest:
+        flag = rest.pop(0)
+        if flag in ("-h", "--help"):
+            print(USAGE + "\n\n" + (__doc__ or ""), file=sys.stderr)
+            raise SystemExit(0)
+        if flag not in names or not rest:
+            _usage(f"unexpected {flag!r}" if flag not in names else f"{flag} needs a value")
+        setattr(args, names[flag], rest.pop(0))
+    try:
+        args.nnodes, args.gpus_per_node = int(args.nnodes), int(args.gpus_per_node)
+    except ValueError:
+        _usage("--nnodes and --gpus-per-node take whole numbers")
     if args.nnodes < 1 or args.gpus_per_node < 1:
-        p.error("--nnodes and --gpus-per-node must be >= 1")
+        _usage("--nnodes and --gpus-per-node are required, each >= 1")
     return args
+
+
+def _usage(why: str) -> None:
+    print(f"{USAGE}\nincheck.py: error: {why}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _environment(tmp: str) -> None:
@@ -500,9 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="verl-env-train-check-") as tmp, \
             contextlib.redirect_stdout(tee):
         _environment(tmp)
-        check = Check(args, tee)
-        check.tmp = os.path.join(tmp, "rows")
-        os.makedirs(check.tmp)
+        os.makedirs(os.path.join(tmp, "rows"))
+        check = Check(args, tee, os.path.join(tmp, "rows"))
         try:
             import verl
 

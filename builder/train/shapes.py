@@ -38,6 +38,8 @@ class TrainShapeError(BuildEnvError):
     """A training command that cannot be made: unknown verl version, bad shape or override
     (exit 2, bad input)."""
 
+    stage = "train-check"
+
 
 @dataclass(frozen=True)
 class Batches:

@@ -7,7 +7,8 @@ It needs torch, transformers, tokenizers and pyarrow: run it with a python that 
 dependencies (the host verl venv of tests/support/verl_hostenv.py, or an image's python), as a
 script or imported:
 
-    python tiny_verl.py --model DIR --data DIR [--train-rows N] [--val-rows N]
+    python tiny_verl.py [--model DIR] --data DIR [--train-rows N] [--val-rows N]
+                        [--data-source NAME]
 
 writes ``DIR/config.json``, weights and tokenizer files, and ``DATA/train.parquet``,
 ``DATA/test.parquet``; prints a JSON summary. Deterministic (fixed seeds). Importing it needs
@@ -50,14 +51,15 @@ def problem(i: int, rng: random.Random) -> tuple[str, str, str]:
     return question, solution, str(total)
 
 
-def rows(split: str, n: int, seed: int) -> list[dict[str, Any]]:
+def rows(split: str, n: int, seed: int, data_source: str = DATA_SOURCE
+         ) -> list[dict[str, Any]]:
     """gsm8k-shaped rows, as verl's preprocessing writes them."""
     rng = random.Random(seed)
     out = []
     for idx in range(n):
         question, solution, answer = problem(idx, rng)
         out.append({
-            "data_source": DATA_SOURCE,
+            "data_source": data_source,
             "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": answer},
@@ -67,7 +69,8 @@ def rows(split: str, n: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def write_data(data: Path, *, train_rows: int = 64, val_rows: int = 16) -> dict[str, str]:
+def write_data(data: Path, *, train_rows: int = 64, val_rows: int = 16,
+               data_source: str = DATA_SOURCE) -> dict[str, str]:
     """``data/train.parquet`` and ``data/test.parquet``; their paths."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -77,7 +80,7 @@ def write_data(data: Path, *, train_rows: int = 64, val_rows: int = 16) -> dict[
     for split, name, n, seed in (("train", "train.parquet", train_rows, 1),
                                  ("test", "test.parquet", val_rows, 2)):
         path = data / name
-        pq.write_table(pa.Table.from_pylist(rows(split, n, seed)), path)
+        pq.write_table(pa.Table.from_pylist(rows(split, n, seed, data_source)), path)
         out[split] = str(path)
     return out
 
@@ -134,22 +137,26 @@ def write_model(model: Path, *, vocab_size: int = 512, hidden: int = 64, layers:
             "parameters": sum(p.numel() for p in lm.parameters())}
 
 
-def make(model: Path, data: Path, *, train_rows: int = 64, val_rows: int = 16
-         ) -> dict[str, Any]:
-    """The model directory and the parquet pair; a summary."""
-    return {"model": write_model(model),
-            "data": write_data(data, train_rows=train_rows, val_rows=val_rows)}
+def make(model: Path | None, data: Path, *, train_rows: int = 64, val_rows: int = 16,
+         data_source: str = DATA_SOURCE) -> dict[str, Any]:
+    """The model directory (unless None) and the parquet pair; a summary."""
+    return {"model": write_model(model) if model is not None else None,
+            "data": write_data(data, train_rows=train_rows, val_rows=val_rows,
+                               data_source=data_source)}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, required=True, help="model directory to write")
+    p.add_argument("--model", type=Path, default=None,
+                   help="model directory to write (default: none, only the data)")
     p.add_argument("--data", type=Path, required=True, help="data directory to write")
     p.add_argument("--train-rows", type=int, default=64)
     p.add_argument("--val-rows", type=int, default=16)
+    p.add_argument("--data-source", default=DATA_SOURCE,
+                   help=f"every row's data_source (default {DATA_SOURCE})")
     args = p.parse_args(argv)
     print(json.dumps(make(args.model, args.data, train_rows=args.train_rows,
-                          val_rows=args.val_rows)))
+                          val_rows=args.val_rows, data_source=args.data_source)))
     return 0
 
 
