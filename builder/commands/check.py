@@ -30,7 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    site = _shared.site(args)
+    # --online writes the site's snapshot: a site of its own, never the shipped reference
+    site = _shared.writable_site(args, "check --online") if args.online else _shared.site(args)
     names = _shared.target_names(args)
     targets = site.targets(names)
     refreshed = None
@@ -62,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         stale = stale_reason(t, snapshot, lock)
         if stale and args.locked and stale != sources.record_problem(t, lock):
             problems.append(f"{t.where('')}: targets.{t.name}: {stale}")
-        if not stale:  # a git tag that moved since the lock recorded its commit
+        if not stale and args.online:  # a git tag that moved since the lock recorded its
+            # commit: asked of the remote only under --online (the offline check is offline)
             moved, unconfirmed = sources.moved_refs(t, lock)
             problems += [f"{t.where(k)}: targets.{t.name}.{k}: {m}" for k, m in moved]
             if not args.quiet:
