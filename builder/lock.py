@@ -32,7 +32,7 @@ from builder.compat import check_target, local_sources, marker_env
 from builder.errors import CompatError, LockError
 from builder.metadata import Snapshot
 from builder.spec import Package, Target
-from builder import prebuilt, sources, vendor
+from builder import lockbody, prebuilt, sources, vendor
 
 # antlr4-python3-runtime 4.9.3 (hydra-core 1.3's dependency) is sdist-only and pure python:
 # without this exception, binary-only resolution silently downgrades hydra-core to 0.11.3.
@@ -206,7 +206,7 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
         constraints=constraints, excludes=excludes, offline=offline,
         prefer=prefer.read_text() if prefer is not None and prefer.is_file() else None,
         upgrade_packages=upgrade_packages)
-    text = header(target, ihash) + body
+    text = header(target, ihash, body) + body
     build_text = None
     if any(p.build == "source" for p in target.enabled_packages):
         pinned = [f"{p.name}=={p.version}" for p in parse_lock(body).values()]
@@ -219,7 +219,8 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
                                        if build_prefer is not None and build_prefer.is_file()
                                        else None,
                                        upgrade_packages=upgrade_packages)
-        build_text = header(target, ihash).replace("lock for", "build-tools lock for") + build_body
+        build_text = (header(target, ihash, build_body).replace("lock for", "build-tools lock for")
+                      + build_body)
         seconds += more
     _write(out, text)
     if build_text is not None:
@@ -238,10 +239,12 @@ def moved_pins(before: str | None, after: str) -> list[tuple[str, str | None, st
             if old.get(n) != new.get(n)]
 
 
-def header(target: Target, ihash: str) -> str:
+def header(target: Target, ihash: str, body: str) -> str:
+    """The lock's header: the input hash, and what its body is (:mod:`builder.lockbody`: a
+    digest of the body and of each entry), so an edit is found without resolving again."""
     return (f"# verl-env lock for target {target.name}: {target.platform}, python "
             f"{target.python}, {python_platform(target)}\n"
-            f"# input-hash: {ihash}\n"
+            f"# input-hash: {ihash}\n" + lockbody.record(body) +
             f"# regenerate: build-env lock --target {target.name}\n")
 
 
@@ -274,11 +277,36 @@ def stale_reason(target: Target, snapshot: Snapshot, path: Path) -> str | None:
     if lock.input_hash != input_hash(target, snapshot, record):
         return (f"{path} was locked from different inputs than targets.{target.name} now has: "
                 f"run `build-env lock --target {target.name}`")
-    pinned = parse_lock(lock.text)
-    for p in target.enabled_packages:
-        if p.name in pinned and pinned[p.name].version != p.version:
-            return f"{path} pins {p.name} {pinned[p.name].version}, the matrix {p.version}"
+    edited = lock_edits(target, path) + lockbody.pin_problems(
+        path, lock.text, locked_pins(target, snapshot))
+    if edited:
+        more = f" (and {len(edited) - 3} more)" if len(edited) > 3 else ""
+        return "; ".join(edited[:3]) + more
     return None
+
+
+def locked_pins(target: Target, snapshot: Snapshot) -> list[tuple[str, str]]:
+    """The matrix pins the lock itself must hold, at their versions: all but the packages it
+    leaves out (wheel-less and local-only ones; provided ones are never among them)."""
+    skip = {p.name for p in (*wheelless(target, snapshot), *local_only(target, snapshot))}
+    return [(p.name, p.version) for p in target.enabled_packages if p.name not in skip]
+
+
+def lock_edits(target: Target, path: Path) -> list[str]:
+    """What in the lock at ``path`` and its build-tools lock is not what ``build-env lock``
+    wrote (:func:`builder.lockbody.problems`): an unhashed line, an edited hash, a removed or
+    added entry, a missing body digest."""
+    regenerate = f"build-env lock --target {target.name}"
+    out = []
+    for file in (path, build_lock_path(path)):
+        try:
+            text = file.read_text()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise LockError(f"{file}: cannot read lock ({exc.strerror})") from None
+        out += lockbody.problems(file, text, regenerate)
+    return out
 
 
 def lock_for(matrix_path: Path, target: Target, snapshot: Snapshot, workdir: Path

@@ -8,7 +8,7 @@ import sys
 from builder import sources
 from builder.commands import _shared
 from builder.compat import check_target, index_pins, local_sources
-from builder.lock import lock_path, stale_reason
+from builder.lock import lock_edits, lock_path, stale_reason
 from builder.metadata import IndexClient, load_snapshot, refresh, save_snapshot
 
 NAME = "check"
@@ -60,8 +60,12 @@ def run(args: argparse.Namespace) -> int:
         problems += [f"{t.where(k)}: targets.{t.name}{'.' + k if k else ''}: {m}"
                      for k, m in sources.problems(t, snapshot, lock) if "not pinned" not in m
                      or args.locked]
+        # a lock edited since `build-env lock` wrote it is a failure with or without --locked
+        edited = lock_edits(t, lock)
+        problems += [f"{t.where('')}: targets.{t.name}: {m}" for m in edited]
         stale = stale_reason(t, snapshot, lock)
-        if stale and args.locked and stale != sources.record_problem(t, lock):
+        if (stale and args.locked and not edited
+                and stale != sources.record_problem(t, lock)):
             problems.append(f"{t.where('')}: targets.{t.name}: {stale}")
         if not stale and args.online:  # a git tag that moved since the lock recorded its
             # commit: asked of the remote only under --online (the offline check is offline)
