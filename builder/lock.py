@@ -29,8 +29,8 @@ from packaging.version import Version
 
 from builder.files import atomic_write_text
 from builder.compat import check_target, local_sources, marker_env
-from builder.errors import CompatError, LockError
-from builder.metadata import Snapshot
+from builder.errors import CompatError, LockError, NetworkError
+from builder.metadata import INDEX_WAY_OUT, Snapshot, network_timeout
 from builder.spec import Package, Target
 from builder import lockbody, prebuilt, sources, vendor
 
@@ -45,6 +45,18 @@ UV_IN_IMAGE = "uv==0.13.9"
 BUILD_TOOLS = ("setuptools>=68", "wheel", "pybind11", "setuptools-scm", "cmake", "ninja",
                "packaging", "psutil")
 LOCK_SCHEMA = "verl-env/lock/v1"
+# uv's whole resolution is bounded at this many network timeouts (each request is bounded by
+# one, through UV_HTTP_TIMEOUT); a cold resolution of a CUDA target takes a minute or two.
+RESOLVE_TIMEOUTS = 30
+# What uv prints when it could not reach an index (its "Caused by" chain names the request).
+_UV_NETWORK = re.compile(r"Failed to fetch|error sending request|Request failed after|"
+                         r"dns error|tcp connect error|operation timed out|Connection refused|"
+                         r"HTTP status client error|HTTP status server error|"
+                         r"index \(\S+\) returned an? \d{3}")
+_UV_URL = re.compile(r"(?:`|\()(https?://[^\s`)]+)")
+# uv reads its index from these too: with the site's index set, only it is asked
+_OTHER_INDEXES = ("UV_INDEX", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS",
+                  "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")
 
 
 @dataclass(frozen=True)
@@ -164,15 +176,55 @@ def _uv_compile(target: Target, requirements: list[str], *, constraints: list[st
             cmd.append("--offline")
         for name in upgrade_packages:  # uv moves these past the preferred versions
             cmd += ["--upgrade-package", name]
-        env = {**os.environ, "UV_NO_CONFIG": "1"}
         start = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmpdir)
+        limit = network_timeout() * RESOLVE_TIMEOUTS
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=uv_env(), cwd=tmpdir,
+                                  timeout=limit)
+        except subprocess.TimeoutExpired:
+            raise NetworkError(site_index() or "the default index", f"uv did not finish "
+                               f"resolving within {limit:g} s", way_out=INDEX_WAY_OUT,
+                               target=target.name) from None
         seconds = time.monotonic() - start
         if proc.returncode != 0:
-            detail = proc.stderr.strip().splitlines()
-            raise LockError("uv could not resolve the pins:\n  " + "\n  ".join(detail[-15:]),
-                            target=target.name)
+            _raise_uv_error(target, proc.stderr)
         return (tmpdir / "lock.txt").read_text(), seconds
+
+
+def site_index() -> str | None:
+    """The site's package index (``--index-url``, ``index_url`` in build-env.toml, or
+    ``VERL_ENV_INDEX_URL``; the CLI puts the first two into the environment variable)."""
+    return os.environ.get("VERL_ENV_INDEX_URL") or None
+
+
+def uv_env() -> dict[str, str]:
+    """uv's environment: no uv config file, each request bounded, and the site's index, when
+    there is one, as the only index (the default index and any other one configured for uv or
+    pip are never asked)."""
+    env = {**os.environ, "UV_NO_CONFIG": "1"}
+    env.setdefault("UV_HTTP_TIMEOUT", str(max(1, int(network_timeout()))))
+    index = site_index()
+    if index:
+        for name in _OTHER_INDEXES:
+            env.pop(name, None)
+        env["UV_DEFAULT_INDEX"] = index
+    return env
+
+
+def _raise_uv_error(target: Target, stderr: str) -> None:
+    """uv failed: an index it could not reach is one :class:`NetworkError` line naming the URL;
+    anything else is the resolver's own account (:class:`LockError`)."""
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    hits = [ln for ln in lines if _UV_NETWORK.search(ln)]
+    if hits:
+        found = next((m.group(1) for ln in hits for m in [_UV_URL.search(ln)] if m), None)
+        refused = next((ln for ln in hits if "returned a" in ln), None)
+        cause = (refused.split("returned", 1)[1].split(".")[0].strip() if refused
+                 else lines[-1].removeprefix("Caused by:").strip())
+        raise NetworkError(found or site_index() or "the default index", f"uv: {cause}",
+                           way_out=INDEX_WAY_OUT, target=target.name)
+    raise LockError("uv could not resolve the pins:\n  " + "\n  ".join(lines[-15:]),
+                    target=target.name)
 
 
 def _write(out: Path, text: str) -> None:
