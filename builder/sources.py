@@ -90,13 +90,15 @@ def _git(*args: str, cwd: Path | None = None, url: str | None = None,
         proc = subprocess.run([git, *stall, *args], capture_output=True, text=True, cwd=cwd,
                               timeout=limit, env=env)
     except subprocess.TimeoutExpired:
-        if url is None:
-            raise LockError(f"git {args[0]}: no result within {limit:g} s") from None
+        if url is None or url.startswith("file://"):
+            raise LockError(f"git {args[0]} {url or ''}: no result within {limit:g} s") from None
         raise NetworkError(url, f"git {args[0]}: no answer within {limit:g} s",
                            way_out=way_out) from None
     if proc.returncode != 0 and url is not None:
-        raise NetworkError(url, f"git {args[0]}: {_last_line(proc.stderr, proc.returncode)}",
-                           way_out=way_out)
+        reason = f"git {args[0]}: {_last_line(proc.stderr, proc.returncode)}"
+        if url.startswith("file://"):  # a repository on this host: no network involved
+            raise LockError(f"{url}: {reason}")
+        raise NetworkError(url, reason, way_out=way_out)
     return proc
 
 
@@ -199,10 +201,12 @@ def record_problem(target: Target, lock: Path) -> str | None:
     return None
 
 
-def moved_refs(target: Target, lock: Path) -> tuple[list[tuple[str, str]], list[str]]:
+def moved_refs(target: Target, lock: Path, *, remote: bool = True
+               ) -> tuple[list[tuple[str, str]], list[str]]:
     """(errors, warnings): ``(key, message)`` for each git ref that now points elsewhere than
     the recorded commit, and the sources that could not be asked (unreachable: the recorded
-    commit is what a build fetches, and it refuses a moved ref then)."""
+    commit is what a build fetches, and it refuses a moved ref then). Without ``remote`` only
+    repositories on this host (``git+file://``) are asked: no network call."""
     errors: list[tuple[str, str]] = []
     warnings: list[str] = []
     record = load_record(lock)
@@ -212,6 +216,8 @@ def moved_refs(target: Target, lock: Path) -> tuple[list[tuple[str, str]], list[
         if not entry or entry.get("source") != p.source.location:
             continue  # record_problem reports it
         url, ref = split_git(p.source.location)
+        if not remote and not url.startswith("file://"):
+            continue
         try:
             found = remote_commit(url, ref)
         except (LockError, NetworkError) as exc:
@@ -238,6 +244,8 @@ def fetch_git(target: Target, p: Package, commit: str, dest: Path) -> None:
         except NetworkError as exc:
             exc.target = target.name
             raise
+        except LockError as exc:  # a repository on this host that git cannot read
+            raise RenderError(f"{p.name}: {exc.args[0]}", target=target.name) from None
         found = _git("rev-parse", "FETCH_HEAD^{commit}", cwd=repo).stdout.strip()
         if found != commit:
             raise RenderError(moved_message(target, p, ref, commit, found), target=target.name)

@@ -20,7 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", dest="targets", action="append", default=None,
                    help="check this target (repeatable; default: all)")
     p.add_argument("--online", action="store_true",
-                   help="refresh the metadata snapshot from the package index first")
+                   help="refresh the metadata snapshot from the package index first, and ask "
+                        "each git source's remote whether its tag still names the locked "
+                        "commit (without it, check makes no network call)")
     p.add_argument("--locked", action="store_true",
                    help="a missing or stale lock is an error (for a site's CI); without it, "
                         "check names `build-env lock` as the next step and passes")
@@ -67,9 +69,9 @@ def run(args: argparse.Namespace) -> int:
         if (stale and args.locked and not edited
                 and stale != sources.record_problem(t, lock)):
             problems.append(f"{t.where('')}: targets.{t.name}: {stale}")
-        if not stale and args.online:  # a git tag that moved since the lock recorded its
-            # commit: asked of the remote only under --online (the offline check is offline)
-            moved, unconfirmed = sources.moved_refs(t, lock)
+        if not stale:  # a git tag that moved since the lock recorded its commit: a remote
+            # is asked only under --online (the offline check asks repositories on this host)
+            moved, unconfirmed = sources.moved_refs(t, lock, remote=args.online)
             problems += [f"{t.where(k)}: targets.{t.name}.{k}: {m}" for k, m in moved]
             if not args.quiet:
                 for w in unconfirmed:
