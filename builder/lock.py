@@ -2,8 +2,11 @@
 
 The lock for target T lives at ``locks/T.txt`` beside the matrix. Its header records an input
 hash over everything that decides the resolution (pins, python, platform, provided packages,
-find-links, uv options); ``check`` recomputes it to catch a lock that no longer matches its
-matrix entry. Packages the base image provides are excluded from the graph (``--excludes``) and
+find-links, uv options, the snapshot's dependencies of wheel-less packages); ``check``
+recomputes it to catch a lock that no longer matches its matrix entry. The header also records
+what the body is (:mod:`builder.lockbody`: a digest of the body and one per entry), so ``check``
+and ``render`` refuse a lock edited since ``lock`` wrote it, naming the entry, without resolving
+again; every matrix pin must be in the lock at its version. Packages the base image provides are excluded from the graph (``--excludes``) and
 never resolved from the index. Packages built from source stay in the lock (their sdist is
 hash-pinned there) unless they have no wheel at all (flash-attn), in which case only their
 declared dependencies are locked and the sdist hash comes from the metadata snapshot.
