@@ -138,7 +138,7 @@ def writable_site(args: argparse.Namespace, what: str) -> Site:
     inside = matrix is not None and matrix.resolve().is_relative_to(shipped.PACKAGE)
     if not given or inside:
         where = (f"{matrix} is the reference shipped inside the installed build-env"
-                 if inside else f"{Path.cwd()} has no matrix.yaml and no --matrix was given")
+                 if given else f"{Path.cwd()} has no matrix.yaml and no --matrix was given")
         raise SiteError(f"{NO_SITE} DIR (then cd DIR), or pass --matrix: {what} writes into "
                         f"a site and {where}")
     return open_site(matrix, args.snapshot)
