@@ -2,8 +2,11 @@
 
 The lock for target T lives at ``locks/T.txt`` beside the matrix. Its header records an input
 hash over everything that decides the resolution (pins, python, platform, provided packages,
-find-links, uv options); ``check`` recomputes it to catch a lock that no longer matches its
-matrix entry. Packages the base image provides are excluded from the graph (``--excludes``) and
+find-links, uv options, the snapshot's dependencies of wheel-less packages); ``check``
+recomputes it to catch a lock that no longer matches its matrix entry. The header also records
+what the body is (:mod:`builder.lockbody`: a digest of the body and one per entry), so ``check``
+and ``render`` refuse a lock edited since ``lock`` wrote it, naming the entry, without resolving
+again; every matrix pin must be in the lock at its version. Packages the base image provides are excluded from the graph (``--excludes``) and
 never resolved from the index. Packages built from source stay in the lock (their sdist is
 hash-pinned there) unless they have no wheel at all (flash-attn), in which case only their
 declared dependencies are locked and the sdist hash comes from the metadata snapshot.
@@ -29,10 +32,10 @@ from packaging.version import Version
 
 from builder.files import atomic_write_text
 from builder.compat import check_target, local_sources, marker_env
-from builder.errors import CompatError, LockError
-from builder.metadata import Snapshot
+from builder.errors import CompatError, LockError, NetworkError
+from builder.metadata import INDEX_WAY_OUT, Snapshot, network_timeout
 from builder.spec import Package, Target
-from builder import prebuilt, sources, vendor
+from builder import lockbody, prebuilt, sources, vendor
 
 # antlr4-python3-runtime 4.9.3 (hydra-core 1.3's dependency) is sdist-only and pure python:
 # without this exception, binary-only resolution silently downgrades hydra-core to 0.11.3.
@@ -45,6 +48,18 @@ UV_IN_IMAGE = "uv==0.13.9"
 BUILD_TOOLS = ("setuptools>=68", "wheel", "pybind11", "setuptools-scm", "cmake", "ninja",
                "packaging", "psutil")
 LOCK_SCHEMA = "verl-env/lock/v1"
+# uv's whole resolution is bounded at this many network timeouts (each request is bounded by
+# one, through UV_HTTP_TIMEOUT); a cold resolution of a CUDA target takes a minute or two.
+RESOLVE_TIMEOUTS = 30
+# What uv prints when it could not reach an index (its "Caused by" chain names the request).
+_UV_NETWORK = re.compile(r"Failed to fetch|error sending request|Request failed after|"
+                         r"dns error|tcp connect error|operation timed out|Connection refused|"
+                         r"HTTP status client error|HTTP status server error|"
+                         r"index \(\S+\) returned an? \d{3}")
+_UV_URL = re.compile(r"(?:`|\()(https?://[^\s`)]+)")
+# uv reads its index from these too: with the site's index set, only it is asked
+_OTHER_INDEXES = ("UV_INDEX", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS",
+                  "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")
 
 
 @dataclass(frozen=True)
@@ -164,15 +179,55 @@ def _uv_compile(target: Target, requirements: list[str], *, constraints: list[st
             cmd.append("--offline")
         for name in upgrade_packages:  # uv moves these past the preferred versions
             cmd += ["--upgrade-package", name]
-        env = {**os.environ, "UV_NO_CONFIG": "1"}
         start = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmpdir)
+        limit = network_timeout() * RESOLVE_TIMEOUTS
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=uv_env(), cwd=tmpdir,
+                                  timeout=limit)
+        except subprocess.TimeoutExpired:
+            raise NetworkError(site_index() or "the default index", f"uv did not finish "
+                               f"resolving within {limit:g} s", way_out=INDEX_WAY_OUT,
+                               target=target.name) from None
         seconds = time.monotonic() - start
         if proc.returncode != 0:
-            detail = proc.stderr.strip().splitlines()
-            raise LockError("uv could not resolve the pins:\n  " + "\n  ".join(detail[-15:]),
-                            target=target.name)
+            _raise_uv_error(target, proc.stderr)
         return (tmpdir / "lock.txt").read_text(), seconds
+
+
+def site_index() -> str | None:
+    """The site's package index (``--index-url``, ``index_url`` in build-env.toml, or
+    ``VERL_ENV_INDEX_URL``; the CLI puts the first two into the environment variable)."""
+    return os.environ.get("VERL_ENV_INDEX_URL") or None
+
+
+def uv_env() -> dict[str, str]:
+    """uv's environment: no uv config file, each request bounded, and the site's index, when
+    there is one, as the only index (the default index and any other one configured for uv or
+    pip are never asked)."""
+    env = {**os.environ, "UV_NO_CONFIG": "1"}
+    env.setdefault("UV_HTTP_TIMEOUT", str(max(1, int(network_timeout()))))
+    index = site_index()
+    if index:
+        for name in _OTHER_INDEXES:
+            env.pop(name, None)
+        env["UV_DEFAULT_INDEX"] = index
+    return env
+
+
+def _raise_uv_error(target: Target, stderr: str) -> None:
+    """uv failed: an index it could not reach is one :class:`NetworkError` line naming the URL;
+    anything else is the resolver's own account (:class:`LockError`)."""
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    hits = [ln for ln in lines if _UV_NETWORK.search(ln)]
+    if hits:
+        found = next((m.group(1) for ln in hits for m in [_UV_URL.search(ln)] if m), None)
+        refused = next((ln for ln in hits if "returned a" in ln), None)
+        cause = (refused.split("returned", 1)[1].split(".")[0].strip() if refused
+                 else lines[-1].removeprefix("Caused by:").strip())
+        raise NetworkError(found or site_index() or "the default index", f"uv: {cause}",
+                           way_out=INDEX_WAY_OUT, target=target.name)
+    raise LockError("uv could not resolve the pins:\n  " + "\n  ".join(lines[-15:]),
+                    target=target.name)
 
 
 def _write(out: Path, text: str) -> None:
@@ -206,7 +261,7 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
         constraints=constraints, excludes=excludes, offline=offline,
         prefer=prefer.read_text() if prefer is not None and prefer.is_file() else None,
         upgrade_packages=upgrade_packages)
-    text = header(target, ihash) + body
+    text = header(target, ihash, body) + body
     build_text = None
     if any(p.build == "source" for p in target.enabled_packages):
         pinned = [f"{p.name}=={p.version}" for p in parse_lock(body).values()]
@@ -219,7 +274,8 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
                                        if build_prefer is not None and build_prefer.is_file()
                                        else None,
                                        upgrade_packages=upgrade_packages)
-        build_text = header(target, ihash).replace("lock for", "build-tools lock for") + build_body
+        build_text = (header(target, ihash, build_body).replace("lock for", "build-tools lock for")
+                      + build_body)
         seconds += more
     _write(out, text)
     if build_text is not None:
@@ -238,10 +294,12 @@ def moved_pins(before: str | None, after: str) -> list[tuple[str, str | None, st
             if old.get(n) != new.get(n)]
 
 
-def header(target: Target, ihash: str) -> str:
+def header(target: Target, ihash: str, body: str) -> str:
+    """The lock's header: the input hash, and what its body is (:mod:`builder.lockbody`: a
+    digest of the body and of each entry), so an edit is found without resolving again."""
     return (f"# verl-env lock for target {target.name}: {target.platform}, python "
             f"{target.python}, {python_platform(target)}\n"
-            f"# input-hash: {ihash}\n"
+            f"# input-hash: {ihash}\n" + lockbody.record(body) +
             f"# regenerate: build-env lock --target {target.name}\n")
 
 
@@ -274,11 +332,36 @@ def stale_reason(target: Target, snapshot: Snapshot, path: Path) -> str | None:
     if lock.input_hash != input_hash(target, snapshot, record):
         return (f"{path} was locked from different inputs than targets.{target.name} now has: "
                 f"run `build-env lock --target {target.name}`")
-    pinned = parse_lock(lock.text)
-    for p in target.enabled_packages:
-        if p.name in pinned and pinned[p.name].version != p.version:
-            return f"{path} pins {p.name} {pinned[p.name].version}, the matrix {p.version}"
+    edited = lock_edits(target, path) + lockbody.pin_problems(
+        path, lock.text, locked_pins(target, snapshot))
+    if edited:
+        more = f" (and {len(edited) - 3} more)" if len(edited) > 3 else ""
+        return "; ".join(edited[:3]) + more
     return None
+
+
+def locked_pins(target: Target, snapshot: Snapshot) -> list[tuple[str, str]]:
+    """The matrix pins the lock itself must hold, at their versions: all but the packages it
+    leaves out (wheel-less and local-only ones; provided ones are never among them)."""
+    skip = {p.name for p in (*wheelless(target, snapshot), *local_only(target, snapshot))}
+    return [(p.name, p.version) for p in target.enabled_packages if p.name not in skip]
+
+
+def lock_edits(target: Target, path: Path) -> list[str]:
+    """What in the lock at ``path`` and its build-tools lock is not what ``build-env lock``
+    wrote (:func:`builder.lockbody.problems`): an unhashed line, an edited hash, a removed or
+    added entry, a missing body digest."""
+    regenerate = f"build-env lock --target {target.name}"
+    out = []
+    for file in (path, build_lock_path(path)):
+        try:
+            text = file.read_text()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise LockError(f"{file}: cannot read lock ({exc.strerror})") from None
+        out += lockbody.problems(file, text, regenerate)
+    return out
 
 
 def lock_for(matrix_path: Path, target: Target, snapshot: Snapshot, workdir: Path

@@ -37,9 +37,23 @@ from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonic
 from packaging.version import InvalidVersion, Version
 
 from builder.files import atomic_write_text
-from builder.errors import BuildEnvError
+from builder.errors import BuildEnvError, NetworkError
 
 SNAPSHOT_SCHEMA = "verl-env/pypi-snapshot/v1"
+# How long one network call may wait for an answer (connect, or between two reads) before it
+# fails with one line naming the URL: git, the package index, uv (its HTTP timeout). Env
+# VERL_ENV_NETWORK_TIMEOUT (seconds) for a slow link.
+NETWORK_TIMEOUT = 60.0
+INDEX_WAY_OUT = ("the site's index: --index-url URL, index_url in build-env.toml or "
+                 "VERL_ENV_INDEX_URL; the recorded snapshot needs no index: leave out --online")
+
+
+def network_timeout() -> float:
+    value = os.environ.get("VERL_ENV_NETWORK_TIMEOUT", "")
+    try:
+        return float(value) if value and float(value) > 0 else NETWORK_TIMEOUT
+    except ValueError:
+        return NETWORK_TIMEOUT
 
 
 class MetadataError(BuildEnvError):
@@ -183,7 +197,11 @@ class _RangeFile(io.RawIOBase):
     def _block(self, n: int) -> bytes:
         if n not in self.blocks:
             lo, hi = n * self.BLOCK, min(self.size, (n + 1) * self.BLOCK) - 1
-            resp = self.session.get(self.url, headers={"Range": f"bytes={lo}-{hi}"}, timeout=60)
+            try:
+                resp = self.session.get(self.url, headers={"Range": f"bytes={lo}-{hi}"},
+                                        timeout=network_timeout())
+            except requests.RequestException as exc:
+                raise NetworkError(self.url, _reason(exc), way_out=INDEX_WAY_OUT) from None
             if resp.status_code != 206:
                 raise MetadataError(f"index does not serve byte ranges ({resp.status_code})")
             self.blocks[n] = resp.content
@@ -198,6 +216,31 @@ class _RangeFile(io.RawIOBase):
         buf[: len(out)] = out
         self.pos += len(out)
         return len(out)
+
+
+def _reason(exc: requests.RequestException) -> str:
+    """One line for a failed request: its kind, and for a timeout the bound."""
+    if isinstance(exc, requests.Timeout):
+        return f"no answer within {network_timeout():g} s ({exc.__class__.__name__})"
+    return f"unreachable ({exc.__class__.__name__})"
+
+
+def _ok(resp: requests.Response, url: str) -> requests.Response:
+    """``resp`` unless the index refused the request (401, 403, 4xx other than 404)."""
+    if resp.status_code >= 400 and resp.status_code != 404:
+        raise NetworkError(url, f"HTTP {resp.status_code}", way_out=INDEX_WAY_OUT)
+    return resp
+
+
+def _head_size(session: requests.Session, url: str) -> int:
+    try:
+        resp = session.head(url, timeout=network_timeout(), allow_redirects=True)
+    except requests.RequestException as exc:
+        raise NetworkError(url, _reason(exc), way_out=INDEX_WAY_OUT) from None
+    if "content-length" not in resp.headers:
+        raise NetworkError(url, f"HTTP {resp.status_code} without a size",
+                           way_out=INDEX_WAY_OUT)
+    return int(resp.headers["content-length"])
 
 
 class IndexClient:
@@ -215,18 +258,21 @@ class IndexClient:
         self._projects: dict[str, dict[str, Any]] = {}
 
     def _get(self, url: str, **kw: Any) -> requests.Response:
+        """One GET, retried on a connection failure or a 5xx; every try bounded by
+        :func:`network_timeout`. A failure is one :class:`NetworkError` naming the URL."""
         delay = 1.0
         for attempt in range(self.retries):
             try:
-                resp = self.session.get(url, timeout=60, **kw)
+                resp = self.session.get(url, timeout=network_timeout(), **kw)
             except requests.RequestException as exc:
                 if attempt + 1 == self.retries:
-                    raise MetadataError(f"index unreachable: {exc.__class__.__name__}") from None
+                    raise NetworkError(url, _reason(exc), way_out=INDEX_WAY_OUT) from None
             else:
                 if resp.status_code < 500:
-                    return resp
+                    return _ok(resp, url)
                 if attempt + 1 == self.retries:
-                    raise MetadataError(f"index error {resp.status_code} for {redact(url)}")
+                    raise NetworkError(url, f"HTTP {resp.status_code} after {self.retries} tries",
+                                       way_out=INDEX_WAY_OUT)
             time.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable")
@@ -237,8 +283,11 @@ class IndexClient:
             resp = self._get(f"{self.simple}/{name}/", headers={"Accept": SIMPLE_JSON})
             if resp.status_code == 404:
                 raise MetadataError(f"{name} is not on the index")
-            resp.raise_for_status()
-            self._projects[name] = resp.json()
+            try:
+                self._projects[name] = resp.json()
+            except ValueError:
+                raise NetworkError(resp.url or self.simple, "not a PEP 691 JSON simple API "
+                                   "answer", way_out=INDEX_WAY_OUT) from None
         return self._projects[name]
 
     def versions(self, name: str) -> list[str]:
@@ -270,8 +319,7 @@ class IndexClient:
             resp = self._get(f["url"] + ".metadata")
             if resp.status_code == 200:
                 return email.parser.Parser().parsestr(resp.text)
-        size = int(f.get("size") or self.session.head(f["url"], timeout=60)
-                   .headers["content-length"])
+        size = int(f.get("size") or _head_size(self.session, f["url"]))
         with zipfile.ZipFile(io.BufferedReader(_RangeFile(self.session, f["url"], size),
                                                buffer_size=1 << 16)) as zf:
             member = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
@@ -279,7 +327,6 @@ class IndexClient:
 
     def _sdist_metadata(self, f: dict[str, Any]) -> email.message.Message:
         resp = self._get(f["url"])
-        resp.raise_for_status()
         with tarfile.open(fileobj=io.BytesIO(resp.content)) as tf:
             member = next(m for m in tf.getmembers() if m.name.count("/") == 1
                           and m.name.endswith("/PKG-INFO"))

@@ -33,12 +33,14 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from builder import records
-from builder.errors import LockError, RenderError
+from builder.errors import LockError, NetworkError, RenderError
 from builder.files import sha256_file
 from builder.spec import Package, Target
 
 PREBUILT_SCHEMA = "verl-env/prebuilt/v1"
 FETCH_TIMEOUT = 120
+WAY_OUT = ("a wheelhouse directory on this host (prebuilt: [{wheelhouse: DIR}]), or drop the "
+           "prebuilt entry to build from source")
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,8 @@ def _candidates(entry: dict[str, str], p: Package) -> list[Candidate]:
         with urllib.request.urlopen(page, timeout=FETCH_TIMEOUT) as r:
             html = r.read().decode("utf-8", "replace")
     except OSError as exc:
-        raise LockError(f"{p.name}: wheelhouse {page}: {exc}") from None
+        raise NetworkError(page, f"{p.name}'s wheelhouse: {_why(exc)}",
+                           way_out=WAY_OUT) from None
     parser = _Links()
     parser.feed(html)
     out = []
@@ -128,10 +131,20 @@ def _sha256_of(c: Candidate) -> str:
     if "://" not in c.url:
         return sha256_file(Path(c.url)).split(":", 1)[1]
     h = hashlib.sha256()
-    with urllib.request.urlopen(c.url, timeout=FETCH_TIMEOUT) as r:
-        for chunk in iter(lambda: r.read(1 << 20), b""):
-            h.update(chunk)
+    try:
+        with urllib.request.urlopen(c.url, timeout=FETCH_TIMEOUT) as r:
+            for chunk in iter(lambda: r.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError as exc:
+        raise NetworkError(c.url, f"the prebuilt wheel: {_why(exc)}", way_out=WAY_OUT) from None
     return h.hexdigest()
+
+
+def _why(exc: OSError) -> str:
+    """One line for a failed fetch (a timeout names the bound)."""
+    if isinstance(exc, TimeoutError) or "timed out" in str(exc):
+        return f"no answer within {FETCH_TIMEOUT:g} s"
+    return str(getattr(exc, "reason", None) or exc).splitlines()[0]
 
 
 def choose(p: Package, target: Target) -> dict[str, Any]:
@@ -225,8 +238,11 @@ def fetch(target: Target, entry: dict[str, Any], dest: Path) -> Path:
             with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as r, open(out, "wb") as f:
                 shutil.copyfileobj(r, f)
     except OSError as exc:
-        raise RenderError(f"cannot fetch the prebuilt wheel {url}: {exc}",
-                          target=target.name) from None
+        if "://" not in url:
+            raise RenderError(f"cannot copy the prebuilt wheel {url}: {exc}",
+                              target=target.name) from None
+        raise NetworkError(url, f"the prebuilt wheel: {_why(exc)}", way_out=WAY_OUT,
+                           target=target.name) from None
     got = sha256_file(out).split(":", 1)[1]
     if got != entry["sha256"]:
         raise RenderError(f"the prebuilt wheel {url} has sha256 {got}, the lock recorded "

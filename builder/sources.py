@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from builder import records
-from builder.errors import LockError, RenderError
-from builder.metadata import Snapshot
+from builder.errors import LockError, NetworkError, RenderError, redact
+from builder.metadata import Snapshot, network_timeout
 from builder.spec import Package, Target
 
 SOURCES_SCHEMA = "verl-env/sources/v1"
@@ -41,7 +41,13 @@ ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip", ".tar")
 # What a directory source leaves behind that is not source (copied and hashed without it).
 IGNORED = (".git", "__pycache__", "*.pyc", "build", "dist", "*.egg-info", "*.so")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
-GIT_TIMEOUT = 120
+# A shallow fetch of one tag may stream for a while: bounded at this many network timeouts, and
+# stopped sooner by git itself when an HTTP transfer stalls (http.lowSpeedTime).
+FETCH_TIMEOUTS = 10
+LOCK_WAY_OUT = ("--no-fetch keeps the commit the lock recorded; or a local copy: "
+                "source: {path: DIR}")
+RENDER_WAY_OUT = ("render --no-fetch writes a context for reading; or a local copy: "
+                  "source: {path: DIR}")
 
 
 @dataclass(frozen=True)
@@ -68,22 +74,48 @@ def split_git(location: str) -> tuple[str, str]:
     return head, ref
 
 
-def _git(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _git(*args: str, cwd: Path | None = None, url: str | None = None,
+         way_out: str = LOCK_WAY_OUT, timeout: float | None = None
+         ) -> subprocess.CompletedProcess[str]:
+    """Run git; when it talks to ``url``, bounded (:func:`network_timeout`) and a stall or a
+    failure to reach it is one :class:`NetworkError` naming the URL and ``way_out``."""
     git = shutil.which("git")
     if git is None:
         raise LockError("git not found: source builds from git need it (apt-get install git)")
-    return subprocess.run([git, *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=GIT_TIMEOUT, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+    limit = timeout or network_timeout()
+    stall = ["-c", "http.lowSpeedLimit=1", "-c", f"http.lowSpeedTime={max(1, int(limit))}"]
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_SSH_COMMAND": os.environ.get(
+        "GIT_SSH_COMMAND", f"ssh -o BatchMode=yes -o ConnectTimeout={max(1, int(limit))}")}
+    try:
+        proc = subprocess.run([git, *stall, *args], capture_output=True, text=True, cwd=cwd,
+                              timeout=limit, env=env)
+    except subprocess.TimeoutExpired:
+        if url is None or url.startswith("file://"):
+            raise LockError(f"git {args[0]} {url or ''}: no result within {limit:g} s") from None
+        raise NetworkError(url, f"git {args[0]}: no answer within {limit:g} s",
+                           way_out=way_out) from None
+    if proc.returncode != 0 and url is not None:
+        reason = f"git {args[0]}: {_last_line(proc.stderr, proc.returncode)}"
+        if url.startswith("file://"):  # a repository on this host: no network involved
+            raise LockError(f"{url}: {reason}")
+        raise NetworkError(url, reason, way_out=way_out)
+    return proc
+
+
+def _last_line(stderr: str, code: int) -> str:
+    """git's own reason in one line, credentials redacted ("fatal: unable to access ...")."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    return redact(lines[-1]) if lines else f"exit status {code}"
 
 
 def remote_commit(url: str, ref: str) -> str:
     """The commit ``ref`` (a tag, peeled; else a branch; else a full commit) names at ``url``.
-    Raises :class:`LockError` when the source cannot be reached or has no such ref."""
+    Raises :class:`NetworkError` when the remote cannot be reached (in time), and
+    :class:`LockError` when it has no such ref."""
     if _COMMIT.fullmatch(ref):
         return ref
-    proc = _git("ls-remote", url, f"refs/tags/{ref}", f"refs/tags/{ref}^{{}}", f"refs/heads/{ref}")
-    if proc.returncode != 0:
-        raise LockError(f"git ls-remote {url}: {proc.stderr.strip() or proc.returncode}")
+    proc = _git("ls-remote", url, f"refs/tags/{ref}", f"refs/tags/{ref}^{{}}",
+                f"refs/heads/{ref}", url=url)
     refs: dict[str, str] = {}
     for line in proc.stdout.splitlines():
         if "\t" in line:
@@ -92,7 +124,7 @@ def remote_commit(url: str, ref: str) -> str:
     for name in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}"):
         if name in refs:
             return refs[name]
-    raise LockError(f"{url} has no tag or branch {ref!r}")
+    raise LockError(f"{redact(url)} has no tag or branch {ref!r}")
 
 
 def record_path(lock: Path) -> Path:
@@ -109,7 +141,7 @@ def load_record(lock: Path) -> dict[str, dict[str, str]]:
 
 
 def moved_message(target: Target, p: Package, ref: str, recorded: str, found: str) -> str:
-    url = split_git(p.source.location)[0] if p.source else "?"
+    url = redact(split_git(p.source.location)[0]) if p.source else "?"
     return (f"{p.name}: the git ref {ref!r} of {url} moved: the lock records commit {recorded}, "
             f"the source now has {found}; review the new commit, then "
             f"`build-env lock --target {target.name} --repin`")
@@ -169,10 +201,12 @@ def record_problem(target: Target, lock: Path) -> str | None:
     return None
 
 
-def moved_refs(target: Target, lock: Path) -> tuple[list[tuple[str, str]], list[str]]:
+def moved_refs(target: Target, lock: Path, *, remote: bool = True
+               ) -> tuple[list[tuple[str, str]], list[str]]:
     """(errors, warnings): ``(key, message)`` for each git ref that now points elsewhere than
     the recorded commit, and the sources that could not be asked (unreachable: the recorded
-    commit is what a build fetches, and it refuses a moved ref then)."""
+    commit is what a build fetches, and it refuses a moved ref then). Without ``remote`` only
+    repositories on this host (``git+file://``) are asked: no network call."""
     errors: list[tuple[str, str]] = []
     warnings: list[str] = []
     record = load_record(lock)
@@ -182,9 +216,11 @@ def moved_refs(target: Target, lock: Path) -> tuple[list[tuple[str, str]], list[
         if not entry or entry.get("source") != p.source.location:
             continue  # record_problem reports it
         url, ref = split_git(p.source.location)
+        if not remote and not url.startswith("file://"):
+            continue
         try:
             found = remote_commit(url, ref)
-        except LockError as exc:
+        except (LockError, NetworkError) as exc:
             warnings.append(f"{p.name}: cannot confirm that {ref!r} still points at "
                             f"{entry['commit']} ({exc})")
             continue
@@ -200,17 +236,21 @@ def fetch_git(target: Target, p: Package, commit: str, dest: Path) -> None:
     url, ref = split_git(p.source.location)
     with tempfile.TemporaryDirectory(prefix="verl-env-git-") as tmp:
         repo = Path(tmp)
-        steps = [("init", "-q"), ("fetch", "-q", "--depth", "1", url, ref)]
-        for args in steps:
-            proc = _git(*args, cwd=repo)
-            if proc.returncode != 0:
-                raise RenderError(f"{p.name}: git {' '.join(args)}: "
-                                  f"{proc.stderr.strip() or proc.returncode}", target=target.name)
+        if _git("init", "-q", cwd=repo).returncode != 0:
+            raise RenderError(f"{p.name}: git init failed in {repo}", target=target.name)
+        try:
+            _git("fetch", "-q", "--depth", "1", url, ref, cwd=repo, url=url,
+                 way_out=RENDER_WAY_OUT, timeout=network_timeout() * FETCH_TIMEOUTS)
+        except NetworkError as exc:
+            exc.target = target.name
+            raise
+        except LockError as exc:  # a repository on this host that git cannot read
+            raise RenderError(f"{p.name}: {exc.args[0]}", target=target.name) from None
         found = _git("rev-parse", "FETCH_HEAD^{commit}", cwd=repo).stdout.strip()
         if found != commit:
             raise RenderError(moved_message(target, p, ref, commit, found), target=target.name)
         archive = subprocess.run([shutil.which("git") or "git", "archive", "--format=tar",
-                                  commit], cwd=repo, capture_output=True, timeout=GIT_TIMEOUT)
+                                  commit], cwd=repo, capture_output=True)
         if archive.returncode != 0:
             raise RenderError(f"{p.name}: git archive {commit}: "
                               f"{archive.stderr.decode(errors='replace').strip()}",

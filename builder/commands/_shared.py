@@ -13,18 +13,29 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from builder import verdicts
+from builder import shipped, verdicts
 from builder.argtypes import non_negative_int, positive_float, positive_int
 from builder.engine import Engine, ImageInfo
-from builder.errors import BuildEnvError, EngineError
+from builder.errors import BuildEnvError, EngineError, SiteError
 from builder.spec import load_matrix
 from builder.targets import Site, open_site
 
 SCHEMA = "verl-env/{}/v1"  # every --json document names its kind and version
+NO_SITE = "no site here: run build-env init"
+
+
+class _Matrix(argparse.Action):
+    """``--matrix PATH``: also records that the user named the site (``args.matrix_given``);
+    without it the CLI falls back to ``./matrix.yaml`` or the shipped reference."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        namespace.matrix = values
+        namespace.matrix_given = True
 
 
 def common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--matrix", type=Path, default=None,
+    p.add_argument("--matrix", type=Path, default=None, action=_Matrix,
                    help="the compatibility matrix (default: ./matrix.yaml if present, else the "
                         "reference matrix shipped with build-env)")
     p.add_argument("--snapshot", type=Path, default=None,
@@ -114,7 +125,23 @@ def build_options(p: argparse.ArgumentParser) -> None:
 
 
 def site(args: argparse.Namespace) -> Site:
+    """The site a command reads: the one named, or the shipped reference (read-only)."""
     return open_site(args.matrix, args.snapshot)
+
+
+def writable_site(args: argparse.Namespace, what: str) -> Site:
+    """The site a command writes into (``what``: its matrix, snapshot or locks): ``./matrix.yaml``
+    or ``--matrix``, never the reference shipped inside the installed package. Elsewhere one
+    line, exit 2, before anything is read, fetched or written."""
+    given = getattr(args, "matrix_given", False) or Path("matrix.yaml").is_file()
+    matrix = Path(args.matrix) if args.matrix is not None else None
+    inside = matrix is not None and matrix.resolve().is_relative_to(shipped.PACKAGE)
+    if not given or inside:
+        where = (f"{matrix} is the reference shipped inside the installed build-env"
+                 if given else f"{Path.cwd()} has no matrix.yaml and no --matrix was given")
+        raise SiteError(f"{NO_SITE} DIR (then cd DIR), or pass --matrix: {what} writes into "
+                        f"a site and {where}")
+    return open_site(matrix, args.snapshot)
 
 
 def target_names(args: argparse.Namespace) -> list[str] | None:

@@ -8,7 +8,7 @@ import sys
 from builder import sources
 from builder.commands import _shared
 from builder.compat import check_target, index_pins, local_sources
-from builder.lock import lock_path, stale_reason
+from builder.lock import lock_edits, lock_path, stale_reason
 from builder.metadata import IndexClient, load_snapshot, refresh, save_snapshot
 
 NAME = "check"
@@ -20,7 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", dest="targets", action="append", default=None,
                    help="check this target (repeatable; default: all)")
     p.add_argument("--online", action="store_true",
-                   help="refresh the metadata snapshot from the package index first")
+                   help="refresh the metadata snapshot from the package index first, and ask "
+                        "each git source's remote whether its tag still names the locked "
+                        "commit (without it, check makes no network call)")
     p.add_argument("--locked", action="store_true",
                    help="a missing or stale lock is an error (for a site's CI); without it, "
                         "check names `build-env lock` as the next step and passes")
@@ -30,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    site = _shared.site(args)
+    # --online writes the site's snapshot: a site of its own, never the shipped reference
+    site = _shared.writable_site(args, "check --online") if args.online else _shared.site(args)
     names = _shared.target_names(args)
     targets = site.targets(names)
     refreshed = None
@@ -59,11 +62,16 @@ def run(args: argparse.Namespace) -> int:
         problems += [f"{t.where(k)}: targets.{t.name}{'.' + k if k else ''}: {m}"
                      for k, m in sources.problems(t, snapshot, lock) if "not pinned" not in m
                      or args.locked]
+        # a lock edited since `build-env lock` wrote it is a failure with or without --locked
+        edited = lock_edits(t, lock)
+        problems += [f"{t.where('')}: targets.{t.name}: {m}" for m in edited]
         stale = stale_reason(t, snapshot, lock)
-        if stale and args.locked and stale != sources.record_problem(t, lock):
+        if (stale and args.locked and not edited
+                and stale != sources.record_problem(t, lock)):
             problems.append(f"{t.where('')}: targets.{t.name}: {stale}")
-        if not stale:  # a git tag that moved since the lock recorded its commit
-            moved, unconfirmed = sources.moved_refs(t, lock)
+        if not stale:  # a git tag that moved since the lock recorded its commit: a remote
+            # is asked only under --online (the offline check asks repositories on this host)
+            moved, unconfirmed = sources.moved_refs(t, lock, remote=args.online)
             problems += [f"{t.where(k)}: targets.{t.name}.{k}: {m}" for k, m in moved]
             if not args.quiet:
                 for w in unconfirmed:

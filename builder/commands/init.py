@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from builder.commands import _shared
+from builder.errors import SiteError
 from builder.targets import init_site
 
 NAME = "init"
@@ -13,16 +14,23 @@ HELP = "write a starter site directory (matrix, snapshot, locks)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("directory", type=Path, metavar="DIR")
+    # a string, not a Path: Path("") is ".", and an empty DIR must not make the working
+    # directory a site (`init .` says so on purpose)
+    p.add_argument("directory", metavar="DIR",
+                   help="the new site's directory (`.` for the working directory)")
     _shared.json_flag(p, "the files written")
     _shared.quiet(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    written = init_site(args.directory)
+    if not args.directory.strip():
+        raise SiteError(f"DIR is empty ({args.directory!r}): name the new site's "
+                        "directory (`.` for the working directory); nothing written")
+    directory = Path(args.directory)
+    written = init_site(directory)
     if args.json:
-        _shared.emit_json("init", {"site": str(args.directory.resolve()),
+        _shared.emit_json("init", {"site": str(directory.resolve()),
                                    "written": [str(p) for p in written]})
-    _shared.info(args, f"{args.directory}: verl-env site with {len(written)} files (matrix.yaml, "
-                       f"metadata/, locks/); next: cd {args.directory} && build-env check")
+    _shared.info(args, f"{directory}: verl-env site with {len(written)} files (matrix.yaml, "
+                       f"metadata/, locks/); next: cd {directory} && build-env check")
     return 0

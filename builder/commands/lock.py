@@ -67,7 +67,7 @@ def base_record(args: argparse.Namespace, t: Any, lock_file: Path, probe: bool
 
 
 def run(args: argparse.Namespace) -> int:
-    site = _shared.site(args)
+    site = _shared.writable_site(args, "lock")
     targets = site.targets([args.target] if args.target else None)
     snapshot = site.snapshot(targets)
     wanted = {canonicalize_name(n) for n in args.upgrade_packages}

@@ -64,14 +64,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    site = _shared.site(args)
-    if args.apply is not None:
+    if args.apply is not None:  # writes the site's matrix, lock and snapshot
+        site = _shared.writable_site(args, "propose --apply")
         written = candidate.apply(args.apply, site.path, site.snapshot_file)
         _shared.info(args, f"applied {args.apply}: " + ", ".join(str(w) for w in written))
         if args.json:
             _shared.emit_json("proposal-apply", {"applied": str(args.apply),
                                                  "written": [str(w) for w in written]})
         return 0
+    site = _shared.site(args)
     if args.build and args.output is None:
         raise SpecError("--build needs --output DIR (the candidate it builds and proves)",
                         file="--build")

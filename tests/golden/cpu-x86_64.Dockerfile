@@ -1,6 +1,6 @@
 # Rendered by build-env for target cpu-x86_64 (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cpu-x86_64`.
-# matrix entry sha256:06d705d274b6a24a707b27b9f9170bfda1890c52bf7bbd0b3b8c8402f2206891, lock sha256:089a1b08d1dbf835de41cdd38b920306545ecd3cd286fb5e33b8b14cb51fcf1c
+# matrix entry sha256:06d705d274b6a24a707b27b9f9170bfda1890c52bf7bbd0b3b8c8402f2206891, lock sha256:647d31521d9ece2ff2f714b5e045f1c7b559c06522ee8fc740941ffdc0db6fde
 
 # ---------------------------------------------------------------------------- runtime image
 FROM verl-env-test/debian:bookworm
@@ -48,7 +48,7 @@ LABEL org.opencontainers.image.description="CPU-only fixture for CI (gloo, Ray, 
       org.verl-env.arch="x86_64" \
       org.verl-env.base="verl-env-test/debian:bookworm" \
       org.verl-env.builder="0.1.0" \
-      org.verl-env.lock-hash="sha256:089a1b08d1dbf835de41cdd38b920306545ecd3cd286fb5e33b8b14cb51fcf1c" \
+      org.verl-env.lock-hash="sha256:647d31521d9ece2ff2f714b5e045f1c7b559c06522ee8fc740941ffdc0db6fde" \
       org.verl-env.matrix-hash="sha256:06d705d274b6a24a707b27b9f9170bfda1890c52bf7bbd0b3b8c8402f2206891" \
       org.verl-env.override="false" \
       org.verl-env.pin.hydra-core="1.3.2" \

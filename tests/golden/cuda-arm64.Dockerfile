@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-arm64 (linux/arm64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-arm64`.
-# matrix entry sha256:9d1b413ce5ec51e12a54e4c4ed9d09e2f96cb43d8784411f35c5bb75be3ec7d8, lock sha256:6c2de26a4f860d529bc3441db36f65bf780d496f2ac821e024de3f0f3d084d3a
+# matrix entry sha256:9d1b413ce5ec51e12a54e4c4ed9d09e2f96cb43d8784411f35c5bb75be3ec7d8, lock sha256:36ebbeecfddf266444cbb7bfaac768db1e2267c5043333f54038f2e5c0d3af4e
 
 # ---------------------------------------------------------------------------- source builds
 # Built in their own stage (compilers stay here); the final stage mounts only the wheels. Only
@@ -39,7 +39,7 @@ RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
 # tensordict 0.10.0: https://github.com/pytorch/tensordict v0.10.0, commit c34264a58b12471dc3e2913ea586b32431872d4c
 FROM source-build AS source-tensordict
 COPY source/tensordict/ /tmp/verl-env/source/tensordict/
-RUN --mount=type=cache,id=verl-env-src-tensordict-71ad9447c8f8,target=/root/.cache/pip \
+RUN --mount=type=cache,id=verl-env-src-tensordict-16edbecdef37,target=/root/.cache/pip \
     pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
     TORCH_CUDA_ARCH_LIST="9.0;10.0;10.3" \
     SETUPTOOLS_SCM_PRETEND_VERSION_FOR_TENSORDICT=0.10.0 \
@@ -51,7 +51,7 @@ RUN --mount=type=cache,id=verl-env-src-tensordict-71ad9447c8f8,target=/root/.cac
 # (about 9 GB each).
 FROM source-build AS source-flash-attn
 COPY source/flash-attn.txt /tmp/verl-env/source/
-RUN --mount=type=cache,id=verl-env-src-flash-attn-45999b3d5cb9,target=/root/.cache/pip \
+RUN --mount=type=cache,id=verl-env-src-flash-attn-c32e1719dbc9,target=/root/.cache/pip \
     pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
     TORCH_CUDA_ARCH_LIST="9.0;10.0;10.3" \
     SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FLASH_ATTN=2.8.3 \
@@ -118,7 +118,7 @@ LABEL org.opencontainers.image.description="NVIDIA Grace (GH200/GB200), aarch64,
       org.verl-env.builder="0.1.0" \
       org.verl-env.cuda="13.0" \
       org.verl-env.gpus="sm_90,sm_100,sm_103" \
-      org.verl-env.lock-hash="sha256:6c2de26a4f860d529bc3441db36f65bf780d496f2ac821e024de3f0f3d084d3a" \
+      org.verl-env.lock-hash="sha256:36ebbeecfddf266444cbb7bfaac768db1e2267c5043333f54038f2e5c0d3af4e" \
       org.verl-env.matrix-hash="sha256:9d1b413ce5ec51e12a54e4c4ed9d09e2f96cb43d8784411f35c5bb75be3ec7d8" \
       org.verl-env.override="false" \
       org.verl-env.pin.flash-attn="2.8.3 (source)" \

@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-x86_64 (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-x86_64`.
-# matrix entry sha256:5f573ca0117ce028748e3b7a914cd48a9aee2b8520177323fb034eb05754e6c1, lock sha256:0038e49c7d1d102639d8f318368b059d8a6a4f443e3999e080d9d94361f5eddf
+# matrix entry sha256:5f573ca0117ce028748e3b7a914cd48a9aee2b8520177323fb034eb05754e6c1, lock sha256:df3c3c1e492008f6074bf91b775a914dd52de786f8744379c895165dbe0f7c4f
 
 # ---------------------------------------------------------------------------- source builds
 # Built in their own stage (compilers stay here); the final stage mounts only the wheels. Only
@@ -42,7 +42,7 @@ RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
 # (about 9 GB each).
 FROM source-build AS source-flash-attn
 COPY source/flash-attn.txt /tmp/verl-env/source/
-RUN --mount=type=cache,id=verl-env-src-flash-attn-edb06aafa9ff,target=/root/.cache/pip \
+RUN --mount=type=cache,id=verl-env-src-flash-attn-9d40d89844d0,target=/root/.cache/pip \
     pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
     TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0;10.3;12.0" \
     SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FLASH_ATTN=2.8.3 \
@@ -109,7 +109,7 @@ LABEL org.opencontainers.image.description="NVIDIA x86_64 (H100/H200/B200), CUDA
       org.verl-env.builder="0.1.0" \
       org.verl-env.cuda="13.0" \
       org.verl-env.gpus="sm_80,sm_90,sm_100,sm_103,sm_120" \
-      org.verl-env.lock-hash="sha256:0038e49c7d1d102639d8f318368b059d8a6a4f443e3999e080d9d94361f5eddf" \
+      org.verl-env.lock-hash="sha256:df3c3c1e492008f6074bf91b775a914dd52de786f8744379c895165dbe0f7c4f" \
       org.verl-env.matrix-hash="sha256:5f573ca0117ce028748e3b7a914cd48a9aee2b8520177323fb034eb05754e6c1" \
       org.verl-env.override="false" \
       org.verl-env.pin.flash-attn="2.8.3 (source)" \

@@ -1,6 +1,6 @@
 # Rendered by build-env for target rocm-mi300 (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target rocm-mi300`.
-# matrix entry sha256:a94a8f06eb57f61d0cbbe0cc6dc7401ef9c24c98068d8350302c24b7f2a42a3a, lock sha256:a2c1687a3be5803849f990377ada82a168085791c7b4a3ee757bcd99d0999f9e
+# matrix entry sha256:a94a8f06eb57f61d0cbbe0cc6dc7401ef9c24c98068d8350302c24b7f2a42a3a, lock sha256:e58473a3bb2dda76c70adcbdf048d6df79dadc5a6dd5d1edd17cad00e6442d5a
 
 # ---------------------------------------------------------------------------- runtime image
 FROM rocm/verl:verl-0.7.1.amd0_rocm7.0.2_ubuntu22.04_py3.12_vllm0.20.2@sha256:64072e02ef3fc364a0bef09e71c0f4b3ae32ba6fc65e4d121a4736a538aa2bb8
@@ -45,7 +45,7 @@ LABEL org.opencontainers.image.description="AMD MI300 (gfx942), ROCm 7.0.2; torc
       org.verl-env.base="rocm/verl:verl-0.7.1.amd0_rocm7.0.2_ubuntu22.04_py3.12_vllm0.20.2@sha256:64072e02ef3fc364a0bef09e71c0f4b3ae32ba6fc65e4d121a4736a538aa2bb8" \
       org.verl-env.builder="0.1.0" \
       org.verl-env.gpus="gfx942" \
-      org.verl-env.lock-hash="sha256:a2c1687a3be5803849f990377ada82a168085791c7b4a3ee757bcd99d0999f9e" \
+      org.verl-env.lock-hash="sha256:e58473a3bb2dda76c70adcbdf048d6df79dadc5a6dd5d1edd17cad00e6442d5a" \
       org.verl-env.matrix-hash="sha256:a94a8f06eb57f61d0cbbe0cc6dc7401ef9c24c98068d8350302c24b7f2a42a3a" \
       org.verl-env.override="false" \
       org.verl-env.pin.hydra-core="1.3.2" \
