@@ -21,6 +21,12 @@ class BuildEnvError(Exception):
         return f"{self.stage}: {where}{self.args[0]}"
 
 
+class UsageError(BuildEnvError):
+    """A command line that names nothing usable (an empty argument, an unknown command)."""
+
+    stage = "usage"
+
+
 class SpecError(BuildEnvError):
     """The matrix file is malformed: names file, line and key."""
 
@@ -57,6 +63,13 @@ class EngineError(BuildEnvError):
 
     stage = "build"
     exit_code = 1
+
+
+class NoSuchImage(EngineError):
+    """The image a command was given is not in the engine (or is no image reference at all):
+    bad input, exit 2."""
+
+    exit_code = 2
 
 
 class VerifyError(BuildEnvError):
