@@ -9,6 +9,7 @@ all; the command (:mod:`builder.commands.doctor`) prints them.
 
 from __future__ import annotations
 
+import base64
 import errno
 import fcntl
 import getpass
@@ -21,13 +22,13 @@ import ssl
 import struct
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 from builder.engine import Engine, HostFacts, find_buildkit_cli
-from builder.engine.faults import human
 from builder.errors import BuildEnvError, redact
 from builder.selftest import envlint, gpu, preflight
 from builder.selftest.report import Check
@@ -397,7 +398,7 @@ def check_buildkit(facts: HostFacts | None) -> list[Finding]:
                         "install the buildx plugin (apt-get install docker-buildx)")]
     default = f"; the engine's default builder: {facts.builder_version}" if (
         facts and facts.builder_version) else ""
-    return [Finding("engine.buildkit", OK, f"{' '.join(cli.argv)}{default}")]
+    return [Finding("engine.buildkit", OK, f"{cli}{default}")]
 
 
 def check_nvidia_toolkit(facts: HostFacts, accelerator: str | None) -> list[Finding]:
@@ -458,7 +459,7 @@ def check_disk(facts: HostFacts, accelerator: str | None) -> list[Finding]:
     if facts.free_bytes is None:
         return [Finding("engine.disk", SKIP, f"the engine's data root {facts.data_root or '?'} "
                         "is not on this machine: its free space cannot be measured from here")]
-    msg = (f"{human(facts.free_bytes)} free under the data root {facts.data_root}; "
+    msg = (f"{facts.free_bytes / GB:.1f} GB free under the data root {facts.data_root}; "
            f"{what} needs about {need // GB} GB")
     if facts.free_bytes < need:
         return [Finding("engine.disk", FAIL, msg,
@@ -489,10 +490,16 @@ def check_index(index_url: str, ca_bundle: Path | None,
                 timeout: float = INDEX_TIMEOUT_S) -> list[Finding]:
     """One bounded request to the package index's simple API (the builds' uv resolves
     there)."""
-    url = index_url.rstrip("/") + "/pip/"
+    parts = urllib.parse.urlsplit(index_url.rstrip("/") + "/pip/")
+    headers = {"Accept": "text/html"}
+    if parts.username is not None:  # credentials go in a header, never in a message
+        user, secret = (urllib.parse.unquote(x or "") for x in (parts.username, parts.password))
+        token = f"{user}:{secret}"
+        headers["Authorization"] = "Basic " + base64.b64encode(token.encode()).decode()
+        parts = parts._replace(netloc=parts.netloc.rsplit("@", 1)[1])
     shown = redact(index_url)
     context = ssl.create_default_context(cafile=str(ca_bundle)) if ca_bundle else None
-    request = urllib.request.Request(url, headers={"Accept": "text/html"})
+    request = urllib.request.Request(urllib.parse.urlunsplit(parts), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
             status = resp.status

@@ -1,8 +1,9 @@
 """``build-env doctor``: pre-flight this machine for what it will do. On a build host (the
 default off a cluster): the engine, BuildKit, the NVIDIA Container Toolkit, the data root's
-free space, the CA bundle and the index (:func:`builder.doctor.run_build_host`). On a cluster node (a Slurm
-job's environment or a running slurmd), or with ``--cluster``: the node checks
-(:mod:`builder.doctor`). Exit 0 when nothing failed (warnings included), 1 otherwise."""
+free space, the CA bundle and the index (:func:`builder.doctor.run_build_host`). On a cluster
+node (a Slurm job's environment or a running slurmd), or with ``--cluster``: the node checks
+(:func:`builder.doctor.run_doctor`). Exit 0 when nothing failed (warnings included), 1
+otherwise."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                  "a Slurm job's environment or a running slurmd; else the "
                                  "build-host checks)")
     where.add_argument("--cluster", action="store_true",
-                       help="run the cluster-node checks (interface, runtime, ports, NCCL, ...)")
+                       help="run the cluster-node checks (interface, runtime, ports, NCCL, ...); "
+                            "implied by --interface, --runtime and --hf-home")
     where.add_argument("--build-host", action="store_true",
                        help="run the build-host checks (engine, BuildKit, NVIDIA Container "
                             "Toolkit, disk, CA bundle, index)")
@@ -40,11 +42,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ca-bundle", type=Path, default=os.environ.get("VERL_ENV_CA_BUNDLE") or None,
                    metavar="PATH", help="the site CA bundle builds inject (env "
                    "VERL_ENV_CA_BUNDLE; config ca_bundle)")
-    p.add_argument("--interface", default="ib0", help="interface Ray/NCCL will use")
+    p.add_argument("--interface", default=None,
+                   help="interface Ray/NCCL will use (a cluster check; default ib0)")
     p.add_argument("--hf-home", default=None, help="HF cache to test (default $HF_HOME)")
-    p.add_argument("--runtime", default="apptainer",
-                   help="container runtime command (apptainer, singularity, ch-run; pyxis: "
-                        "srun --container-image and enroot)")
+    p.add_argument("--runtime", default=None,
+                   help="container runtime command (a cluster check; default apptainer; also "
+                        "singularity, ch-run; pyxis: srun --container-image and enroot)")
     p.add_argument("--cuda", default=None, metavar="X.Y",
                    help="hold the node's driver to this CUDA (default: the --target's)")
 
@@ -54,14 +57,17 @@ def run(args: argparse.Namespace) -> int:
     if args.target:
         t = _shared.site(args).matrix.target(args.target)
         accelerator, cuda = t.accelerator, args.cuda or t.cuda
-    cluster = args.cluster or (not args.build_host and lib.on_cluster(os.environ))
+    asked = args.cluster or any(v is not None for v in (args.interface, args.runtime,
+                                                         args.hf_home))
+    cluster = asked or (not args.build_host and lib.on_cluster(os.environ))
     findings: list[lib.Finding] = []
     if args.build_host or not cluster:
         findings += lib.run_build_host(accelerator=accelerator, ca_bundle=args.ca_bundle,
                                              index_url=_index(args), cuda=cuda)
     if cluster:
-        findings += lib.run_doctor(interface=args.interface, hf_home=args.hf_home,
-                                   runtime=args.runtime, accelerator=accelerator, cuda=cuda)
+        findings += lib.run_doctor(interface=args.interface or "ib0", hf_home=args.hf_home,
+                                   runtime=args.runtime or "apptainer", accelerator=accelerator,
+                                   cuda=cuda)
     failed = any(f.status == FAIL for f in findings)
     if args.json:
         summary = {s: sum(f.status == s for f in findings) for s in (OK, WARN, FAIL, SKIP)}
