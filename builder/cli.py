@@ -15,14 +15,17 @@ import difflib
 import errno
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import PurePath
 
+import requests
+
 from builder import __version__
 from builder.commands import BY_NAME, COMMANDS, _config, completion
 from builder.engine import signals
-from builder.errors import BuildEnvError, UsageError
+from builder.errors import BuildEnvError, NetworkError, UsageError, redact
 from builder.targets import default_matrix
 
 SUBCOMMANDS = tuple(BY_NAME)
@@ -156,3 +159,13 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequenc
     except BuildEnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except requests.RequestException as exc:  # a call the module below did not name itself
+        url = str(getattr(exc.request, "url", None) or "the network")
+        reason = exc.__class__.__name__ + (f": {exc.args[0]}" if exc.args else "")
+        print(f"error: {NetworkError(url, redact(reason))}", file=sys.stderr)
+        return NetworkError.exit_code
+    except subprocess.TimeoutExpired as exc:  # a child (git, uv) that never answered
+        command = " ".join(str(a) for a in exc.cmd[:3]) if isinstance(exc.cmd, list) else exc.cmd
+        print(f"error: {args.command}: `{command}` did not finish in {exc.timeout:g} s",
+              file=sys.stderr)
+        return 3

@@ -132,6 +132,13 @@ class NetworkError(InfraError):
         super().__init__(text, target=target)
 
 
+class PublishInfraError(InfraError, PublishError):
+    """Publishing stopped for a reason outside the input: the registry down or failing after
+    every retry, the engine gone. Still a :class:`PublishError` (stage ``publish``); exit 3."""
+
+    stage = "publish"
+
+
 def redact(url: str) -> str:
     """``scheme://user:secret@host/...`` -> ``scheme://***@host/...``: no credential in a message."""
     return re.sub(r"(?<=://)[^/@\s]+@", "***@", url)
