@@ -5,8 +5,17 @@
 # fresh venv, and CLI-level tests run that venv's `build-env` from a directory outside the
 # checkout (VERL_ENV_CLI). Daemons (dockerd, docker-registry, slurmctld/slurmd) are started by
 # the test fixtures with private sockets and directories, and stopped by PID at the end.
+#
+# Every skip is held against tests/expected-skips.txt (--expected-skips): a skip the reviewed list
+# does not name fails its group, one line per skip. Before a whole run starts, the disk must hold
+# what the run writes (scripts/disk-check.sh); a run that would run out of space mid-way stops
+# first, in one line, exit 3.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+
+# A whole run first checks that the disk holds what it writes (scripts/disk-check.sh).
+[ $# -gt 0 ] || scripts/disk-check.sh || exit 3
+
 scripts/os-packages.sh || exit 1
 command -v uv >/dev/null || python3 -m pip install -q --disable-pip-version-check uv || exit 1
 root=$(mktemp -d /var/tmp/verl-env-test.XXXXXX) || exit 1
@@ -18,9 +27,11 @@ wheel=$(ls "$root"/dist/verl_env-*.whl) || exit 1
 uv venv -q --seed --python "$(command -v python3)" "$root/venv" || exit 1
 uv pip install -q --python "$root/venv/bin/python" "${wheel}[test]" || exit 1
 export VERL_ENV_CLI="$root/venv/bin/build-env" PATH="$root/venv/bin:$PATH"
-pytest=("$root/venv/bin/python" -m pytest -rs -p no:cacheprovider --durations=15)
+pytest=("$root/venv/bin/python" -m pytest -rs -p no:cacheprovider --durations=15
+        --expected-skips tests/expected-skips.txt)
 
-# pytest exit 5 means no test was collected: that is a failure here, never a pass.
+# pytest exit 5 means no test was collected: that is a failure here, never a pass. An unexpected
+# skip makes pytest itself exit 1, naming the skip (tests/support/skips.py).
 verdict() {
   [ "$2" -eq 5 ] && { echo "test.sh: $1: no tests collected" >&2; return 1; }
   return "$2"

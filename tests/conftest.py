@@ -1,7 +1,10 @@
 """Shared fixtures: a real Docker Engine per session and the debootstrap base image.
 
-Tests that need a real part are marked (docker, registry, slurm, gpu, apptainer) and skip with a
-visible reason when it cannot run here; they never pass without having run.
+Tests that need a real part are marked (docker, registry, slurm, gpu, apptainer). A part that is
+absent here (no root, a tool not installed, no GPU) makes them skip with a visible reason; a part
+that is here but fails to come up (the debootstrap base, the engine) is an error, never a skip.
+``--expected-skips FILE`` (``scripts/test.sh`` passes ``tests/expected-skips.txt``) fails the run
+for every skip the reviewed list does not name (``tests/support/skips.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import skips
 from tests.support.dockerd import Dockerd, import_debian_base, start_dockerd, unavailable_reason
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,6 +34,14 @@ CA_BUNDLE = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates
 # tests start the tool as a user's terminal would, with SIGINT's default action.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    skips.add_option(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    skips.configure(config)
 
 
 @pytest.fixture(scope="session")
@@ -76,11 +88,14 @@ def docker_context_env(docker_host: str, tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def debian_base(docker_host: str) -> str:
-    """``verl-env-test/debian:bookworm`` built with debootstrap from this machine's apt sources."""
+    """``verl-env-test/debian:bookworm`` built with debootstrap from this machine's apt sources.
+    A failure (debootstrap, the mirror, ``docker import``) is an error of every test that needs
+    the base: skipping them would hide a broken environment behind a green run."""
     try:
         return import_debian_base(docker_host)
     except RuntimeError as exc:
-        pytest.skip(f"no debootstrap base image: {exc}")
+        failed = str(exc)
+    pytest.fail(f"no debootstrap base image: {failed}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

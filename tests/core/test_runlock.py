@@ -53,7 +53,7 @@ def test_busy_lock_names_its_holder_and_a_sigkilled_holder_leaves_none() -> None
     start = time.monotonic()
     with runlock.held("target:cpu", what="after the kill", wait=False):
         pass
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 60  # wait=False never waits: this catches a hang only
 
 
 def test_a_second_run_waits_for_the_first(capsys: pytest.CaptureFixture[str]) -> None:

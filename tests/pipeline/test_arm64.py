@@ -143,7 +143,7 @@ def test_wrong_architecture_image_is_refused_by_the_gate(debian_base: str) -> No
     assert report["gate"]["arch"]["target"] == "arm64"
     assert debian_base in report["error"] and "sha256:" in report["error"]
     assert [c["id"] for c in report["checks"]] == ["gate.arch"]
-    assert time.monotonic() - t0 < 120
+    assert time.monotonic() - t0 < 290  # catches a hang; 'nothing ran' is the checks above
 
 
 def test_source_build_on_x86_64_where_emulation_is_refused(

@@ -144,16 +144,15 @@ def test_changing_one_source_rebuilds_only_its_own_stage(built: dict, site: Path
 
 
 def test_one_gpu_too_many_is_refused_naming_the_so(built: dict, site: Path) -> None:
-    """DEPENDS ON the device-code coverage phase (issue 19 item 4, another branch): the image
-    compiled for sm_80/sm_90, held to a target that also declares sm_103, must fail a
-    ``coverage.*`` check naming the extension's shared object."""
+    """The device-code coverage phase (builder/selftest/coverage.py): the image compiled for
+    sm_80/sm_90, held to a target that also declares sm_103, fails a ``coverage.*`` check
+    naming the extension's shared object."""
     proc = run_build_env("verify", f"verl-env:{TARGET}", "--target",
                          "cuda-shaped-one-gpu-too-many", "--matrix", str(site), "--json",
                          timeout=900)
     report = json.loads(proc.stdout)
     coverage = [c for c in report["checks"] if c["id"].startswith("coverage.")]
-    if not coverage:
-        pytest.skip("no coverage.* checks in this self-test (the coverage phase is not merged)")
+    assert coverage, [c["id"] for c in report["checks"]]  # the phase ran
     assert proc.returncode == 1, proc.stderr
     failed = [c for c in coverage if c["status"] == "fail"]
     assert any("_kernels" in (c.get("reason") or "") and "sm_103" in (c.get("reason") or "")
@@ -175,7 +174,8 @@ def test_moved_git_tag_stops_check_lock_and_build(built: dict, site: Path, ca_bu
     text = proc.stderr + proc.stdout
     for needle in ("verl-env-gitpkg", "'v0.1.0'", commit, moved):
         assert needle in text, text[-3000:]
-    assert time.monotonic() - t0 < 120  # refused before anything was built
+    # refused before anything was built (the messages above); the bound only catches a hang
+    assert time.monotonic() - t0 < 600
     check = run_build_env("check", "--target", TARGET, "--matrix", str(site))
     assert check.returncode == 1 and moved in check.stderr and commit in check.stderr
     lock = run_build_env("lock", "--target", TARGET, "--matrix", str(site))
@@ -244,10 +244,8 @@ def test_the_fixtures_extension_is_read_as_cuobjdump_reads_it(built: dict, tmp_p
     why = wheels.supported()
     if why:
         pytest.skip(why)
-    try:
-        tools = wheels.unpack(wheels.NVCC_WHEELS, "cuda-13.5.37") / "nvidia" / "cu13" / "bin"
-    except wheels.IndexUnreachable as exc:
-        pytest.skip(str(exc))
+    # marked network: an unreachable index is a failure of this run, not a skip
+    tools = wheels.unpack(wheels.NVCC_WHEELS, "cuda-13.5.37") / "nvidia" / "cu13" / "bin"
     client = docker.from_env()
     container = client.containers.create(built["image_id"], ["true"], entrypoint=[])
     try:

@@ -2,12 +2,19 @@
 
 Real runs use the host venv (CPU torch, tensordict, Ray) from ``tests/support/hostenv.py``
 and import the package the way an image does: ``verl_env_selftest`` on PYTHONPATH, here a
-temp dir holding a symlink to ``builder/selftest``.
+temp dir holding a symlink to ``builder/selftest``. A machine without the CPU torch wheel skips
+them visibly; a host venv that fails to build is an error of each, never a skip.
+
+The GPU tests (``-m gpu``, ``test_gpu.py``) use ``$VERL_ENV_SELFTEST_PYTHON``. On a host that
+shows a GPU and leaves it unset, they get a venv with the index's CUDA torch
+(:func:`tests.support.hostenv.gpu_hostenv`), never the CPU host venv, whose torch sees no GPU;
+when that venv cannot be made, they fail.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -15,18 +22,42 @@ from typing import Any, Callable
 
 import pytest
 
+from tests.support import hostenv as hostenv_mod
+from tests.support.skips import host_gpus
+
 from .helpers import PACKAGE, Result, clean_env
+
+GPU_PYTHON = "VERL_ENV_SELFTEST_PYTHON"
+_GPU_VENV: list[str] = []  # the GPU venv's python, or the reason it could not be made
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before a GPU test's fixtures, on a host with a GPU: ``$VERL_ENV_SELFTEST_PYTHON`` names
+    a python with a CUDA torch (made once per session when unset)."""
+    if item.get_closest_marker("gpu") is None or os.environ.get(GPU_PYTHON) or not host_gpus():
+        return
+    if not _GPU_VENV:
+        try:
+            _GPU_VENV.append(str(hostenv_mod.gpu_hostenv()))
+        except Exception as exc:  # noqa: BLE001 - any failure fails the GPU tests, by name
+            _GPU_VENV.append(f"error: {exc}")
+    if _GPU_VENV[0].startswith("error: "):
+        pytest.fail(f"this host has {host_gpus()} GPU(s) but no python with a CUDA torch for "
+                    f"the GPU tests ({GPU_PYTHON} unset): {_GPU_VENV[0][7:]}", pytrace=False)
+    os.environ[GPU_PYTHON] = _GPU_VENV[0]
 
 
 @pytest.fixture(scope="session")
 def hostpy() -> str:
     """Python of the cached host venv (real CPU torch 2.13, tensordict 0.10.0, Ray 2.60)."""
-    from tests.support.hostenv import hostenv
-
     try:
-        return str(hostenv())
-    except Exception as e:  # noqa: BLE001 - no wheel / no index here: skip visibly
+        return str(hostenv_mod.hostenv())
+    except hostenv_mod.NoTorchWheel as e:  # absent here: skip visibly (test.sh fails on it)
         pytest.skip(f"host venv unavailable: {e}")
+    except Exception as e:  # noqa: BLE001 - present but broken: an error, never a skip
+        failed = str(e)
+    pytest.fail(f"host venv failed to build: {failed}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

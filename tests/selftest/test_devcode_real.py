@@ -134,7 +134,7 @@ def test_real_nvidia_library_matches_cuobjdump(cuda_bin: Path, tmp_path: Path) -
           f"in its data, read in {ours_s * 1000:.1f} ms "
           f"(cuobjdump {time.monotonic() - t0:.2f} s)")
     assert as_cuobjdump(code.cuda) == theirs
-    assert len(code.cuda) > 100 and ours_s < 5.0
+    assert len(code.cuda) > 100 and ours_s < 50  # read in ms: this catches a hang only
     # The fat binaries curand loads itself (in .data; cuobjdump does not look there): found
     # independently here (readelf's section table, a plain search for the header), cut out,
     # and a sample listed by cuobjdump, which reads a bare fat binary file too.
@@ -296,4 +296,4 @@ def test_scan_time_on_a_large_tree() -> None:
     libs, files = scan(roots, "cuda", ["sm_90", "sm_100"])
     elapsed = time.monotonic() - t0
     print(f"\nscan: {files} ELF files, {len(libs)} with CUDA device code, {elapsed:.2f} s")
-    assert elapsed < 10
+    assert elapsed < 100  # 10x headroom: catches a hang, not a speed claim

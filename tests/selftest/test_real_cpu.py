@@ -26,7 +26,7 @@ def test_full_cpu_run_all_phases(selftest: RunSelftest, installed: dict[str, str
     assert r.rc == 0, r.stdout + r.stderr
     rep = r.report
     assert rep is not None and rep["overall"] == "pass" and rep["schema"] == "verl-env/selftest/v1"
-    assert rep["duration_s"] < 60, "whole CPU-only run must stay under 60 s"
+    assert rep["duration_s"] < 140, "a hang, not speed: ~10 s measured; 150 s kills the run"
     for c in rep["checks"]:
         assert tuple(c) == CONTRACT
         assert c["status"] != "skip" or c["reason"], c        # every skip says why

@@ -90,7 +90,7 @@ def test_hang_is_killed_and_named(ctx: str, tmp_path: Path) -> None:
     t0 = time.monotonic()
     res = runner.run_phase("env", ctx, 3, str(tmp_path), python=sys.executable,
                            env=phase_env("hang:env.nccl_ib_hca"))
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 60  # the 3 s timeout killed it (a hang never returns)
     by_id = {c.id: c for c in res.checks}
     hung = by_id["env.nccl_ib_hca"]
     assert res.ended == "timeout" and hung.status == "fail"

@@ -164,7 +164,7 @@ def test_node_dies_while_ray_starts(bench: Bench, dead_nodes: list[DeadNode]) ->
     assert f"FAILED (services): node {victim} lost before all nodes joined" in out
     assert f"result: FAILED at stage services (exit 12), lost node(s) {victim}" in out
     assert "=== stage selftest ===" not in out
-    assert took < 90, f"{took:.0f}s from the kill to the job's end"
+    assert took < 150, f"{took:.0f}s from the kill to the end (~20 s; SlurmdTimeout 300 s)"
     _nothing_left(bench, dead_nodes, job_id, victim)
     info = bench.cluster.job(job_id)
     assert info["ExitCode"] == "12:0", info
@@ -185,7 +185,7 @@ def test_node_dies_during_selftest(bench: Bench, dead_nodes: list[DeadNode]) -> 
     assert f"FAILED (selftest): node {victim} lost during the self-test" in out
     assert f"result: FAILED at stage selftest (exit 13), lost node(s) {victim}" in out
     assert "=== stage training ===" not in out and "cluster verdict:" not in out
-    assert took < 90, f"{took:.0f}s from the kill to the job's end"
+    assert took < 150, f"{took:.0f}s from the kill to the end (~20 s; SlurmdTimeout 300 s)"
     _nothing_left(bench, dead_nodes, job_id, victim)
     info = bench.cluster.job(job_id)
     assert info["ExitCode"] == "13:0", info

@@ -415,7 +415,7 @@ def test_ray_worker_dying_fails_services_at_once(bench: Bench) -> None:
     assert "last lines of" in text and "/nonexistent-verl-env-test/token" in text  # why, from node2's log
     assert "result: FAILED at stage services (exit 12)" in text
     assert "=== stage selftest ===" not in text
-    assert wall < 120, f"took {wall:.0f}s: the watcher did not stop the wait early"
+    assert wall < 145, f"took {wall:.0f}s: the watcher did not cut the 240 s wait short"
     assert _leftover_ray(bench) == []
 
 

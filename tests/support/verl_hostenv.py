@@ -1,0 +1,74 @@
+"""Cached host virtualenvs with the real verl 0.9.1, for tests that run verl's own code on this
+machine (no container): the train check's checker, tests/support/tiny_verl.py.
+
+Two kinds, both from the CPU fixture's lock (tests/fixtures/locks/cpu-x86_64.txt, hashes
+required; torch is the CPU wheel in PIP_FIND_LINKS):
+
+- ``plain``: exactly the lock, i.e. what the CPU fixture image holds (verl without extras);
+- ``core``: the lock plus verl's ``[verl-core]`` extra (TransferQueue, cachetools, ...), what
+  the CUDA images hold through ``verl[vllm]``, resolved with the lock as constraints.
+
+Each venv is built once per content key and reused; a file lock makes concurrent sessions wait.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from uv import find_uv_bin
+
+REPO = Path(__file__).resolve().parents[2]
+LOCK = REPO / "tests" / "fixtures" / "locks" / "cpu-x86_64.txt"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "verl-env"
+KINDS = ("plain", "core")
+
+
+def _constraints(lock: str) -> str:
+    """``name==version`` lines of a hashed lock (extras dropped), for the core resolution."""
+    pins = re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s\\]+)", lock, re.M)
+    return "".join(f"{n}=={v}\n" for n, v in pins)
+
+
+def _install(uv: str, python: Path, kind: str, venv: Path) -> subprocess.CompletedProcess[str]:
+    links = os.environ.get("PIP_FIND_LINKS", "/opt/wheels").split()
+    find = [a for d in links if os.path.isdir(d) for a in ("--find-links", d)]
+    base = [uv, "pip", "install", "-q", "--python", str(python), *find]
+    if kind == "plain":
+        return subprocess.run([*base, "--require-hashes", "-r", str(LOCK)],
+                              capture_output=True, text=True)
+    constraints = venv / "constraints.txt"
+    constraints.write_text(_constraints(LOCK.read_text()))
+    return subprocess.run([*base, "-c", str(constraints), "verl[verl-core]==0.9.1"],
+                          capture_output=True, text=True)
+
+
+def verl_hostenv(kind: str = "core") -> Path:
+    """The venv's python, building it on first use. RuntimeError with the reason when it
+    cannot be built (no local torch wheel, index unreachable)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}")
+    uv = find_uv_bin()
+    key = hashlib.sha256("\n".join([sys.version, kind, LOCK.read_text()]).encode()).hexdigest()
+    venv = CACHE / f"verlenv-{kind}-{key[:12]}"
+    python = venv / "bin" / "python"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"verlenv-{kind}-{key[:12]}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (venv / ".complete").exists():
+            return python
+        shutil.rmtree(venv, ignore_errors=True)
+        made = subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)],
+                              capture_output=True, text=True)
+        proc = made if made.returncode else _install(uv, python, kind, venv)
+        if proc.returncode != 0:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise RuntimeError(f"could not build the {kind} verl venv: {proc.stderr[-2000:]}")
+        (venv / ".complete").write_text(key)
+    return python
