@@ -69,6 +69,7 @@ class NoSuchImage(EngineError):
     """The image a command was given is not in the engine (or is no image reference at all):
     bad input, exit 2."""
 
+    stage = "image"
     exit_code = 2
 
 
