@@ -1,22 +1,31 @@
 """``build-env``: the command line. Thin: parse (one module per subcommand in
 :mod:`builder.commands`), apply the site config, call, map errors to exit codes.
 
-Exit codes: 0 ok, 1 a check failed (compatibility, verification, build), 2 bad input or usage,
-130 interrupted (Ctrl-C or SIGTERM; children stopped, temporary files removed).
+Exit codes (docs/commands.md): 0 pass, 1 a gate or check failed, 2 bad input or usage, 3 an
+infrastructure or network error (:class:`~builder.errors.InfraError`: an engine that does not
+answer, a registry or index that is down, a full disk), 130 interrupted by Ctrl-C, 143 by
+SIGTERM (children stopped, temporary files removed either way), 141 when the reader of stdout
+went away (``build-env list | head -1``: quiet, nothing printed about it).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import errno
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Sequence
-from typing import Any
+from pathlib import PurePath
 
-from builder import __version__, config
-from builder.commands import BY_NAME, COMMANDS, completion
-from builder.errors import BuildEnvError, SpecError
+import requests
+
+from builder import __version__
+from builder.commands import BY_NAME, COMMANDS, _config, completion
+from builder.engine import signals
+from builder.errors import BuildEnvError, NetworkError, UsageError, redact
 from builder.targets import default_matrix
 
 SUBCOMMANDS = tuple(BY_NAME)
@@ -40,54 +49,106 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _given(action: argparse.Action, argv: Sequence[str]) -> bool:
-    return any(a == o or a.startswith(o + "=") for a in argv for o in action.option_strings)
-
-
 def apply_config(parser: argparse.ArgumentParser, args: argparse.Namespace,
                  argv: Sequence[str]) -> None:
-    """Fill what the command line left out from ``build-env.toml`` (flags win)."""
-    cfg = config.load(config.find(getattr(args, "matrix", None)))
-    if cfg.path is None:
-        return
+    """Fill what the command line left out from ``build-env.toml`` (flags win); every key of
+    the file is checked against the option it sets first (:mod:`builder.commands._config`)."""
+    _config.apply(parser, args, argv)
+
+
+# OSError numbers that say the machine failed, not the path the user gave: exit 3
+INFRA_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EMFILE,
+                          errno.ENFILE, errno.ETIMEDOUT, errno.ECONNREFUSED, errno.ECONNRESET,
+                          errno.EHOSTUNREACH, errno.ENETUNREACH})
+BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
+def unknown_command(word: str) -> UsageError:
+    """``build-env chekc``: the unknown word named, with the nearest real command."""
+    near = difflib.get_close_matches(word, SUBCOMMANDS, n=1, cutoff=0.5)
+    hint = f"; did you mean `build-env {near[0]}`?" if near else ""
+    return UsageError(f"unknown command {word!r}{hint} (commands: {', '.join(SUBCOMMANDS)}; "
+                      "`build-env --target T` builds T)")
+
+
+def os_error(command: str, exc: OSError) -> int:
+    """An OSError as one line: exit 3 when the machine failed (a full disk, a dead peer), 2 when
+    the path the user gave is wrong (missing, unwritable)."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    print(f"error: {command}: {where}{exc.strerror or exc}", file=sys.stderr)
+    infra = exc.errno in INFRA_ERRNOS or isinstance(exc, (ConnectionError, TimeoutError))
+    return 3 if infra else 2
+
+
+def quiet_stdout() -> int:
+    """The reader of stdout went away: say nothing more, and let nothing at exit try again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return BROKEN_PIPE
+
+
+def interrupted() -> int:
+    code = signals.exit_code()
+    print("terminated" if code == 128 + signal.SIGTERM else "interrupted", file=sys.stderr)
+    return code
+
+
+def parse(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parser and the parsed command line; ``build-env --target T [...]`` is ``build``."""
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        argv.insert(0, "build")
+    elif argv and argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
+        raise unknown_command(argv[0])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command:
+        empty_arguments(parser, args)
+    return parser, args
+
+
+def empty_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """An empty string where the command wants a thing to act on (``verify ''``, ``init ''``)
+    names nothing: refused before anything runs."""
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    actions = {a.dest: a for a in sub.choices[args.command]._actions if a.option_strings}
-    section = cfg.sections.get(args.command, {})
-    for dest, value in cfg.for_command(args.command).items():
-        action = actions.get(dest)
-        if action is None:
-            if dest.replace("_", "-") in section or dest in section:
-                raise SpecError(f"`build-env {args.command}` has no option --"
-                                f"{dest.replace('_', '-')}", file=str(cfg.path),
-                                key=f"{args.command}.{dest}")
-            continue
-        if _given(action, argv):
-            continue
-        if isinstance(value, str) and callable(action.type):
-            try:
-                value = action.type(value)
-            except (argparse.ArgumentTypeError, ValueError) as exc:
-                raise SpecError(str(exc), file=str(cfg.path), key=dest) from None
-        setattr(args, dest, value)
-
-
-def _terminated(signum: int, frame: Any) -> None:
-    """SIGTERM raises KeyboardInterrupt: children (uv, docker) are stopped and temporary files
-    removed by the same code that handles Ctrl-C."""
-    raise KeyboardInterrupt(f"signal {signum}")
+    for action in sub.choices[args.command]._actions:
+        value = getattr(args, action.dest, None)
+        values = value if isinstance(value, list) else [value]
+        if not action.option_strings and any(isinstance(v, (str, PurePath)) and not
+                                             str(v).strip() for v in values):
+            name = action.metavar or action.dest.upper()
+            raise UsageError(f"{args.command}: {name} is empty: name what to act on")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # `build-env --target T [...]` is the main job: the same as `build-env build --target T`.
-    if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help", "--version"):
-        argv = ["build", *argv]
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        parser, args = parse(argv)
+    except UsageError as exc:
+        print(f"build-env: error: {exc.args[0]}", file=sys.stderr)
+        return exc.exit_code
     if not args.command:
         parser.print_help()
         return 2
-    previous = signal.signal(signal.SIGTERM, _terminated)  # cleanup runs as for Ctrl-C
+    previous = signal.signal(signal.SIGTERM, signals.terminated)  # cleanup as for Ctrl-C
+    try:
+        code = run(parser, args, argv)
+        sys.stdout.flush()  # a closed stdout shows here, not at exit
+        return 128 + signal.SIGTERM if code == 130 and signals.received() else code
+    except BrokenPipeError:
+        return quiet_stdout()
+    except KeyboardInterrupt:
+        return interrupted()
+    except OSError as exc:  # an unwritable or missing path, a full disk: no traceback
+        return os_error(args.command, exc)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """The command, its errors as one line each with their exit code."""
     try:
         apply_config(parser, args, argv)
         if getattr(args, "matrix", "unset") is None:  # commands that read it get the default
@@ -98,12 +159,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BuildEnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except OSError as exc:  # an unwritable or missing path, a full disk: no traceback
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"error: {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
-        return 2
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    except requests.RequestException as exc:  # a call the module below did not name itself
+        url = str(getattr(exc.request, "url", None) or "the network")
+        reason = exc.__class__.__name__ + (f": {exc.args[0]}" if exc.args else "")
+        print(f"error: {NetworkError(url, redact(reason))}", file=sys.stderr)
+        return NetworkError.exit_code
+    except subprocess.TimeoutExpired as exc:  # a child (git, uv) that never answered
+        command = " ".join(str(a) for a in exc.cmd[:3]) if isinstance(exc.cmd, list) else exc.cmd
+        print(f"error: {args.command}: `{command}` did not finish in {exc.timeout:g} s",
+              file=sys.stderr)
+        return 3

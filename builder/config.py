@@ -11,6 +11,10 @@ command line win over it; it wins over the built-in defaults.
     [slurm]                                    # any `build-env slurm` option, by its name
     partition = "gpu"
     account = "rl-team"
+
+Every value is checked against the option it sets, by that option's own definition (its type,
+range, choices; a flag takes true or false; an option given several times takes a list), and a
+bad one is refused naming file:line:key (:mod:`builder.commands._config`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,11 @@ class Config:
     path: Path | None = None
     values: dict[str, Any] = field(default_factory=dict)  # option destination -> value
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lines: dict[str, int] = field(default_factory=dict)  # "key" or "section.key" -> its line
+
+    def line(self, key: str) -> int | None:
+        """The line ``key`` (``name`` or ``section.name``) is set on, when it can be told."""
+        return self.lines.get(key)
 
     def for_command(self, command: str) -> dict[str, Any]:
         """dest -> value for ``command`` (its own table over the top-level keys)."""
@@ -55,12 +64,31 @@ def find(matrix: Path | None) -> Path | None:
     return here if here.is_file() else None
 
 
+_TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
+_KEY = re.compile(r"^\s*([\"']?)([A-Za-z0-9_-]+)\1\s*=")
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """Where each key of a (parsed, so valid) TOML text is set: ``key`` or ``table.key`` -> its
+    1-based line (keys of multi-line values' continuation lines are not keys: the first
+    assignment of a name in a table wins)."""
+    lines: dict[str, int] = {}
+    table = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        if (header := _TABLE.match(line)) is not None:
+            table = header.group(1) + "."
+        elif (key := _KEY.match(line)) is not None:
+            lines.setdefault(table + key.group(2), number)
+    return lines
+
+
 def load(path: Path | None) -> Config:
     if path is None:
         return Config()
     file = str(path)
     try:
-        data = tomllib.loads(path.read_bytes().decode("utf-8"))
+        text = path.read_bytes().decode("utf-8")
+        data = tomllib.loads(text)
     except OSError as exc:
         raise SpecError(f"cannot read config: {exc.strerror}", file=file) from None
     except UnicodeDecodeError as exc:
@@ -72,19 +100,23 @@ def load(path: Path | None) -> Config:
                         file=file, line=int(found.group(1)) if found else None) from None
     values: dict[str, Any] = {}
     sections: dict[str, dict[str, Any]] = {}
+    lines = key_lines(text)
     for key, value in data.items():
         if key in SECTIONS:
             if not isinstance(value, dict):
-                raise SpecError(f"[{key}] must be a table", file=file, key=key)
+                raise SpecError(f"[{key}] must be a table", file=file, line=lines.get(key),
+                                key=key)
             sections[key] = dict(value)
             continue
         if key not in KEYS:
             known = ", ".join(sorted({*KEYS, *SECTIONS}))
-            raise SpecError(f"unknown key (known: {known})", file=file, key=key)
+            raise SpecError(f"unknown key (known: {known})", file=file, line=lines.get(key),
+                            key=key)
         kind, dests, is_path = KEYS[key]
         if not isinstance(value, kind):
-            raise SpecError(f"expected a {kind.__name__}, got {value!r}", file=file, key=key)
+            raise SpecError(f"expected a {kind.__name__}, got {value!r}", file=file,
+                            line=lines.get(key), key=key)
         resolved: Any = (path.parent / str(value)).resolve() if is_path else value
         for dest in dests:
             values[dest] = resolved
-    return Config(path, values, sections)
+    return Config(path, values, sections, lines)

@@ -1,4 +1,5 @@
-"""``build-env doctor``: pre-flight one cluster node for the known multi-node pitfalls.
+"""``build-env doctor``: pre-flight one cluster node for the known multi-node pitfalls, or a
+build host for what a build needs (:func:`run_build_host`).
 
 Each check returns a :class:`Finding` with a one-line fix. Everything the checks read (the
 environment, sysfs, /dev/shm, the runtime command) can be pointed elsewhere, so the checks are
@@ -8,6 +9,7 @@ all; the command (:mod:`builder.commands.doctor`) prints them.
 
 from __future__ import annotations
 
+import base64
 import errno
 import fcntl
 import getpass
@@ -16,12 +18,18 @@ import os
 import resource
 import shutil
 import socket
+import ssl
 import struct
 import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from builder.engine import Engine, HostFacts, find_buildkit_cli
+from builder.errors import BuildEnvError, redact
 from builder.selftest import envlint, gpu, preflight
 from builder.selftest.report import Check
 from builder.slurm import RayPorts
@@ -336,3 +344,203 @@ def run_doctor(interface: str = "ib0", hf_home: str | None = None, runtime: str 
     findings += check_runtime(runtime)
     findings += check_cpus(env)
     return findings
+
+
+# --------------------------------------------------------------------------- build hosts
+# What a build needs before it starts. The engine answers and BuildKit can drive it; the NVIDIA
+# Container Toolkit is there for a CUDA target's GPU gate (without it the build still passes at
+# the ``build`` level, its GPU phases ``pending``); the engine's data root has room for the
+# target; the site CA bundle is a CA bundle; the package index answers one bounded request.
+# Whether a machine is a cluster node (:func:`on_cluster`: a Slurm job's environment, or the
+# node's slurmd running) decides which checks ``doctor`` runs by default.
+
+GB = 1000 ** 3
+# Free space a build needs under the engine's data root, by accelerator (the image, the uv
+# cache mount holding the wheels once more, one candidate beside the last release; see
+# docs/guides/gpu-build-host.md).
+NEEDS_GB = {"cuda": 60, "rocm": 90, "cpu": 10}
+INDEX_TIMEOUT_S = 10.0
+SLURMD_PIDFILES = ("/run/slurmd.pid", "/var/run/slurmd.pid")
+
+
+def on_cluster(env: Mapping[str, str], pidfiles: tuple[str, ...] = SLURMD_PIDFILES) -> bool:
+    """A cluster node: inside a Slurm job or allocation (``SLURM_*``), or the node's slurmd
+    runs (its pid file names a live process)."""
+    if any(k.startswith("SLURM_") for k in env):
+        return True
+    for pidfile in pidfiles:
+        try:
+            pid = int(Path(pidfile).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if Path(f"/proc/{pid}").exists():
+            return True
+    return False
+
+
+def check_engine() -> tuple[Engine | None, list[Finding]]:
+    """The engine answers (DOCKER_HOST, the docker context, the default socket)."""
+    try:
+        engine = Engine.connect()
+    except BuildEnvError as exc:
+        return None, [Finding("engine", FAIL, str(exc).removeprefix("engine: "),
+                              "start dockerd, or point DOCKER_HOST / `docker context use` at "
+                              "the engine builds should use")]
+    return engine, []
+
+
+def check_buildkit(facts: HostFacts | None) -> list[Finding]:
+    """A docker CLI that drives BuildKit (the Dockerfiles use RUN --mount)."""
+    try:
+        cli = find_buildkit_cli()
+    except BuildEnvError as exc:
+        return [Finding("engine.buildkit", FAIL, str(exc).split(": ", 1)[-1][:300],
+                        "install the buildx plugin (apt-get install docker-buildx)")]
+    default = f"; the engine's default builder: {facts.builder_version}" if (
+        facts and facts.builder_version) else ""
+    return [Finding("engine.buildkit", OK, f"{cli}{default}")]
+
+
+def check_nvidia_toolkit(facts: HostFacts, accelerator: str | None) -> list[Finding]:
+    """The NVIDIA Container Toolkit, for a CUDA target's GPU gate: the ``nvidia`` runtime
+    registered with the engine, or CDI specs for ``nvidia.com/gpu``. Missing is a warning: the
+    build is gated without GPUs and its verdict says the GPU phases are pending."""
+    if accelerator not in (None, "cuda"):
+        return [Finding("gpu.toolkit", SKIP, f"a {accelerator} target: the NVIDIA Container "
+                        "Toolkit is not used")]
+    cdi = [d for d in facts.cdi_devices if d.startswith("nvidia.com/gpu")]
+    specs = _nvidia_cdi_specs(facts) if not cdi else []
+    if "nvidia" in facts.runtimes or cdi or specs:
+        how = ("runtime nvidia registered" if "nvidia" in facts.runtimes else
+               f"CDI devices {', '.join(cdi[:3])}" if cdi else f"CDI specs {', '.join(specs)}")
+        return [Finding("gpu.toolkit", OK, f"NVIDIA Container Toolkit: {how}")]
+    return [Finding("gpu.toolkit", WARN,
+                    "no NVIDIA Container Toolkit (no nvidia runtime registered with the engine, "
+                    f"no nvidia.com/gpu CDI spec; runtimes: {', '.join(facts.runtimes) or '-'}): "
+                    "builds still run, but the gate cannot hand GPUs to the image, so the GPU "
+                    "gate phases will be pending (a build verdict, no GPU proof)",
+                    "install nvidia-container-toolkit and run `nvidia-ctk runtime configure "
+                    "--runtime=docker` (or `nvidia-ctk cdi generate`), then restart dockerd; "
+                    "or verify the image later on a GPU node")]
+
+
+def _nvidia_cdi_specs(facts: HostFacts) -> list[str]:
+    """CDI spec files naming ``nvidia.com/gpu`` in the engine's spec directories (a local
+    engine's; an older engine does not list its devices)."""
+    if not facts.local:
+        return []
+    found = []
+    for directory in facts.cdi_spec_dirs:
+        for spec in sorted(Path(directory).glob("*")):
+            try:
+                if spec.is_file() and "nvidia.com/gpu" in spec.read_text(errors="replace"):
+                    found.append(str(spec))
+            except OSError:
+                continue
+    return found
+
+
+def check_build_host_driver(cuda: str | None, accelerator: str | None,
+                            proc: str = "/proc/driver/nvidia/version") -> list[Finding]:
+    """The driver against the target's CUDA, where this host has an NVIDIA driver (the GPU
+    gate runs here); without one the GPU phases are pending, which is no failure of a build."""
+    if accelerator not in (None, "cuda"):
+        return []
+    if not Path(proc).exists():
+        return [Finding("gpu.driver", SKIP, "no NVIDIA driver on this host: the GPU gate phases "
+                        "will be pending (verify on a GPU node for a gpu verdict)")]
+    return check_driver(cuda, "cuda")
+
+
+def check_disk(facts: HostFacts, accelerator: str | None) -> list[Finding]:
+    """Free space under the engine's data root against what the target's build needs."""
+    need = NEEDS_GB.get(accelerator or "cuda", NEEDS_GB["cuda"]) * GB
+    what = f"a {accelerator} target" if accelerator else "a build (no --target: a cuda one)"
+    if facts.free_bytes is None:
+        return [Finding("engine.disk", SKIP, f"the engine's data root {facts.data_root or '?'} "
+                        "is not on this machine: its free space cannot be measured from here")]
+    msg = (f"{facts.free_bytes / GB:.1f} GB free under the data root {facts.data_root}; "
+           f"{what} needs about {need // GB} GB")
+    if facts.free_bytes < need:
+        return [Finding("engine.disk", FAIL, msg,
+                        "free space there (docker builder prune, docker image prune) or move "
+                        "the data root (dockerd --data-root) to a larger disk")]
+    return [Finding("engine.disk", OK, msg)]
+
+
+def check_ca_bundle(ca_bundle: Path | None) -> list[Finding]:
+    """The site CA bundle (``--ca-bundle``, config ``ca_bundle``, ``VERL_ENV_CA_BUNDLE``): a
+    readable file of PEM certificates."""
+    if ca_bundle is None:
+        return [Finding("site.ca_bundle", SKIP, "no site CA bundle given (needed only behind a "
+                        "TLS-intercepting proxy: --ca-bundle, config ca_bundle)")]
+    try:
+        text = Path(ca_bundle).read_text(errors="replace")
+    except OSError as exc:
+        return [Finding("site.ca_bundle", FAIL, f"{ca_bundle}: {exc.strerror or exc}",
+                        "point --ca-bundle (config ca_bundle) at the site's PEM bundle")]
+    count = text.count("-----BEGIN CERTIFICATE-----")
+    if not count:
+        return [Finding("site.ca_bundle", FAIL, f"{ca_bundle}: no PEM certificate in it",
+                        "point --ca-bundle at a PEM file (-----BEGIN CERTIFICATE-----)")]
+    return [Finding("site.ca_bundle", OK, f"{ca_bundle}: {count} certificate(s)")]
+
+
+def check_index(index_url: str, ca_bundle: Path | None,
+                timeout: float = INDEX_TIMEOUT_S) -> list[Finding]:
+    """One bounded request to the package index's simple API (the builds' uv resolves
+    there)."""
+    parts = urllib.parse.urlsplit(index_url.rstrip("/") + "/pip/")
+    headers = {"Accept": "text/html"}
+    if parts.username is not None:  # credentials go in a header, never in a message
+        user, secret = (urllib.parse.unquote(x or "") for x in (parts.username, parts.password))
+        token = f"{user}:{secret}"
+        headers["Authorization"] = "Basic " + base64.b64encode(token.encode()).decode()
+        parts = parts._replace(netloc=parts.netloc.rsplit("@", 1)[1])
+    shown = redact(index_url)
+    context = ssl.create_default_context(cafile=str(ca_bundle)) if ca_bundle else None
+    request = urllib.request.Request(urllib.parse.urlunsplit(parts), headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (OSError, ValueError, ssl.SSLError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        return [Finding("site.index", FAIL, f"{shown}: {reason} (one request, {timeout:g} s "
+                        "at most)", "give the site's index: --index-url (config index_url, "
+                        "VERL_ENV_INDEX_URL); behind a TLS proxy also --ca-bundle")]
+    if status >= 400:
+        return [Finding("site.index", FAIL, f"{shown}: HTTP {status} for the simple page of pip",
+                        "check --index-url (a PEP 503 simple index root, .../simple)")]
+    return [Finding("site.index", OK, f"{shown} answers (HTTP {status})")]
+
+
+def run_build_host(*, accelerator: str | None, ca_bundle: Path | None, index_url: str | None,
+                   cuda: str | None = None) -> list[Finding]:
+    """Every build-host check. ``index_url``: None leaves the index unchecked (no index could
+    be told)."""
+    engine, findings = check_engine()
+    facts = None
+    if engine is not None:
+        try:
+            facts = engine.host_facts()
+        except Exception as exc:  # noqa: BLE001 - a report, not a crash: the engine's words
+            findings.append(Finding("engine", FAIL, f"{engine.where} did not describe itself: "
+                                    f"{exc}", "restart dockerd"))
+        else:
+            findings.append(Finding("engine", OK, f"{engine.where}: Docker {facts.version}"))
+    findings += check_buildkit(facts)
+    if facts is not None:
+        findings += check_nvidia_toolkit(facts, accelerator)
+        findings += check_disk(facts, accelerator)
+    findings += check_build_host_driver(cuda, accelerator)
+    findings += check_ca_bundle(ca_bundle)
+    if index_url:
+        findings += check_index(index_url, ca_bundle)
+    else:
+        findings.append(Finding("site.index", SKIP, "no package index configured",
+                                "give --index-url (config index_url, VERL_ENV_INDEX_URL)"))
+    return findings
+
+

@@ -21,6 +21,12 @@ class BuildEnvError(Exception):
         return f"{self.stage}: {where}{self.args[0]}"
 
 
+class UsageError(BuildEnvError):
+    """A command line that names nothing usable (an empty argument, an unknown command)."""
+
+    stage = "usage"
+
+
 class SpecError(BuildEnvError):
     """The matrix file is malformed: names file, line and key."""
 
@@ -57,6 +63,14 @@ class EngineError(BuildEnvError):
 
     stage = "build"
     exit_code = 1
+
+
+class NoSuchImage(EngineError):
+    """The image a command was given is not in the engine (or is no image reference at all):
+    bad input, exit 2."""
+
+    stage = "image"
+    exit_code = 2
 
 
 class VerifyError(BuildEnvError):
@@ -117,6 +131,13 @@ class NetworkError(InfraError):
         self.url = redact(url)
         text = f"{self.url}: {reason}" + (f" ({way_out})" if way_out else "")
         super().__init__(text, target=target)
+
+
+class PublishInfraError(InfraError, PublishError):
+    """Publishing stopped for a reason outside the input: the registry down or failing after
+    every retry, the engine gone. Still a :class:`PublishError` (stage ``publish``); exit 3."""
+
+    stage = "publish"
 
 
 def redact(url: str) -> str:

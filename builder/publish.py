@@ -54,7 +54,8 @@ from builder import runlock, verdicts
 from builder.cluster_verdict import ClusterVerdict
 from builder.cluster_verdict import read as read_cluster_verdict
 from builder.engine import ContainerEngine, ImageInfo
-from builder.errors import BuildEnvError, ClusterError, PublishError
+from builder.errors import (BuildEnvError, ClusterError, InfraError, PublishError,
+                            PublishInfraError)
 from builder.engine.credentials import (PASSWORD_ENV, USER_ENV, Credentials, docker_config_path,
                                         resolve_credentials)
 from builder.files import sha256_file
@@ -103,8 +104,8 @@ def retrying(action: Callable[[], T], what: str, attempts: int) -> T:
             return action()
         except Transient as exc:
             if attempt == attempts:
-                raise PublishError(f"{what}: still failing after {attempts} attempts: {exc}"
-                                   ) from None
+                raise PublishInfraError(f"{what}: still failing after {attempts} attempts: "
+                                        f"{exc}") from None
             time.sleep(min(RETRY_BASE_S * 2 ** (attempt - 1), 30.0))
     raise AssertionError("unreachable")
 
@@ -226,7 +227,7 @@ def release_tags(reg: Client, moves: list[tuple[str, str, str]], attempts: int,
             _move_tag(reg, tag, digest, accept, attempts)
         except PublishError as exc:
             done = ", ".join(moved) or "none"
-            raise PublishError(f"{exc.args[0]} (tags moved before this: {done})") from None
+            raise exc.__class__(f"{exc.args[0]} (tags moved before this: {done})") from None
         moved.append(tag)
     return moved
 
@@ -366,8 +367,9 @@ class Progress:
         moved = [t for t in self.tags if t.rsplit(":", 1)[1] in self.moved]
         released = (f"tags moved: {', '.join(moved)}" if moved
                     else "no release tag was moved")
-        return PublishError(f"{self.stage} failed: {reason}; {released}; in the registry by "
-                            f"digest: {pushed}; what was and was not published: {self.path}")
+        kind = PublishInfraError if isinstance(exc, InfraError) else PublishError
+        return kind(f"{self.stage} failed: {reason}; {released}; in the registry by "
+                    f"digest: {pushed}; what was and was not published: {self.path}")
 
 
 def staging_tag(tag: str) -> str:

@@ -28,13 +28,20 @@ A ``cpu`` family has no GPU phases: its release verdict is a build verdict with 
 and ``--require gpu`` asks nothing more of it.
 
 The local record lives under ``$XDG_STATE_HOME/verl-env/verdicts/`` (default ``~/.local/state``),
-one JSON file per image ID, written atomically.
+one JSON file per image ID, written atomically: what the gate proved about that image, whoever
+asked. A verdict recorded for a site's target is also kept under ``verdicts/sites/<site>/``, bound
+to the content it was made for (:class:`Binding`: the site's matrix, the target's matrix entry
+hash, its lock's hash, the content tag). ``build-env list`` shows a target's verdict only from
+that site's records, and only when the binding matches the target's matrix entry and lock as they
+are now (:func:`latest_for`): a verdict never reaches another site, or a target whose pins moved,
+by its name.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -54,7 +61,8 @@ LEVELS = (BUILD, GPU)
 PROVEN, PENDING, NONE = "proven", "pending", "none"  # GPU evidence of a verdict
 REQUIRE_ENV = "VERL_ENV_REQUIRE"  # a site's default for --require (build | gpu)
 EXIT_VERDICTS = {0: "pass", 1: "fail", 2: "incomplete", 3: "error"}
-LABEL_PREFIX = "org.verl-env.verdict"
+LABEL_NS = "org.verl-env"  # the image labels builder.render.baked writes
+LABEL_PREFIX = f"{LABEL_NS}.verdict"
 
 
 def requirement(value: str | None = None) -> str:
@@ -180,6 +188,58 @@ def gpu_facts(report: Mapping[str, Any], family: str, count: int | None) -> GpuE
                        (busbw.get("reason") or "no collective.busbw check"), hosts=hosts)
 
 
+# --------------------------------------------------------------------------- the binding
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a verdict was recorded for: a site (:func:`site_key` of its matrix) and a target's
+    content there (its matrix entry hash and lock hash, as baked into the image's labels; the
+    content tag when the build gave one)."""
+
+    site: str
+    target: str
+    entry_hash: str
+    lock_hash: str | None
+    content_tag: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Binding | None:
+        """The binding of a record (None: none, or not one: such a record binds nothing)."""
+        if not isinstance(data, Mapping):
+            return None
+        fields = {f.name for f in dataclasses.fields(cls)}
+        if not all(isinstance(data.get(k), str) for k in ("site", "target", "entry_hash")):
+            return None
+        return cls(**{k: (str(v) if v is not None else None) for k, v in data.items()
+                      if k in fields})
+
+    def same_content(self, other: Binding) -> bool:
+        """The same site, target, matrix entry and lock (the content tag is not compared: it
+        also hashes the base image's identity, which only a build resolves)."""
+        return (self.site, self.target, self.entry_hash, self.lock_hash) == (
+            other.site, other.target, other.entry_hash, other.lock_hash)
+
+
+def binding_from_labels(site: Path | str, labels: Mapping[str, str],
+                        content_tag: str | None = None) -> Binding | None:
+    """The binding of an image built by build-env, from its labels (target, matrix entry hash,
+    lock hash) at ``site`` (a matrix path); None for an image without them, or an override."""
+    target, entry, lock = (labels.get(f"{LABEL_NS}.{k}") for k in
+                           ("target", "matrix-hash", "lock-hash"))
+    if not (target and entry and lock) or labels.get(f"{LABEL_NS}.override") == "true":
+        return None
+    return Binding(site_key(site), target, entry, lock, content_tag)
+
+
+def site_key(matrix: Path | str) -> str:
+    """A site's identity: its matrix file's absolute path."""
+    return str(Path(matrix).resolve())
+
+
 # --------------------------------------------------------------------------- the verdict
 
 
@@ -198,6 +258,7 @@ class Verdict:
     recorded_at: str | None = None
     # what a stored record said at its top level (checked against the report, never trusted)
     declared: Mapping[str, Any] = field(default_factory=dict)
+    binding: Binding | None = None  # the site and content it was recorded for (None: no site)
 
     # ----- what the report says
     @property
@@ -284,11 +345,11 @@ class Verdict:
 
     # ----- the one serialisation
     def recorded(self, image_id: str, *, target: str | None, tags: Sequence[str] = (),
-                 at: str | None = None) -> Verdict:
+                 at: str | None = None, binding: Binding | None = None) -> Verdict:
         """This verdict as recorded for ``image_id`` (now, unless ``at``)."""
         stamp = at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         return dataclasses.replace(self, image_id=image_id, target=target, tags=tuple(tags),
-                                   recorded_at=stamp, declared={})
+                                   recorded_at=stamp, declared={}, binding=binding)
 
     def to_dict(self) -> dict[str, Any]:
         """The record (local file, embedded in a SIF, inside a signed statement)."""
@@ -296,7 +357,8 @@ class Verdict:
                 "target": self.target, "family": self.family, "tags": list(self.tags),
                 "overall": self.overall, "exit_code": self.exit_code, "scope": self.scope,
                 "partial_reason": self.partial_reason, "level": self.level,
-                "gpu": self.gpu.to_dict(), "report": self.report}
+                "gpu": self.gpu.to_dict(), "report": self.report,
+                **({"binding": self.binding.to_dict()} if self.binding else {})}
 
     @classmethod
     def from_dict(cls, data: Any) -> Verdict:
@@ -315,7 +377,7 @@ class Verdict:
                    target=data.get("target") if isinstance(data.get("target"), str) else None,
                    tags=tuple(str(t) for t in tags) if isinstance(tags, list) else (),
                    recorded_at=str(data["recorded_at"]) if data.get("recorded_at") else None,
-                   declared=declared)
+                   declared=declared, binding=Binding.from_dict(data.get("binding")))
 
 
 # --------------------------------------------------------------------------- the one rule
@@ -363,11 +425,18 @@ def _path(image_id: str) -> Path:
     return state_dir() / f"{image_id.split(':')[-1]}.json"
 
 
+def _site_dir(site: str) -> Path:
+    return state_dir() / "sites" / hashlib.sha256(site.encode()).hexdigest()[:16]
+
+
 def record(image_id: str, verdict: Verdict, *, target: str | None,
-           tags: Sequence[str] = ()) -> Verdict:
-    """Record ``verdict`` for ``image_id`` (tags: those it carries now); returns the record."""
-    stamped = verdict.recorded(image_id, target=target, tags=tags)
+           tags: Sequence[str] = (), binding: Binding | None = None) -> Verdict:
+    """Record ``verdict`` for ``image_id`` (tags: those it carries now); returns the record.
+    With ``binding``, the record is also kept among its site's, for that content."""
+    stamped = verdict.recorded(image_id, target=target, tags=tags, binding=binding)
     atomic_write_text(_path(image_id), dump(stamped))
+    if binding is not None:
+        atomic_write_text(_site_dir(binding.site) / _path(image_id).name, dump(stamped))
     return stamped
 
 
@@ -390,10 +459,11 @@ def is_verified(image_id: str, require: str = BUILD) -> bool:
     return release_problem(lookup(image_id), require) is None
 
 
-def records() -> list[Verdict]:
-    """Every local record, newest first (unreadable files are left out)."""
+def records(site: str | None = None) -> list[Verdict]:
+    """Every local record (``site``: that site's), newest first (unreadable files are left
+    out)."""
     found = []
-    for path in sorted(state_dir().glob("*.json")):
+    for path in sorted((state_dir() if site is None else _site_dir(site)).glob("*.json")):
         try:
             found.append(Verdict.from_dict(json.loads(path.read_text())))
         except (OSError, ValueError):
@@ -402,8 +472,17 @@ def records() -> list[Verdict]:
 
 
 def latest_for_target(target: str) -> Verdict | None:
-    """The newest local verdict recorded for ``target`` (what ``build-env list`` shows)."""
+    """The newest local verdict recorded for a target of this name, at any site and for any
+    content. ``build-env list`` does not use it (:func:`latest_for` does): kept for callers
+    that only want the store's history."""
     return next((v for v in records() if v.target == target), None)
+
+
+def latest_for(content: Binding) -> Verdict | None:
+    """The newest local verdict recorded for this site's target with this content (what
+    ``build-env list`` shows); never one recorded elsewhere, or for other pins, by its name."""
+    return next((v for v in records(content.site)
+                 if v.binding is not None and v.binding.same_content(content)), None)
 
 
 def short(v: Verdict | None) -> str:

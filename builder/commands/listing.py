@@ -7,6 +7,7 @@ from typing import Any
 
 from builder import prebuilt, verdicts
 from builder.commands import _shared
+from builder.files import sha256_text
 from builder.lock import lock_path
 from builder.vendor import base_record_path
 from builder.targets import Site
@@ -40,6 +41,17 @@ def prebuilt_choices(site: Site, t: Any) -> dict[str, dict[str, Any]]:
         if k != "entries"} for p in prebuilt.with_prebuilt(t)}
 
 
+def binding(site: Site, t: Any) -> verdicts.Binding:
+    """What a verdict must have been recorded for to be shown for ``t`` here: this site, the
+    target's matrix entry and its lock as they are now (no lock: no verdict can match)."""
+    lock = lock_path(site.path, t)
+    try:
+        lock_hash: str | None = sha256_text(lock.read_text())
+    except (OSError, UnicodeDecodeError):
+        lock_hash = None
+    return verdicts.Binding(verdicts.site_key(site.path), t.name, t.entry_hash, lock_hash)
+
+
 def verdict_json(v: Any) -> dict[str, Any] | None:
     if v is None:
         return None
@@ -50,7 +62,8 @@ def verdict_json(v: Any) -> dict[str, Any] | None:
 def run(args: argparse.Namespace) -> int:
     site = _shared.site(args)
     matrix = site.matrix
-    latest = {n: verdicts.latest_for_target(n) for n in matrix.targets}
+    latest = {n: verdicts.latest_for(binding(site, t)) if binding(site, t).lock_hash else None
+              for n, t in matrix.targets.items()}
     if args.json:
         _shared.emit_json("list", {"matrix": str(matrix.path), "targets": {
             n: {**t.to_dict(), "gpus": list(t.gpus), "entry_hash": t.entry_hash,
@@ -80,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
     for r in [cols, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
     print("\n* provided by the base image   (src) built from source   (off) disabled")
-    print("verdict: the newest local one (build: every phase that runs without a GPU passed; "
-          "gpu: the GPU phases too)")
+    print("verdict: the newest local one for this site's matrix entry and lock (build: every "
+          "phase that runs without a GPU passed; gpu: the GPU phases too)")
     for t in matrix.targets.values():
         for name, c in prebuilt_choices(site, t).items():
             what = (f"prebuilt wheel {c['filename']}" if c["choice"] == "wheel"

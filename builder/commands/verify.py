@@ -20,8 +20,11 @@ from builder.gate.sif import is_sif, verify_sif_image
 from builder.gate.summary import summary_lines
 from builder.render.baked import manifest as render_manifest
 from builder.spec import load_matrix
-from builder.verdicts import Verdict, record
+from builder.verdicts import Verdict, binding_from_labels, record
 
+# the self-test's exit code -> the command's (docs/commands.md): an incomplete run is a gate that
+# did not pass (1), an error one that could not run (3)
+EXIT_CODES = {0: 0, 1: 1, 2: 1, 3: 3}
 NAME = "verify"
 HELP = "run the in-image self-test on any image"
 
@@ -104,7 +107,7 @@ def _run_sif(args: argparse.Namespace) -> int:
     record(sif_run.subject.digest, v, target=sif_run.subject.target)
     how = " ".join([str(sif_run.runtime), *sif_run.runtime_flags])
     _print(args, v, f"{path}: {v.describe()} ({how}, {v.seconds:.1f} s)")
-    return v.exit_code
+    return EXIT_CODES.get(v.exit_code, 3)
 
 
 def _run_image(engine: ContainerEngine, args: argparse.Namespace) -> int:
@@ -122,13 +125,16 @@ def _run_image(engine: ContainerEngine, args: argparse.Namespace) -> int:
         raise VerifyError(exc.args[0], target=args.image) from None
     _write_report(args, v)
     # the verdict is about the target the image was built for, unless held to another one
-    target = args.target or (image.labels or {}).get("org.verl-env.target")
-    record(image.id, v, target=target, tags=list(image.tags))
+    labels = image.labels or {}
+    target = args.target or labels.get("org.verl-env.target")
+    # bound to this site's content only when the image's labels say what it was built from
+    bound = None if args.target else binding_from_labels(args.matrix, labels)
+    record(image.id, v, target=target, tags=list(image.tags), binding=bound)
     _print(args, v, f"{args.image}: {v.describe()} ({v.seconds:.1f} s)")
     if v.exit_code == 3 and v.logs and "manifest not found" in v.logs:
         print("hint: this image has no verl-env manifest; hold it to a target's pins with "
               "--target T", file=sys.stderr)
-    return v.exit_code
+    return EXIT_CODES.get(v.exit_code, 3)
 
 
 def _write_report(args: argparse.Namespace, v: Verdict) -> None:

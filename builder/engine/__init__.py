@@ -19,10 +19,10 @@ from builder.engine.docker_engine import Engine
 from builder.engine.platforms import (BINFMT_DIR, EMULATION_PACKAGES, emulation_problem,
                                       platform_of)
 from builder.engine.protocol import ContainerEngine, EngineHealth
-from builder.engine.results import BuildProgress, BuildResult, ImageInfo, RunResult
+from builder.engine.results import BuildProgress, BuildResult, HostFacts, ImageInfo, RunResult
 from builder.engine.signals import interrupts_raise
 
 __all__ = ["BINFMT_DIR", "CLI_OVERRIDE", "EMULATION_PACKAGES", "FALLBACK_CLIS", "OWNER_LABEL",
            "BuildKitCli", "BuildProgress", "BuildResult", "ContainerEngine", "Engine",
-           "EngineHealth", "ImageInfo", "PlainProgress", "RunResult", "context_host",
+           "EngineHealth", "HostFacts", "ImageInfo", "PlainProgress", "RunResult", "context_host",
            "emulation_problem", "find_buildkit_cli", "interrupts_raise", "platform_of"]

@@ -16,6 +16,8 @@ import docker
 import docker.errors
 import requests
 
+from builder.engine.faults import EngineUnreachable, free_space
+from builder.engine.results import HostFacts
 from builder.errors import EngineError
 
 
@@ -68,8 +70,9 @@ class Daemon:
             client.ping()
         except (docker.errors.DockerException, requests.RequestException) as exc:
             where = f"the docker context's {host}" if host else "DOCKER_HOST"
-            raise EngineError(f"cannot reach the Docker Engine ({exc.__class__.__name__}: {exc}); "
-                              f"is dockerd running and {where} right?") from None
+            raise EngineUnreachable(f"cannot reach the Docker Engine ({exc.__class__.__name__}: "
+                                    f"{exc}); is dockerd running and {where} right?",
+                                    stage="engine") from None
         return cls(client, host)
 
     @property
@@ -95,6 +98,23 @@ class Daemon:
     def data_root(self) -> str:
         """The daemon's ``DockerRootDir`` (a path on its host); "" when it does not say."""
         return str(self.client.info().get("DockerRootDir") or "")
+
+    def host_facts(self) -> HostFacts:
+        """The engine's version, data root (and the space free there, for a local engine),
+        registered runtimes, CDI devices and default builder."""
+        info = self.client.info()
+        api = self.client.api
+        ping = api._get(api._url("/_ping"), timeout=10)
+        root = str(info.get("DockerRootDir") or "")
+        devices = tuple(str(d.get("ID")) for d in info.get("DiscoveredDevices") or ()
+                        if isinstance(d, dict) and d.get("Source") == "cdi" and d.get("ID"))
+        return HostFacts(version=str(info.get("ServerVersion") or "unknown"), data_root=root,
+                         free_bytes=free_space(self, root),
+                         runtimes=tuple(sorted(info.get("Runtimes") or {})),
+                         cdi_devices=devices,
+                         cdi_spec_dirs=tuple(str(d) for d in info.get("CDISpecDirs") or ()),
+                         builder_version=ping.headers.get("Builder-Version"),
+                         local=self.is_local())
 
     def idle_build_cache(self) -> int:
         """Bytes of BuildKit cache no build holds now (``docker builder prune`` frees them)."""

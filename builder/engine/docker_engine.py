@@ -20,7 +20,7 @@ from builder.engine.client import Daemon
 from builder.engine.images import Images
 from builder.engine.platforms import Platforms
 from builder.engine.protocol import ContainerEngine
-from builder.engine.results import BuildProgress, BuildResult, ImageInfo, RunResult
+from builder.engine.results import BuildProgress, BuildResult, HostFacts, ImageInfo, RunResult
 
 
 class Engine(ContainerEngine):
@@ -63,6 +63,10 @@ class Engine(ContainerEngine):
 
     def idle_build_cache(self) -> int:
         return self.daemon.idle_build_cache()
+
+    def host_facts(self) -> HostFacts:
+        """What ``build-env doctor`` checks on a build host (:class:`HostFacts`)."""
+        return self.daemon.host_facts()
 
     # builds
     def build(self, context: Path, *, target: str, network: str | None = "host",

@@ -22,15 +22,17 @@ import requests
 import urllib3.exceptions
 
 from builder.engine.protocol import EngineHealth
-from builder.errors import BuildEnvError, EngineError
+from builder.errors import BuildEnvError, EngineError, InfraError
 
 # What BuildKit, runc, apt, pip and uv print when a write fails for want of space.
 _NO_SPACE = re.compile(r"no space left on device|\bENOSPC\b|os error 28|errno 28|"
                        r"not enough free space|disk quota exceeded", re.IGNORECASE)
 
 
-class EngineFault(EngineError):
-    """The engine failed as a whole (not one step or one container): the stage is the caller's."""
+class EngineFault(InfraError, EngineError):
+    """The engine failed as a whole (not one step or one container): the stage is the caller's.
+    An infrastructure error (exit 3); a failed step of the user's Dockerfile stays an
+    :class:`EngineError` (exit 1)."""
 
     def __init__(self, message: str, *, stage: str = "engine", target: str | None = None
                  ) -> None:
@@ -44,6 +46,11 @@ class EngineDown(EngineFault):
 
 class DataRootFull(EngineFault):
     """The engine's data root has no space left for what the stage writes."""
+
+
+class EngineUnreachable(EngineFault):
+    """No engine answers where the environment points (DOCKER_HOST, the docker context, the
+    default socket)."""
 
 
 def no_space(text: str) -> str | None:

@@ -12,7 +12,7 @@ import docker.errors
 import requests
 
 from builder.engine.results import ImageInfo
-from builder.errors import EngineError
+from builder.errors import EngineError, NoSuchImage
 
 
 class Images:
@@ -23,11 +23,18 @@ class Images:
 
     def image(self, ref: str) -> ImageInfo:
         """What the engine knows about the image ``ref`` names; EngineError when it has none."""
+        if not ref.strip():
+            raise NoSuchImage(f"no image named: {ref!r} is empty")
         try:
             return ImageInfo.from_inspect(self.client.images.get(ref).attrs)
         except docker.errors.ImageNotFound:
-            raise EngineError(f"no such image: {ref}") from None
+            raise NoSuchImage(f"no such image: {ref}") from None
+        except docker.errors.NullResource:
+            raise NoSuchImage(f"no image named: {ref!r}") from None
         except docker.errors.APIError as exc:
+            if exc.status_code == 400:  # the engine's "invalid reference format"
+                raise NoSuchImage(f"{ref!r} is no image reference: "
+                                  f"{exc.explanation or exc}") from None
             raise EngineError(f"cannot inspect {ref}: {exc.explanation or exc}") from None
 
     def find(self, ref: str) -> str | None:

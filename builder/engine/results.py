@@ -83,3 +83,21 @@ class BuildResult:
     seconds: float
     log: str
     step_times: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What a build host's engine says about itself (``build-env doctor``): its version, its
+    data root and the bytes free there (None: the engine is not on this machine), the container
+    runtimes it registered (``nvidia`` when the NVIDIA Container Toolkit configured it), the
+    CDI specs it can see (``nvidia.com/gpu`` when the toolkit generated them), and its default
+    builder (``2``: BuildKit)."""
+
+    version: str
+    data_root: str
+    free_bytes: int | None
+    runtimes: tuple[str, ...] = ()
+    cdi_devices: tuple[str, ...] = ()
+    cdi_spec_dirs: tuple[str, ...] = ()
+    builder_version: str | None = None
+    local: bool = False
