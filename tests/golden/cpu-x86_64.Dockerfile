@@ -1,6 +1,6 @@
 # Rendered by build-env for target cpu-x86_64 (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cpu-x86_64`.
-# matrix entry sha256:06d705d274b6a24a707b27b9f9170bfda1890c52bf7bbd0b3b8c8402f2206891, lock sha256:647d31521d9ece2ff2f714b5e045f1c7b559c06522ee8fc740941ffdc0db6fde
+# matrix entry sha256:9592d3c8263ad852579d1846abfbed16f56b785fd215b6b007d78d81f8c28455, lock sha256:cae161697cf5f0b5dde8a2541de6b5bf730663ce711c4b70ac6afde0ea47ad61
 
 # ---------------------------------------------------------------------------- runtime image
 FROM verl-env-test/debian:bookworm
@@ -26,7 +26,7 @@ COPY layers/10-torch.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,source=wheels,target=/tmp/verl-env/wheels \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/10-torch.txt
 
-# deps: 113 packages
+# deps: 130 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,source=wheels,target=/tmp/verl-env/wheels \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/30-deps.txt
@@ -48,8 +48,8 @@ LABEL org.opencontainers.image.description="CPU-only fixture for CI (gloo, Ray, 
       org.verl-env.arch="x86_64" \
       org.verl-env.base="verl-env-test/debian:bookworm" \
       org.verl-env.builder="0.1.0" \
-      org.verl-env.lock-hash="sha256:647d31521d9ece2ff2f714b5e045f1c7b559c06522ee8fc740941ffdc0db6fde" \
-      org.verl-env.matrix-hash="sha256:06d705d274b6a24a707b27b9f9170bfda1890c52bf7bbd0b3b8c8402f2206891" \
+      org.verl-env.lock-hash="sha256:cae161697cf5f0b5dde8a2541de6b5bf730663ce711c4b70ac6afde0ea47ad61" \
+      org.verl-env.matrix-hash="sha256:9592d3c8263ad852579d1846abfbed16f56b785fd215b6b007d78d81f8c28455" \
       org.verl-env.override="false" \
       org.verl-env.pin.hydra-core="1.3.2" \
       org.verl-env.pin.ray="2.60.0" \

@@ -4,9 +4,11 @@ machine (no container): the train check's checker, tests/support/tiny_verl.py.
 Two kinds, both from the CPU fixture's lock (tests/fixtures/locks/cpu-x86_64.txt, hashes
 required; torch is the CPU wheel in PIP_FIND_LINKS):
 
-- ``plain``: exactly the lock, i.e. what the CPU fixture image holds (verl without extras);
-- ``core``: the lock plus verl's ``[verl-core]`` extra (TransferQueue, cachetools, ...), what
-  the CUDA images hold through ``verl[vllm]``, resolved with the lock as constraints.
+- ``core``: exactly the lock, i.e. what the CPU fixture image holds: verl with its
+  ``[verl-core]`` extra (TransferQueue, cachetools, ...), as the CUDA images hold it through
+  ``verl[vllm]``;
+- ``plain``: the same without the two packages only that extra brings and main_ppo imports at
+  start (``transferqueue``, ``cachetools``): verl 0.9.1 pinned without its extra.
 
 Each venv is built once per content key and reused; a file lock makes concurrent sessions wait.
 """
@@ -16,7 +18,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -30,22 +31,18 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "verl-e
 KINDS = ("plain", "core")
 
 
-def _constraints(lock: str) -> str:
-    """``name==version`` lines of a hashed lock (extras dropped), for the core resolution."""
-    pins = re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s\\]+)", lock, re.M)
-    return "".join(f"{n}=={v}\n" for n, v in pins)
+# what verl 0.9.1's [verl-core] extra adds that main_ppo imports when it starts
+CORE_ONLY = ("transferqueue", "cachetools")
 
 
 def _install(uv: str, python: Path, kind: str, venv: Path) -> subprocess.CompletedProcess[str]:
     links = os.environ.get("PIP_FIND_LINKS", "/opt/wheels").split()
     find = [a for d in links if os.path.isdir(d) for a in ("--find-links", d)]
-    base = [uv, "pip", "install", "-q", "--python", str(python), *find]
-    if kind == "plain":
-        return subprocess.run([*base, "--require-hashes", "-r", str(LOCK)],
-                              capture_output=True, text=True)
-    constraints = venv / "constraints.txt"
-    constraints.write_text(_constraints(LOCK.read_text()))
-    return subprocess.run([*base, "-c", str(constraints), "verl[verl-core]==0.9.1"],
+    proc = subprocess.run([uv, "pip", "install", "-q", "--python", str(python), *find,
+                           "--require-hashes", "-r", str(LOCK)], capture_output=True, text=True)
+    if proc.returncode or kind == "core":
+        return proc
+    return subprocess.run([uv, "pip", "uninstall", "-q", "--python", str(python), *CORE_ONLY],
                           capture_output=True, text=True)
 
 
@@ -55,7 +52,8 @@ def verl_hostenv(kind: str = "core") -> Path:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}")
     uv = find_uv_bin()
-    key = hashlib.sha256("\n".join([sys.version, kind, LOCK.read_text()]).encode()).hexdigest()
+    key = hashlib.sha256("\n".join([sys.version, kind, *CORE_ONLY, LOCK.read_text()])
+                         .encode()).hexdigest()
     venv = CACHE / f"verlenv-{kind}-{key[:12]}"
     python = venv / "bin" / "python"
     CACHE.mkdir(parents=True, exist_ok=True)
