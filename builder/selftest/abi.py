@@ -267,7 +267,7 @@ def decide_dist(dist: str, results: list[ObjectResult]) -> Check:
         return Check(cid, PHASE, SKIP, value=value, required=True, reason=f"{dist}: {text}")
     return Check(cid, PHASE, PASS, value=value,
                  reason=f"{dist}: {_n(len(results), 'shared object')}, "
-                        f"{_n(refs, 'undefined symbol')}, every one defined where it loads")
+                        f"{_n(refs, 'undefined symbol')}, all defined where they load")
 
 
 def decide_driver(results: list[ObjectResult]) -> Check | None:

@@ -1,0 +1,81 @@
+"""The ABI phase inside the real CPU fixture image (torch CPU, Ray, tensordict installed by the
+pipeline): it reports nothing unresolved, agrees with ``ldd -r`` on every shared object of the
+image's site directories, and every one of them really ``dlopen``-s (``RTLD_NOW``) in the
+image's interpreter after ``import torch`` (but Ray's ``libjemalloc.so``, see below). The gate's own release run (``verify`` with every
+phase, ``test_gate_docker.py``) includes the phase as well."""
+
+from __future__ import annotations
+
+import json
+
+import docker
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.network]
+
+PYTHON = "/opt/venv/bin/python"
+# Runs in the image with its installed self-test (/opt/verl-env is on its path): the phase,
+# ldd -r per file, then a real dlopen of each file after import torch.
+SCRIPT = r"""
+import ctypes, json, os, re, subprocess, sys, time
+from verl_env_selftest import abi, abimodel
+from verl_env_selftest.coverage import shared_objects, site_dirs
+
+roots = site_dirs()
+t0 = time.monotonic()
+found = abi.scan(roots, "cpu")
+seconds = time.monotonic() - t0
+problems = [p.text() for r in found.results for p in r.problems]
+proc, _ = abi.make_process(sys.executable, roots, dict(os.environ))
+paths = sorted({os.path.realpath(p) for root in roots for p in shared_objects(root)})
+
+def ldd_r(path):
+    out = subprocess.run(["ldd", "-r", path], capture_output=True, text=True)
+    syms, missing = set(), set()
+    for line in (out.stdout + out.stderr).splitlines():
+        m = re.match(r"\s*undefined symbol: ([^,\s]+)(?:, version \S+)?\s+\((.*)\)$", line)
+        if m and os.path.realpath(m.group(2)) == path:
+            syms.add(m.group(1))
+        m = re.match(r"\s*(\S+) => not found", line)
+        if m:
+            missing.add(m.group(1))
+    return syms, missing
+
+disagree, nonempty = [], 0
+for p in paths:
+    syms, missing = abimodel.unbound_alone(proc, p)
+    theirs = ldd_r(p)
+    nonempty += bool(theirs[0])
+    if (syms, set(missing)) != theirs:
+        disagree.append([p, sorted(syms ^ theirs[0])[:5], sorted(set(missing) ^ theirs[1])])
+
+import torch  # noqa: E402,F401 - the extensions load after torch, as in a training job
+failed = []
+for p in paths:
+    try:
+        ctypes.CDLL(p, mode=os.RTLD_NOW)
+    except OSError as e:
+        failed.append(str(e))
+print(json.dumps({"elf_files": found.elf_files, "objects": len(found.results),
+                  "seconds": round(seconds, 2), "problems": problems, "files": len(paths),
+                  "ldd_disagree": disagree, "ldd_nonempty": nonempty, "dlopen_failed": failed}))
+"""
+
+
+def test_abi_phase_in_the_cpu_fixture_image(gate_base: str, docker_host: str) -> None:
+    client = docker.DockerClient(base_url=docker_host)
+    out = client.containers.run(gate_base, [PYTHON, "-c", SCRIPT], entrypoint=[],
+                                network_mode="none", remove=True, stderr=True)
+    res = json.loads(out.decode().strip().splitlines()[-1])
+    print(f"\nabi phase in the CPU fixture image: {res['elf_files']} ELF files, "
+          f"{res['objects']} shared objects in {res['seconds']} s; ldd -r agrees on "
+          f"{res['files'] - len(res['ldd_disagree'])}/{res['files']} ({res['ldd_nonempty']} "
+          f"with undefined symbols under ldd); dlopen failed for {len(res['dlopen_failed'])}")
+    assert res["objects"] >= 20 and res["problems"] == [], res["problems"]
+    assert res["ldd_disagree"] == [] and res["ldd_nonempty"] >= 5, res["ldd_disagree"]
+    # Ray's libjemalloc.so uses initial-exec TLS: a late dlopen cannot place it (Ray only
+    # LD_PRELOADs it into its daemons); not a symbol matter, and not judged by the phase
+    failed = [f for f in res["dlopen_failed"]
+              if not (f.endswith("cannot allocate memory in static TLS block")
+                      and "/ray/core/libjemalloc.so" in f)]
+    assert failed == [], res["dlopen_failed"]
