@@ -1,8 +1,9 @@
 """The ABI phase inside the real CPU fixture image (torch CPU, Ray, tensordict installed by the
 pipeline): it reports nothing unresolved, agrees with ``ldd -r`` on every shared object of the
 image's site directories, and every one of them really ``dlopen``-s (``RTLD_NOW``) in the
-image's interpreter after ``import torch`` (but Ray's ``libjemalloc.so``, see below). The gate's own release run (``verify`` with every
-phase, ``test_gate_docker.py``) includes the phase as well."""
+image's interpreter after ``import torch`` (but Ray's ``libjemalloc.so``, see below). The
+gate's own release run (``verify`` with every phase, ``test_gate_docker.py``) includes the
+phase as well."""
 
 from __future__ import annotations
 
