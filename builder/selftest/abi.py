@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -207,8 +208,8 @@ def scan(roots: list[str], accelerator: str, executable: str = sys.executable,
                     out.foreign.append(rel)
                     continue
                 check_object(proc, real, res, drivers)
-            except (OSError, DevcodeError) as e:
-                res.problems.append(Problem(rel, "unreadable", str(e)))
+            except (OSError, DevcodeError, struct.error, ValueError) as e:
+                res.problems.append(Problem(rel, "unreadable", str(e) or type(e).__name__))
             out.results.append(res)
     demangle([p for r in out.results for p in r.problems if p.kind == "symbol"])
     return out

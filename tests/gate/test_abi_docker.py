@@ -7,10 +7,16 @@ phase as well."""
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
+from pathlib import Path
 
 import docker
 import pytest
+
+from tests.conftest import run_build_env
+from tests.selftest import abifixture as fx
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
@@ -80,3 +86,46 @@ def test_abi_phase_in_the_cpu_fixture_image(gate_base: str, docker_host: str) ->
               if not (f.endswith("cannot allocate memory in static TLS block")
                       and "/ray/core/libjemalloc.so" in f)]
     assert failed == [], res["dlopen_failed"]
+
+
+def test_extension_for_another_torch_fails_the_gate(gate_base: str, docker_host: str,
+                                                    tmp_path: Path) -> None:
+    """The issue's finding: an image given an extension that needs a torch symbol its torch
+    does not define passed the gate with exit 0. Now the release run fails (exit 1) with
+    ``abi.badext`` naming the .so, the symbol and libc10.so; every other check still passes."""
+    if fx.compilers():
+        pytest.skip(str(fx.compilers()))
+    objs = fx.build(tmp_path / "build")
+    site = "/opt/venv/lib/python3.11/site-packages"
+    record = "badext/_C.so,sha256=x,1\nbadext-1.0.dist-info/RECORD,,\n"
+    files = {"Dockerfile": f"FROM {gate_base}\nCOPY _C.so {site}/badext/_C.so\n"
+                           f"COPY RECORD {site}/badext-1.0.dist-info/RECORD\n".encode(),
+             "_C.so": objs["newer"].read_bytes(), "RECORD": record.encode()}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    client = docker.DockerClient(base_url=docker_host)
+    tag = "verl-env-test/gate:abi-badext"
+    image, _ = client.images.build(fileobj=buf, custom_context=True, tag=tag, rm=True,
+                                   network_mode="none")
+    try:
+        out = tmp_path / "r.json"
+        proc = run_build_env("verify", str(image.id), "--selftest-args", "--timeout 600",
+                             "--report", str(out), timeout=1800)
+        report = json.loads(out.read_text())
+    finally:
+        client.images.remove(tag, force=True)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and report["overall"] == "fail", text
+    assert report["gate"]["scope"] == "release" and "abi" in report["gate"]["phases"]
+    checks = {c["id"]: c for c in report["checks"]}
+    bad = checks["abi.badext"]
+    assert bad["status"] == "fail" and bad["required"], bad
+    assert bad["reason"].startswith("badext: badext/_C.so: undefined symbol ")
+    assert fx.NEWER_SYMBOL in bad["reason"]
+    assert f"expected from libc10.so ({site}/torch/lib/libc10.so)" in bad["reason"]
+    assert [i for i, c in checks.items() if c["status"] == "fail"] == ["abi.badext"], text

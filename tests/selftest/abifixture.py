@@ -48,6 +48,14 @@ void torchCheckFail(const char*, const char*, unsigned, const std::string&);
 extern "C" int PyInit__C(void) { c10::detail::torchCheckFail("f", "x.cc", 1, "m");
                                  return c10::Warning::warn(); }
 """
+# A torch symbol no torch release defines: an extension "built against a newer torch".
+NEWER = """
+namespace c10 { namespace impl { int verl_env_newer_torch_only(int); } }
+extern "C" int PyInit__C(void) { return c10::impl::verl_env_newer_torch_only(1); }
+"""
+NEWER_STUB = "namespace c10 { namespace impl { int verl_env_newer_torch_only(int x) " \
+             "{ return x; } } }\n"
+NEWER_SYMBOL = "_ZN3c104impl25verl_env_newer_torch_onlyEi"
 STUB_GLIBC = "void gnu_get_libc_version(void) {}\n"
 NEEDS_GLIBC = "extern void gnu_get_libc_version(void);\nint PyInit__C(void) " \
               "{ gnu_get_libc_version(); return 0; }\n"
@@ -103,6 +111,8 @@ def build(build_dir: Path) -> dict[str, Path]:
     objs["glibc"] = _cc("gcc", NEEDS_GLIBC, b / "glibc" / "_C.so", str(glibc))
     cxx = _stub(STUB_CXX, b, "libstdc++.so.6", "CXXABI_1.3.99")
     objs["cxx"] = _cc("gcc", NEEDS_CXX, b / "cxx" / "_C.so", str(cxx))
+    newer = _cc("g++", NEWER_STUB, b / "newer-c10" / "libc10.so", "-Wl,-soname,libc10.so")
+    objs["newer"] = _cc("g++", NEWER, b / "newer" / "_C.so", str(newer))
     cuda = b / "stub-cuda"
     _cc("gcc", STUB_CUDA, cuda / "libcuda.so.1", "-Wl,-soname,libcuda.so.1")
     objs["driver"] = _cc("gcc", NEEDS_CUDA, b / "driver" / "_C.so", str(cuda / "libcuda.so.1"))

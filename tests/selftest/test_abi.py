@@ -370,3 +370,13 @@ def test_every_host_venv_library_really_loads(hostpy: str, st_path: Path) -> Non
               if not (f.endswith("cannot allocate memory in static TLS block")
                       and "/ray/core/libjemalloc.so" in f)]
     assert res["files"] >= 20 and failed == [], res
+
+
+@needs_cc
+def test_a_truncated_library_is_a_required_skip(objs: dict[str, Path], tmp_path: Path) -> None:
+    root = fx.site(objs, tmp_path, "v1", versioned=False)
+    so = root / "fakeext" / "_C.so"
+    data = so.read_bytes()
+    so.write_bytes(data[:64] + b"\0" * 16)  # the header stays, the section table is gone
+    c = phase(root)["abi.fakeext"]
+    assert c.status == SKIP and c.required and "fakeext/_C.so: cannot be read" in c.reason
