@@ -95,7 +95,8 @@ class Scan:
 
     roots: list[str]
     results: list[ObjectResult] = field(default_factory=list)
-    foreign: list[str] = field(default_factory=list)  # ELF files for another machine
+    # ELF files the interpreter cannot dlopen: another class or machine, or not ET_DYN
+    foreign: list[str] = field(default_factory=list)
     elf_files: int = 0
     loader: dict[str, Any] = field(default_factory=dict)
 
@@ -162,7 +163,8 @@ def check_object(proc: Process, path: str, res: ObjectResult, drivers: tuple[str
             res.driver[name] = res.driver.get(name, 0)
         elif not any(p.kind == "missing" and p.what == name for p in res.problems):
             res.problems.append(Problem(res.library, "missing", name))
-    order = proc.global_order + [p for p in c.order if p not in set(proc.global_order)]
+    in_global = set(proc.global_order)
+    order = proc.global_order + [p for p in c.order if p not in in_global]
     scope = [(p, proc.dyn(p)) for p in order]
     for need in info.verneed:
         lib_path = c.names.get(need.file)
@@ -304,7 +306,8 @@ def check_abi(run: Run, roots: list[str] | None = None) -> list[Check]:
               f"{_n(len(dists), 'distribution')} checked, {_n(refs, 'undefined symbol')}, "
               f"in {elapsed:.2f} s")
     if found.foreign:
-        reason += f"; {len(found.foreign)} for another machine not loaded"
+        reason += (f"; {len(found.foreign)} not loadable here (another machine, or not a "
+                   "shared object) and not checked")
     if found.loader.get("torch_local"):
         reason += "; torch loaded first"
     checks = [Check(f"{PHASE}.scan", PHASE, PASS if found.results else WARN, value=value,
