@@ -23,6 +23,7 @@ from builder.selftest.elfread import ElfHeader
 from builder.selftest.report import FAIL, PASS, SKIP
 
 from . import abifixture as fx
+from . import elfbytes
 from .helpers import clean_env
 
 HEADER = ElfHeader(True, 62, 3)
@@ -380,3 +381,14 @@ def test_a_truncated_library_is_a_required_skip(objs: dict[str, Path], tmp_path:
     so.write_bytes(data[:64] + b"\0" * 16)  # the header stays, the section table is gone
     c = phase(root)["abi.fakeext"]
     assert c.status == SKIP and c.required and "fakeext/_C.so: cannot be read" in c.reason
+
+
+@needs_cc
+def test_a_library_for_another_machine_is_counted_not_loaded(objs: dict[str, Path],
+                                                             tmp_path: Path) -> None:
+    root = fx.site(objs, tmp_path, "v1", versioned=False)
+    (root / "fakeext" / "_arm.so").write_bytes(elfbytes.elf({".text": b"\0" * 8}, cls64=False))
+    checks = phase(root)
+    scan = checks["abi.scan"]
+    assert scan.value["foreign"] == ["fakeext/_arm.so"] and scan.value["elf_files"] == 6
+    assert "1 not loadable here" in scan.reason and checks["abi.fakeext"].status == PASS
