@@ -36,12 +36,12 @@ from .report import (EXIT_ERROR, Check, ReportMeta, apply_strict, build_report, 
 from .runner import PhaseResult, kill_active, run_phase
 
 EMULATED_ENV = "VERL_ENV_EMULATED"
-PHASES = ("preflight", "env", "imports", "versions", "coverage", "cpu", "gpu", "collective",
-          "ray")
+PHASES = ("preflight", "env", "imports", "versions", "coverage", "abi", "cpu", "gpu",
+          "collective", "ray")
 DISTRIBUTED_DEFAULT = ("preflight", "env", "collective")
 TIMEOUTS = {"detect": 90.0, "preflight": 30.0, "env": 30.0, "imports": 240.0,
-            "versions": 60.0, "coverage": 120.0, "cpu": 120.0, "gpu": 180.0, "collective": 300.0,
-            "ray": 180.0}
+            "versions": 60.0, "coverage": 120.0, "abi": 120.0, "cpu": 120.0, "gpu": 180.0,
+            "collective": 300.0, "ray": 180.0}
 
 
 class UsageError(Exception):
@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--coverage-root", action="append", metavar="DIR",
                    help="read device code under DIR instead of the interpreter's site "
                         "directories (repeatable; a narrowed run)")
+    p.add_argument("--abi-root", action="append", metavar="DIR",
+                   help="check the shared objects under DIR instead of the interpreter's site "
+                        "directories (repeatable; a narrowed run)")
     p.add_argument("--timeout", type=float, metavar="S",
                    help="per-phase timeout in seconds (default: per phase, 30-300 s)")
     p.add_argument("--emulated", type=float, metavar="FACTOR",
@@ -154,9 +157,10 @@ def _options(a: argparse.Namespace, timeouts: dict[str, float]) -> dict[str, Any
         bw_size = parse_size(a.bw_size) if a.bw_size else None
     except ValueError as e:
         raise UsageError(f"--bw-size: {e}") from None
-    for root in a.coverage_root or []:
-        if not os.path.isdir(root):
-            raise UsageError(f"--coverage-root {root}: not a directory")
+    for flag, roots in (("--coverage-root", a.coverage_root), ("--abi-root", a.abi_root)):
+        for root in roots or []:
+            if not os.path.isdir(root):
+                raise UsageError(f"{flag} {root}: not a directory")
     try:
         ref = load_reference(a.bw_ref)
     except BwRefError as e:
@@ -164,7 +168,8 @@ def _options(a: argparse.Namespace, timeouts: dict[str, float]) -> dict[str, Any
     return {"bw_size": bw_size, "bw_iters": a.bw_iters, "bw_warmup": a.bw_warmup,
             "bw_ref": ref, "bw_warn_frac": a.bw_warn_frac, "bw_fail_frac": a.bw_fail_frac,
             "gloo_ranks": a.gloo_ranks, "strict": a.strict, "timeouts": timeouts,
-            "coverage_roots": [os.path.abspath(r) for r in a.coverage_root or []]}
+            "coverage_roots": [os.path.abspath(r) for r in a.coverage_root or []],
+            "abi_roots": [os.path.abspath(r) for r in a.abi_root or []]}
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:

@@ -1,6 +1,8 @@
-"""The few ELF facts the device-code reader needs: the section table of a little-endian ELF
-file (or of an ELF image inside one, a cubin), exact reads, and a chunked search for a magic.
-Stdlib only; nothing here reads more than it is asked for."""
+"""The few ELF facts the device-code reader and the ABI phase need: the ELF header (class,
+machine, type), the section table of a little-endian ELF file (or of an ELF image inside one,
+a cubin), exact reads, and a chunked search for a magic. The dynamic section, symbols and
+versions are read by :mod:`.elfdyn` on top of this. Stdlib only; nothing here reads more than
+it is asked for."""
 
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ class Section:
     size: int
     type: int = SHT_PROGBITS
     flags: int = 0
+    index: int = 0  # its index in the section header table (what sh_link refers to)
+    link: int = 0  # sh_link: the string table of a symbol table, dynamic or version section
 
     @property
     def data_candidate(self) -> bool:
@@ -82,12 +86,30 @@ def elf_sections(fd: int, base: int = 0, limit: int | None = None) -> list[Secti
         raise DevcodeError("section names run past the image")
     names = pread_exact(fd, strtab[5], base + strtab[4])
     out = []
-    for h in headers:
+    for index, h in enumerate(headers):
         end = names.find(b"\0", h[0])
         name = names[h[0]:end if end >= 0 else None].decode("latin-1")
         if h[1] != 8:  # SHT_NOBITS has no bytes in the file
-            out.append(Section(name, h[4], h[5], h[1], h[2]))
+            out.append(Section(name, h[4], h[5], h[1], h[2], index, h[6]))
     return out
+
+
+@dataclass(frozen=True)
+class ElfHeader:
+    """What the dynamic loader compares before it maps a file: class, machine and type."""
+
+    cls64: bool
+    machine: int  # e_machine: 62 x86-64, 183 AArch64, 3 i386
+    type: int  # e_type: 2 executable, 3 shared object (or PIE executable)
+
+
+def elf_header(fd: int) -> ElfHeader | None:
+    """The header of a little-endian ELF file (None: not one)."""
+    ident = os.pread(fd, 20, 0)
+    if len(ident) < 20 or ident[:4] != ELF_MAGIC or ident[5] != 1 or ident[4] not in (1, 2):
+        return None
+    etype, machine = struct.unpack_from("<HH", ident, 16)
+    return ElfHeader(ident[4] == 2, machine, etype)
 
 
 def find_magic(fd: int, magics: tuple[bytes, ...], start: int, end: int, align: int,

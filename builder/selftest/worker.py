@@ -25,6 +25,7 @@ PHASES: dict[str, tuple[str, str]] = {
     "imports": ("imports", "plan"),
     "versions": ("versions", "plan"),
     "coverage": ("coverage", "plan"),
+    "abi": ("abi", "plan"),
     "cpu": ("cpu", "plan"),
     "gpu": ("gpu", "plan"),
     "collective": ("collective", "plan"),

@@ -142,7 +142,7 @@ def test_narrowed_run_is_partial_and_unlocks_nothing(derive, tmp_path: Path) -> 
     assert "partial verdict, unlocks no tag, SIF or publish" in out
     assert not verdicts.is_verified(image)
     why = verdicts.release_problem(verdicts.lookup(image)) or ""
-    assert "partial" in why and "env,imports,versions,cpu,ray not run" in why
+    assert "partial" in why and "env,imports,versions,abi,cpu,ray not run" in why
     recorded = verdicts.lookup(image)
     assert recorded is not None and recorded.scope == "partial" and recorded.level is None
     # verify's own --phases narrows the same way

@@ -8,6 +8,7 @@ import pytest
 
 from builder.errors import VerifyError
 from builder.families import ALL_PHASES
+from builder.selftest.cli import PHASES as SELFTEST_PHASES
 from builder.gate.plan import (RELEASE_PHASES, count_gpus, decide_gpus, family_of, normalize_arch,
                                plan_selftest)
 
@@ -60,13 +61,17 @@ def test_arch_and_family() -> None:
 
 def test_release_scope() -> None:
     full = plan_selftest("cuda")
-    assert full.phases == ALL_PHASES and full.partial_reason is None
+    assert full.phases == SELFTEST_PHASES and full.partial_reason is None
+    assert set(ALL_PHASES) < set(full.phases) and "abi" in full.required
+    assert all("abi" in phases for phases in RELEASE_PHASES.values())
+    no_abi = plan_selftest("cpu", ["--phases", "preflight,env,imports,versions,cpu,ray"])
+    assert "phases abi not run" in (no_abi.partial_reason or "")
     assert plan_selftest("cpu", ["--strict", "--timeout", "60", "--jobs", "2"]).partial_reason \
         is None
     cpu = plan_selftest("cpu", [], ",".join(RELEASE_PHASES["cpu"]))
     assert cpu.partial_reason is None and "gpu" not in cpu.phases
     narrow = plan_selftest("cpu", ["--phases", "preflight"])
-    assert "env,imports,versions,cpu,ray not run" in (narrow.partial_reason or "")
+    assert "env,imports,versions,abi,cpu,ray not run" in (narrow.partial_reason or "")
     assert "gpu,collective" in (plan_selftest("rocm", [], "preflight,env,imports,versions,cpu,"
                                               "ray").partial_reason or "")
     relaxed = plan_selftest("cuda", ["--bw-fail-frac", "0.01", "--gloo-ranks", "1"])

@@ -1,0 +1,328 @@
+"""ABI: will every shared object of the image's Python environment load? Needs no GPU and
+imports nothing but the standard library: it reads the ELF files (:mod:`.elfdyn`), resolves
+each ``DT_NEEDED`` library as the dynamic loader will (:mod:`.ldsearch`) in the process
+``python`` builds after ``import torch`` (:mod:`.abimodel`), and checks every undefined
+non-weak symbol, with its version, against the symbols the libraries it will see export.
+
+Checks: ``abi.scan`` (what was read, the loader's view, how long it took), ``abi.driver``
+(the driver's libraries, ``libcuda.so.1`` and ``libnvidia-ml.so.1`` on cuda, the ROCm runtime
+on rocm when the image does not ship it: resolved at run time by the driver, named, never
+checked here), then one ``abi.<distribution>`` per distribution that owns shared objects:
+fail naming the ``.so``, the symbol (demangled when the image has ``c++filt``) and the library
+expected to provide it, a library the loader cannot find, or a version a library lacks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .abimodel import Process, Unbound, bind, expected_provider, scope_name
+from .coverage import UNOWNED, owners, shared_objects, site_dirs
+from .elfdyn import SEP, DynInfo
+from .elfread import DevcodeError, elf_header
+from .ldsearch import Searcher, default_dirs, env_paths, load_cache
+from .phase import Run, Step
+from .report import FAIL, PASS, SKIP, WARN, Check
+
+PHASE = "abi"
+ET_DYN = 3
+DRIVER_PREFIXES = ("cu", "nvml", "hip", "hsa", "amd", "drm", "__hip", "__cuda")
+# The libraries the GPU driver brings into a container at run time (the NVIDIA container
+# toolkit, apptainer --nv / --rocm), by family: an image must not ship them.
+DRIVER_LIBS = {
+    "cuda": ("libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so",
+             "libnvidia-ptxjitcompiler.so.1", "libcudadebugger.so.1"),
+    "rocm": ("libamdhip64.so.5", "libamdhip64.so.6", "libamdhip64.so.7",
+             "libhsa-runtime64.so.1", "libdrm_amdgpu.so.1", "libdrm.so.2",
+             "librocm_smi64.so.5", "librocm_smi64.so.6", "librocm_smi64.so.7"),
+}
+SHOWN = 8  # problems named in a check's reason (all of them are in its value)
+
+
+@dataclass
+class Problem:
+    """One reason a shared object will not load."""
+
+    library: str  # relative to its site directory
+    kind: str  # symbol | missing | version | unreadable
+    what: str  # the symbol (mangled), the library name, the version, or the error
+    version: str | None = None
+    expected: str | None = None
+    expected_path: str | None = None
+    demangled: str | None = None
+
+    def text(self) -> str:
+        """One line naming the .so, the symbol and the library."""
+        if self.kind == "missing":
+            return f"{self.library}: needs {self.what}, which the loader cannot find"
+        if self.kind == "version":
+            return (f"{self.library}: version {self.what} of {self.expected} not found "
+                    f"({self.expected_path or 'not loaded'} does not define it)")
+        if self.kind == "unreadable":
+            return f"{self.library}: cannot be read: {self.what}"
+        sym = self.demangled or self.what
+        ver = f"@{self.version}" if self.version else ""
+        raw = f" [{self.what}]" if self.demangled and self.demangled != self.what else ""
+        where = (f", expected from {self.expected} ({self.expected_path or 'not loaded'})"
+                 if self.expected else ", defined by no library it loads")
+        return f"{self.library}: undefined symbol {sym}{ver}{raw}{where}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class ObjectResult:
+    """What checking one shared object found."""
+
+    dist: str
+    library: str
+    refs: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    driver: dict[str, int] = field(default_factory=dict)  # driver library -> symbols it owes
+
+
+@dataclass
+class Scan:
+    """The whole phase's findings."""
+
+    roots: list[str]
+    results: list[ObjectResult] = field(default_factory=list)
+    # ELF files the interpreter cannot dlopen: another class or machine, or not ET_DYN
+    foreign: list[str] = field(default_factory=list)
+    elf_files: int = 0
+    loader: dict[str, Any] = field(default_factory=dict)
+
+
+def interpreter_header(executable: str) -> Any:
+    fd = os.open(os.path.realpath(executable), os.O_RDONLY)
+    try:
+        return elf_header(fd)
+    finally:
+        os.close(fd)
+
+
+def torch_libs(roots: list[str]) -> tuple[str | None, list[str]]:
+    """What ``import torch`` loads before anything else: ``libtorch_global_deps.so``
+    (``RTLD_GLOBAL``) and ``torch/_C*.so`` (local); (None, []) without torch."""
+    for root in roots:
+        lib = os.path.join(root, "torch", "lib")
+        if not os.path.isdir(lib):
+            continue
+        glob_deps = os.path.join(lib, "libtorch_global_deps.so")
+        tdir = os.path.join(root, "torch")
+        local = sorted(os.path.join(tdir, n) for n in os.listdir(tdir)
+                       if n.startswith("_C.") and n.endswith(".so"))
+        return (glob_deps if os.path.isfile(glob_deps) else None), local
+    return None, []
+
+
+def make_process(executable: str, roots: list[str], env: dict[str, str]) -> \
+        tuple[Process, str]:
+    """The interpreter's process after ``import torch`` (when torch is installed), and where
+    the loader's cache came from."""
+    header = interpreter_header(executable)
+    if header is None:
+        raise DevcodeError(f"{executable}: the interpreter is not an ELF file")
+    cache, source = load_cache()
+    searcher = Searcher(cache, env_paths(env.get("LD_LIBRARY_PATH")),
+                        default_dirs(header.machine, header.cls64), lambda p: False)
+    proc = Process(searcher, header)
+    searcher.accept = proc.fits
+    proc.start(executable, *torch_libs(roots))
+    return proc, source
+
+
+def driver_owes(key: bytes, missing: list[str], info: DynInfo) -> str | None:
+    """The missing driver library a reference is for (its version names it, or its name
+    has the driver's prefix), None when it is not the driver's."""
+    file = info.ref_file.get(key)
+    if file in missing:
+        return file
+    name = key.split(SEP, 1)[0].decode("latin-1")
+    return missing[0] if missing and name.startswith(DRIVER_PREFIXES) else None
+
+
+def check_object(proc: Process, path: str, res: ObjectResult, drivers: tuple[str, ...]) -> \
+        None:
+    """Fill ``res`` for the shared object at ``path`` (a realpath)."""
+    info = proc.dyn(path)
+    res.refs = len(info.refs)
+    c = proc.closure(path, proc.loaded)
+    missing_driver = []
+    for name, _requester in c.missing:
+        if name in drivers:
+            missing_driver.append(name)
+            res.driver[name] = res.driver.get(name, 0)
+        elif not any(p.kind == "missing" and p.what == name for p in res.problems):
+            res.problems.append(Problem(res.library, "missing", name))
+    in_global = set(proc.global_order)
+    order = proc.global_order + [p for p in c.order if p not in in_global]
+    scope = [(p, proc.dyn(p)) for p in order]
+    for need in info.verneed:
+        lib_path = c.names.get(need.file)
+        if need.weak or lib_path is None:
+            continue
+        lib = proc.dyn(lib_path)
+        if lib.verdefs and need.version not in lib.verdefs:
+            res.problems.append(Problem(res.library, "version", need.version,
+                                        expected=need.file, expected_path=lib_path))
+    for key in sorted(bind(info.refs, [lib for _p, lib in scope])):
+        owed = driver_owes(key, missing_driver, info)
+        if owed:
+            res.driver[owed] = res.driver.get(owed, 0) + 1
+            continue
+        u = Unbound(key, *expected_provider(key, info, scope, c.names))
+        res.problems.append(Problem(res.library, "symbol", u.name, u.version, u.expected,
+                                    u.expected_path))
+
+
+def scan(roots: list[str], accelerator: str, executable: str = sys.executable,
+         env: dict[str, str] | None = None) -> Scan:
+    """Check every ELF shared object under ``roots``."""
+    env = dict(os.environ) if env is None else env
+    proc, source = make_process(executable, roots, env)
+    out = Scan(roots, loader=loader_facts(proc, env, source))
+    drivers = DRIVER_LIBS.get(accelerator, ())
+    seen: set[tuple[int, int]] = set()
+    for root in roots:
+        owned = owners(root)
+        for path in shared_objects(root):
+            rel = os.path.relpath(path, root)
+            res = ObjectResult(owned.get(os.path.normpath(rel), UNOWNED), rel)
+            try:
+                st = os.stat(path)
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+                real = os.path.realpath(path)
+                if not _is_elf(real):
+                    continue
+                out.elf_files += 1
+                if not proc.fits(real) or proc.dyn(real).header.type != ET_DYN:
+                    out.foreign.append(rel)
+                    continue
+                check_object(proc, real, res, drivers)
+            except (OSError, DevcodeError, struct.error, ValueError) as e:
+                res.problems.append(Problem(rel, "unreadable", str(e) or type(e).__name__))
+            out.results.append(res)
+    demangle([p for r in out.results for p in r.problems if p.kind == "symbol"])
+    return out
+
+
+def _is_elf(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"\x7fELF"
+
+
+def loader_facts(proc: Process, env: dict[str, str], source: str) -> dict[str, Any]:
+    """The loader's view, for the report."""
+    return {"cache": source,
+            "ld_library_path": env_paths(env.get("LD_LIBRARY_PATH")),
+            "default_dirs": proc.searcher.defaults,
+            "global": [scope_name(p, proc.loaded) for p in proc.global_order],
+            "torch_global": proc.torch_global, "torch_local": proc.torch_local}
+
+
+def demangle(problems: list[Problem]) -> None:
+    """Demangle the C++ symbols of ``problems`` with the image's ``c++filt`` (one call)."""
+    mangled = sorted({p.what for p in problems if p.what.startswith("_Z")})
+    tool = shutil.which("c++filt")
+    if not mangled or tool is None:
+        return
+    try:
+        proc = subprocess.run([tool], input="\n".join(mangled) + "\n", capture_output=True,
+                              text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return
+    lines = proc.stdout.splitlines()
+    if len(lines) != len(mangled):
+        return
+    names = dict(zip(mangled, lines))
+    for p in problems:
+        p.demangled = names.get(p.what)
+
+
+def decide_dist(dist: str, results: list[ObjectResult]) -> Check:
+    """One distribution's check: fail naming every problem (the first few in the reason),
+    a required skip when a file could not be read and nothing failed, else pass."""
+    cid = f"{PHASE}.{dist}"
+    problems = [p for r in results for p in r.problems]
+    broken = [p for p in problems if p.kind != "unreadable"]
+    unread = [p for p in problems if p.kind == "unreadable"]
+    refs = sum(r.refs for r in results)
+    value = {"objects": len(results), "symbols": refs,
+             "problems": [p.to_dict() for p in problems]}
+    shown = broken or unread
+    text = "; ".join(p.text() for p in shown[:SHOWN])
+    if len(shown) > SHOWN:
+        text += f"; and {len(shown) - SHOWN} more (in the value)"
+    if broken:
+        return Check(cid, PHASE, FAIL, value=value, reason=f"{dist}: {text}")
+    if unread:
+        return Check(cid, PHASE, SKIP, value=value, required=True, reason=f"{dist}: {text}")
+    return Check(cid, PHASE, PASS, value=value,
+                 reason=f"{dist}: {_n(len(results), 'shared object')}, "
+                        f"{_n(refs, 'undefined symbol')}, all defined where they load")
+
+
+def decide_driver(results: list[ObjectResult]) -> Check | None:
+    """The driver's libraries the environment needs: named, never checked (skip, cannot
+    apply in an image); None when nothing needs one."""
+    needs: dict[str, list[str]] = {}
+    for r in results:
+        for lib in r.driver:
+            needs.setdefault(lib, []).append(r.library)
+    if not needs:
+        return None
+    parts = []
+    for lib, objs in sorted(needs.items()):
+        more = f" and {len(objs) - 3} more" if len(objs) > 3 else ""
+        parts.append(f"{lib} (needed by {', '.join(objs[:3])}{more})")
+    value = {lib: sorted(objs) for lib, objs in needs.items()}
+    return Check(f"{PHASE}.driver", PHASE, SKIP, required=False, applies=False, value=value,
+                 reason="resolved at run time by the driver: " + "; ".join(parts))
+
+
+def check_abi(run: Run, roots: list[str] | None = None) -> list[Check]:
+    """The phase's one step: scan, then one check per distribution."""
+    roots = roots if roots is not None else (run.options.get("abi_roots") or site_dirs())
+    t0 = time.monotonic()
+    found = scan(roots, run.accelerator)
+    elapsed = time.monotonic() - t0
+    dists = sorted({r.dist for r in found.results})
+    refs = sum(r.refs for r in found.results)
+    value = {"roots": roots, "elf_files": found.elf_files, "objects": len(found.results),
+             "symbols": refs, "foreign": found.foreign, "seconds": round(elapsed, 3),
+             "loader": found.loader}
+    reason = (f"{_n(found.elf_files, 'ELF file')}, {len(found.results)} shared objects of "
+              f"{_n(len(dists), 'distribution')} checked, {_n(refs, 'undefined symbol')}, "
+              f"in {elapsed:.2f} s")
+    if found.foreign:
+        reason += (f"; {len(found.foreign)} not loadable here (another machine, or not a "
+                   "shared object) and not checked")
+    if found.loader.get("torch_local"):
+        reason += "; torch loaded first"
+    checks = [Check(f"{PHASE}.scan", PHASE, PASS if found.results else WARN, value=value,
+                    duration_s=elapsed, reason=reason if found.results else
+                    reason + f"; no shared object under {', '.join(roots) or 'no root'}")]
+    driver = decide_driver(found.results)
+    checks += [driver] if driver else []
+    checks += [decide_dist(d, [r for r in found.results if r.dist == d]) for d in dists]
+    return checks
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def plan(run: Run) -> list[Step]:
+    """One step, required on every family (a CPU torch has extensions too)."""
+    return [Step((f"{PHASE}.scan",), check_abi)]
