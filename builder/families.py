@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-ALL_PHASES = ("preflight", "env", "imports", "versions", "coverage", "cpu", "gpu", "collective",
-              "ray")
+# ``abi`` (every extension's undefined symbols against the libraries the loader will give it)
+# applies to every family, a CPU torch has extensions too, and needs no GPU.
+ALL_PHASES = ("preflight", "env", "imports", "versions", "coverage", "abi", "cpu", "gpu",
+              "collective", "ray")
 # The phases that prove nothing without a GPU: a verdict of a GPU family whose host had none is
 # a *build* verdict with these phases ``pending`` (builder.verdicts).
 GPU_PHASES = ("gpu", "collective")
@@ -129,7 +131,8 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({
                        "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_custom_all_reduce=True",),
                    # gfx942 (MI300X/MI325X), gfx950 (MI350X/MI355X), gfx90a (MI250X), gfx1100
                    gpu_pattern=r"gfx[0-9]{2,4}[0-9a-f]?"),
-    "cpu": Family("cpu", None, ("preflight", "env", "imports", "versions", "cpu", "ray"), (),
+    "cpu": Family("cpu", None,
+                  ("preflight", "env", "imports", "versions", "abi", "cpu", "ray"), (),
                   (), None, charliecloud=True),
 })
 

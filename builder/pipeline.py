@@ -311,6 +311,8 @@ def _gate(plan: BuildPlan, facts: EngineFacts, engine: ContainerEngine, console:
         report.stages["build"] = {"seconds": 0.0, "reused": tags.content}
         known = verdicts.lookup(step.image_id)
         if known and verdicts.release_problem(known, req.require) is None and not req.reverify:
+            if (bound := _binding(plan, tags)) is not None:
+                verdicts.bind(step.image_id, known, bound)
             return _reuse(engine, report, report_path, console, tags, known)
         console.stage("build", "reuse", f"{tags.content} exists ({step.image_id[7:19]}); "
                       "verifying it")
@@ -326,7 +328,8 @@ def _gate(plan: BuildPlan, facts: EngineFacts, engine: ContainerEngine, console:
     report.stages["verify"] = {"seconds": round(v.seconds, 1), "overall": v.overall,
                                "exit_code": v.exit_code, "scope": v.scope, "level": v.level,
                                "gpu": v.gpu.status}
-    verdicts.record(image_id, v, target=plan.target.name)
+    bound = _binding(plan, tags)
+    verdicts.record(image_id, v, target=plan.target.name, binding=bound)
     problem = verdicts.release_problem(v, req.require)
     if problem is not None:
         return _refuse(engine, report, report_path, console, v, req, plan.target, step.built,
@@ -339,8 +342,19 @@ def _gate(plan: BuildPlan, facts: EngineFacts, engine: ContainerEngine, console:
     report.tags = list(tags.all)
     report.result = "pass"
     console.stage("tag", "ok", "  ".join(report.tags))
-    recorded = verdicts.record(image_id, v, target=plan.target.name, tags=report.tags)
+    recorded = verdicts.record(image_id, v, target=plan.target.name, tags=report.tags,
+                               binding=bound)
     return image_id, recorded, report, report_path
+
+
+def _binding(plan: BuildPlan, tags: Names) -> verdicts.Binding | None:
+    """What the verdict is for, at this site (``build-env list`` shows it only there, only for
+    this content); an override build belongs to no site's target."""
+    if plan.target.override:
+        return None
+    lock_hash = plan.context.lock_hash if plan.context else None
+    return verdicts.Binding(verdicts.site_key(plan.matrix), plan.target.name,
+                            plan.target.entry_hash, lock_hash, tags.content)
 
 
 def _build(plan: BuildPlan, engine: ContainerEngine, console: Console, report: Report, step: _Step

@@ -440,6 +440,14 @@ def record(image_id: str, verdict: Verdict, *, target: str | None,
     return stamped
 
 
+def bind(image_id: str, verdict: Verdict, binding: Binding) -> None:
+    """Keep ``verdict`` (already recorded for ``image_id``) among ``binding``'s site's too: a
+    reuse of the same content at another site (the content tag is every input's hash). The
+    per-image record, and when it was made, stay as they are."""
+    bound = dataclasses.replace(verdict, binding=binding)
+    atomic_write_text(_site_dir(binding.site) / _path(image_id).name, dump(bound))
+
+
 def dump(verdict: Verdict) -> str:
     """The record as JSON text."""
     return json.dumps(verdict.to_dict(), indent=2, sort_keys=True) + "\n"

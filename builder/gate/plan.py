@@ -29,7 +29,6 @@ from builder.engine import ContainerEngine, ImageInfo
 from builder.errors import VerifyError
 from builder.families import FAMILIES, VENDORS
 from builder.gate_record import HOST, NODE, ArchRecord, GateGpus
-from builder.selftest.cli import PHASES as SELFTEST_PHASES
 from builder.selftest.cli import ParsedArgs, UsageError, parse_phases, read_args
 
 # The daemon host's device directory the GPU probe mounts (tests point it at a fake tree).
@@ -37,17 +36,7 @@ HOST_DEV_ENV = "VERL_ENV_HOST_DEV"
 # Family data of the gate (builder.families): the phases a release verdict needs (every phase
 # that can apply: a cpu target has no GPU or NCCL collective to test), the GPU vendor of each
 # family and the device nodes that count its GPUs on the engine's host.
-# The symbol-level ABI phase (``abi``) applies to every family (a CPU torch has extensions too)
-# and needs no GPU: it is part of every release set, in the self-test's phase order.
-ABI_PHASE = "abi"
-
-
-def _with_abi(phases: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(p for p in SELFTEST_PHASES if p in phases or p == ABI_PHASE)
-
-
-RELEASE_PHASES: dict[str, tuple[str, ...]] = {n: _with_abi(f.release_phases)
-                                              for n, f in FAMILIES.items()}
+RELEASE_PHASES: dict[str, tuple[str, ...]] = {n: f.release_phases for n, f in FAMILIES.items()}
 GPU_VENDOR = {n: f.vendor.name for n, f in FAMILIES.items() if f.vendor}
 DEVICE_GLOBS = {n: v.device_globs for n, v in VENDORS.items()}
 # Self-test arguments that never relax the verdict (anything else makes a run partial).
@@ -329,7 +318,7 @@ def plan_sif_gate(family: str | None, *, runtime: tuple[str, str] | None,
     return SifGatePlan(family if fam else None, runtime, flags, env, gpus, refused)
 
 
-__all__ = ["ABI_PHASE", "EMULATION_FACTOR", "GpuPlan", "HOST_DEV_ENV", "RELEASE_PHASES",
+__all__ = ["EMULATION_FACTOR", "GpuPlan", "HOST_DEV_ENV", "RELEASE_PHASES",
            "SelftestPlan", "SifGatePlan", "arch_plan", "count_gpus", "decide_gpus",
            "expected_gpus", "family_of", "host_dev_root", "list_devices", "node_gpus",
            "plan_selftest", "plan_sif_gate"]

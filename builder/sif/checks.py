@@ -29,7 +29,7 @@ from builder.sif import format as sif_format
 from builder.sif import meta as sif_meta
 
 SCHEMA = "verl-env/sif-verify/v1"
-DEFAULT_PHASES = "preflight,env,imports,versions,cpu"
+DEFAULT_PHASES = "preflight,env,imports,versions,abi,cpu"
 EXPECTED_OBJECTS = [("Def.FILE", ""), ("JSON.Generic", "inspect-metadata.json"),
                     ("JSON.Generic", "oci-config.json")]
 _LIST_ROW = re.compile(r"^(\d+)\s*\|(\S+)\s*\|(.+?)\s*\|(\d+)-(\d+)\s*\|(.*)$")

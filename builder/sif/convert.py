@@ -30,7 +30,7 @@ from typing import Any
 
 from builder import verdicts
 from builder.engine import ContainerEngine, ImageInfo, interrupts_raise
-from builder.errors import EngineError, SifError
+from builder.errors import EngineError, InfraError, SifError
 from builder.families import family
 from builder.files import atomic_write_text
 from builder.sif import native as sif_native
@@ -173,6 +173,8 @@ def _build(engine: ContainerEngine, backend: str, image: ImageInfo, partial: Pat
     except SifError as exc:
         exc.target = exc.target or target
         raise
+    except InfraError:
+        raise  # the engine died or its disk filled: exit 3, not a failed conversion
     except EngineError as exc:
         raise SifError(exc.args[0], target=target) from None
     except (OSError, ValueError, RuntimeError, OverlayError, tarfile.TarError) as exc:

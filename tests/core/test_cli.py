@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from builder.cli import main
+from builder.files import sha256_text
 from builder.metadata import IndexClient
+from builder.spec import load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = str(REPO / "matrix.yaml")
@@ -20,8 +22,11 @@ def test_list_table_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path,
     from tests.trust.conftest import CUDA_BUILD_VERDICT
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    entry = load_matrix(Path(MATRIX)).target("cuda-x86_64").entry_hash
+    lock = sha256_text((Path(MATRIX).parent / "locks" / "cuda-x86_64.txt").read_text())
+    bound = verdicts.Binding(verdicts.site_key(MATRIX), "cuda-x86_64", entry, lock)
     verdicts.record("sha256:" + "c" * 64, verdicts.Verdict.from_dict(CUDA_BUILD_VERDICT),
-                    target="cuda-x86_64")
+                    target="cuda-x86_64", binding=bound)
     assert main(["list", "--matrix", MATRIX]) == 0
     out = capsys.readouterr().out
     assert "cuda-arm64" in out and "0.10.0(src)" in out and "2.9.1.dev20251204+rocm7.0.2*" in out

@@ -182,7 +182,7 @@ def test_a_lost_connection_is_the_engine_down_only_when_it_does_not_answer() -> 
     assert not faults.connection_lost(ValueError("no"))
     fault = faults.translate(_engine(alive=False), lost, stage="verify",  # type: ignore[arg-type]
                              what="the gate of image sha256:1234", target="t")
-    assert isinstance(fault, faults.EngineDown) and fault.exit_code == 1
+    assert isinstance(fault, faults.EngineDown) and fault.exit_code == 3
     assert str(fault).startswith("verify: [t] the Docker Engine at unix:///run/x.sock stopped "
                                  "answering during the gate of image sha256:1234; no verdict was "
                                  "recorded and nothing was tagged.")
@@ -196,7 +196,7 @@ def test_a_full_data_root_names_it_and_what_can_be_freed() -> None:
                         "device")  # what the engine package raised, relabelled with the stage
     fault = faults.translate(_engine(alive=True), below, stage="verify",  # type: ignore[arg-type]
                              what="the gate of image sha256:1234", target="t")
-    assert isinstance(fault, faults.DataRootFull) and fault.exit_code == 1
+    assert isinstance(fault, faults.DataRootFull) and fault.exit_code == 3
     text = str(fault)
     assert text.startswith("verify: [t] the Docker Engine at unix:///run/x.sock ran out of space "
                            "in the data root /srv/docker during the gate of image sha256:1234;")
@@ -264,7 +264,7 @@ def test_the_engine_dies_during_the_build(private: Private, ca_bundle: Path, tmp
         print(f"attempt {attempt}: the build ended before a RUN step ran:\n{stderr[-1500:]}")
     else:
         pytest.fail("the build ended twice before a RUN step ran:\n" + stderr[-3000:])
-    assert code == 1, stderr[-3000:]
+    assert code == 3, stderr[-3000:]  # an infrastructure error (docs/commands.md)
     [error] = _errors(stderr)
     assert re.match(rf"error: build: \[{TARGET}\] the Docker Engine at {re.escape(private.host)} "
                     r"stopped answering during the build, at step stage-0 \d+/\d+ \(RUN ", error
@@ -312,7 +312,7 @@ def test_the_engine_dies_during_the_gate(private: Private, ca_bundle: Path, tmp_
     name = gate[0].name
     private.kill()  # the self-test runs in the gate container: SIGKILL to dockerd's PID
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 1, err[-3000:]
+    assert proc.returncode == 3, err[-3000:]
     [error] = _errors(err)
     assert error.startswith(f"error: verify: [{TARGET}] the Docker Engine at {private.host} "
                             f"stopped answering during the gate's self-test container {name} "
@@ -399,7 +399,7 @@ def test_the_engines_data_root_fills_up_during_the_build(debian_base: str, ca_bu
             os.posix_fallocate(f.fileno(), 0, shutil.disk_usage(small_fs).free - (400 << 20))
         workdir = tmp_path / "build"
         full = _build(d.host, ca_bundle, workdir)
-        assert full.returncode == 1, full.stderr[-3000:]
+        assert full.returncode == 3, full.stderr[-3000:]
         [error] = _errors(full.stderr)
         assert re.match(rf"error: build: \[{TARGET}\] the Docker Engine at {re.escape(d.host)} "
                         rf"ran out of space in the data root {re.escape(str(data_root))} during "
