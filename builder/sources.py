@@ -83,9 +83,10 @@ def _git(*args: str, cwd: Path | None = None, url: str | None = None,
     if git is None:
         raise LockError("git not found: source builds from git need it (apt-get install git)")
     limit = timeout or network_timeout()
-    stall = ["-c", "http.lowSpeedLimit=1", "-c", f"http.lowSpeedTime={max(1, int(limit))}"]
+    wait = max(1, int(network_timeout()))  # one stall: git stops an HTTP transfer, ssh a connect
+    stall = ["-c", "http.lowSpeedLimit=1", "-c", f"http.lowSpeedTime={wait}"]
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_SSH_COMMAND": os.environ.get(
-        "GIT_SSH_COMMAND", f"ssh -o BatchMode=yes -o ConnectTimeout={max(1, int(limit))}")}
+        "GIT_SSH_COMMAND", f"ssh -o BatchMode=yes -o ConnectTimeout={wait}")}
     try:
         proc = subprocess.run([git, *stall, *args], capture_output=True, text=True, cwd=cwd,
                               timeout=limit, env=env)
@@ -108,14 +109,14 @@ def _last_line(stderr: str, code: int) -> str:
     return redact(lines[-1]) if lines else f"exit status {code}"
 
 
-def remote_commit(url: str, ref: str) -> str:
+def remote_commit(url: str, ref: str, way_out: str = LOCK_WAY_OUT) -> str:
     """The commit ``ref`` (a tag, peeled; else a branch; else a full commit) names at ``url``.
     Raises :class:`NetworkError` when the remote cannot be reached (in time), and
     :class:`LockError` when it has no such ref."""
     if _COMMIT.fullmatch(ref):
         return ref
     proc = _git("ls-remote", url, f"refs/tags/{ref}", f"refs/tags/{ref}^{{}}",
-                f"refs/heads/{ref}", url=url)
+                f"refs/heads/{ref}", url=url, way_out=way_out)
     refs: dict[str, str] = {}
     for line in proc.stdout.splitlines():
         if "\t" in line:
@@ -239,6 +240,11 @@ def fetch_git(target: Target, p: Package, commit: str, dest: Path) -> None:
         if _git("init", "-q", cwd=repo).returncode != 0:
             raise RenderError(f"{p.name}: git init failed in {repo}", target=target.name)
         try:
+            # asked first within one bound (a silent remote fails here, not after the fetch's
+            # longer one), and a moved ref is refused before anything is fetched
+            now = remote_commit(url, ref, RENDER_WAY_OUT)
+            if now != commit:
+                raise RenderError(moved_message(target, p, ref, commit, now), target=target.name)
             _git("fetch", "-q", "--depth", "1", url, ref, cwd=repo, url=url,
                  way_out=RENDER_WAY_OUT, timeout=network_timeout() * FETCH_TIMEOUTS)
         except NetworkError as exc:
