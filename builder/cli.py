@@ -22,7 +22,7 @@ from pathlib import PurePath
 
 import requests
 
-from builder import __version__
+from builder import __version__, grammar
 from builder.commands import BY_NAME, COMMANDS, _config, completion
 from builder.engine import signals
 from builder.errors import BuildEnvError, NetworkError, UsageError, redact
@@ -147,6 +147,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _check_env_index() -> None:
+    """``VERL_ENV_INDEX_URL`` reaches uv, the metadata client and image builds: held to the
+    same grammar as ``--index-url`` (exit 2, naming the variable)."""
+    value = os.environ.get("VERL_ENV_INDEX_URL")
+    if value:
+        try:
+            grammar.url(value, ("https", "http", "file"))
+        except grammar.GrammarError as exc:
+            raise BuildEnvError(f"VERL_ENV_INDEX_URL: {exc}") from None
+
+
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]) -> int:
     """The command, its errors as one line each with their exit code."""
     try:
@@ -155,6 +166,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequenc
             args.matrix = default_matrix()
         if getattr(args, "index_url", None):  # the site's index: metadata, uv, image builds
             os.environ["VERL_ENV_INDEX_URL"] = os.environ["UV_DEFAULT_INDEX"] = args.index_url
+        _check_env_index()
         return BY_NAME[args.command].run(args)
     except BuildEnvError as exc:
         print(f"error: {exc}", file=sys.stderr)

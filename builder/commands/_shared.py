@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from builder import shipped, verdicts
+from builder import argtypes
 from builder.argtypes import non_negative_int, positive_float, positive_int
 from builder.engine import Engine, ImageInfo
-from builder.errors import BuildEnvError, EngineError, SiteError
+from builder.errors import BuildEnvError, EngineError, InfraError, NoSuchImage, SiteError
 from builder.spec import load_matrix
 from builder.targets import Site, open_site
 
@@ -53,7 +54,7 @@ def json_flag(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def index_url(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--index-url", default=None, metavar="URL",
+    p.add_argument("--index-url", type=argtypes.index_url, default=None, metavar="URL",
                    help="the site's own package index (PEP 503/691 simple API) for metadata, "
                         "locks and image builds (config: index_url; env VERL_ENV_INDEX_URL); "
                         "never written into a lock, a layer, a label or a log")
@@ -61,17 +62,19 @@ def index_url(p: argparse.ArgumentParser) -> None:
 
 def overrides(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   type=argtypes.assignment,
                    help="override a pin for a local experiment (python=3.11, packages.verl=0.9.0, "
                         "packages.flash-attn.enabled=false); the result is labelled an override")
-    p.add_argument("--base-image", default=None, metavar="REF",
+    p.add_argument("--base-image", type=argtypes.image_reference, default=None, metavar="REF",
                    help="build FROM this image instead of the matrix's base (an override)")
 
 
 def render_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ca-bundle", type=Path, default=os.environ.get("VERL_ENV_CA_BUNDLE") or None,
-                   metavar="PATH", help="site CA bundle injected into the build (env "
-                   "VERL_ENV_CA_BUNDLE); needed behind a TLS-intercepting proxy")
-    p.add_argument("--templates", type=Path, default=None, metavar="DIR",
+    p.add_argument("--ca-bundle", type=argtypes.file_path,
+                   default=os.environ.get("VERL_ENV_CA_BUNDLE") or None, metavar="PATH",
+                   help="site CA bundle injected into the build (env VERL_ENV_CA_BUNDLE); "
+                        "needed behind a TLS-intercepting proxy")
+    p.add_argument("--templates", type=argtypes.file_path, default=None, metavar="DIR",
                    help="a site's Dockerfile templates (Dockerfile.j2, _macros.j2), searched "
                         "before the shipped ones")
 
@@ -226,5 +229,7 @@ def engine_image(ref: str, target: str | None, error: type[BuildEnvError]
     engine = Engine.connect()
     try:
         return engine, engine.image(ref)
+    except (NoSuchImage, InfraError):
+        raise  # bad input (exit 2) or a dead engine (exit 3), not the caller's failed check
     except EngineError as exc:
         raise error(str(exc).split(": ", 1)[-1], target=target) from None
