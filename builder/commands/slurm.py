@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
+from pathlib import Path
 
 from builder.commands import _shared
 from builder.errors import SlurmError
-from builder.slurm import (DEFAULT_CHECKPOINT_DIR, FAMILY_NAMES, RUNTIMES, Inputs, SlurmJob,
-                           absolute_path, image_source, parse_env, render_sbatch, write_sbatch)
+from builder.slurm import (DEFAULT_CHECKPOINT_DIR, FAMILY_NAMES, RUNTIMES, SELFTEST_PHASES,
+                           Inputs, SlurmJob,
+                           absolute_path, image_source, job_warnings, parse_env, render_sbatch,
+                           write_sbatch)
 
 NAME = "slurm"
 HELP = "write an sbatch script"
@@ -38,27 +42,41 @@ def job_from_args(args: argparse.Namespace, family: str | None = None) -> SlurmJ
     def path(value: str | None, option: str) -> str | None:
         return absolute_path(value, option) if value else None
 
+    trust_key = path(args.trust_key, "--trust-key")
+    if trust_key and "$" not in trust_key:
+        local = Path(trust_key.replace("${HOME}", str(Path.home()), 1))
+        if not local.is_file():
+            raise SlurmError(f"--trust-key {args.trust_key}: {local} is not a file (the job "
+                             "reads it on the batch host; give a path that exists there and "
+                             "here)")
+
     return SlurmJob(
         target=getattr(args, "target", None) or family, family=family,
         sif=image_source(args.sif), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
         cpus_per_task=args.cpus_per_task, partition=args.partition, time=args.time,
-        interface=args.interface, cache_dir=args.cache_dir, hf_home=args.hf_home,
+        interface=args.interface, cache_dir=absolute_path(args.cache_dir, "--cache-dir"),
+        hf_home=path(args.hf_home, "--hf-home"),
         train_cmd=args.train_cmd, inputs=inputs, env=parse_env(args.env), runtime=args.runtime,
         roce=args.roce, account=args.account, qos=args.qos, constraint=args.constraint,
         reservation=args.reservation, mem=args.mem, cpu_bind=args.cpu_bind,
         selftest_phases=args.selftest_phases, selftest_args=args.selftest_args,
         ray_wait_timeout=args.ray_wait_timeout, exclusive=args.exclusive,
         node_check_interval=args.node_check_interval,
-        trust_key=path(args.trust_key, "--trust-key"),
+        trust_key=trust_key,
         trust_pgp=path(args.trust_pgp, "--trust-pgp"), cluster=args.cluster,
         verdict_sif=path(args.verdict_sif, "--verdict-sif"))
 
 
 def run(args: argparse.Namespace) -> int:
-    family = (_shared.site(args).matrix.target(args.target).accelerator
-              if args.target and not args.family else None)
+    family = _shared.site(args).matrix.target(args.target).accelerator if args.target else None
     try:
+        if family and args.family and args.family != family:
+            raise SlurmError(f"--family {args.family} contradicts --target {args.target}, a "
+                             f"{family} target; drop --family (the target sets it)")
         job = job_from_args(args, family)
+        for warning in job_warnings(job):
+            print(f"warning: {warning}", file=sys.stderr)
+        _missing_names(job)
         summary = {"target": job.target, "family": job.family, "runtime": job.runtime,
                    "image": job.sif, "nodes": job.nodes, "gpus_per_node": job.gpus_per_node}
         if args.output:
@@ -74,6 +92,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     return 0
+
+
+def _missing_names(job: SlurmJob) -> None:
+    """``--env NAME`` passes NAME from the environment ``sbatch`` runs in: say so when it is not
+    set here (the job itself fails at setup if it is not set there either)."""
+    for name in job.by_name:
+        if name not in os.environ:
+            print(f"warning: --env {name}: not set in this environment; export it before "
+                  "sbatch (the job fails at setup without it)", file=sys.stderr)
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
@@ -104,7 +131,9 @@ def _options(parser: argparse.ArgumentParser) -> None:
                     help="training command in the image (default: verl.trainer.main_ppo with "
                          "data, model, checkpoints and the cluster shape filled in)")
     alloc = parser.add_argument_group("allocation (a #SBATCH line only for what you give)")
-    alloc.add_argument("--nodes", type=int, default=d.nodes)
+    alloc.add_argument("--nodes", type=int, default=None,
+                       help="nodes (default: no #SBATCH line; sbatch -N or the partition "
+                            "decides)")
     alloc.add_argument("--gpus-per-node", type=int, default=None)
     alloc.add_argument("--cpus-per-task", type=int, default=None,
                        help="CPUs per node (Ray's --num-cpus otherwise comes from the allocation)")
@@ -119,20 +148,27 @@ def _options(parser: argparse.ArgumentParser) -> None:
                        help=f"--cpu-bind of every step (default {d.cpu_bind}); each step asks "
                             "for all CPUs of its node's allocation")
     alloc.add_argument("--no-exclusive", dest="exclusive", action="store_false",
-                       help="share nodes (default: #SBATCH --exclusive, whole nodes)")
+                       help="share nodes (default: #SBATCH --exclusive, whole nodes); the job's "
+                            "ports then move with its job id, and --cpus-per-task is needed")
     net = parser.add_argument_group("network")
     net.add_argument("--interface", default=d.interface,
                      help="network interface for Ray, NCCL and gloo (default ib0)")
-    net.add_argument("--env", action="append", metavar="KEY=VALUE",
-                     help="site NCCL/RCCL setting, passed into the container so that it wins over "
-                          "the image's own (repeatable)")
+    net.add_argument("--env", action="append", metavar="NAME[=VALUE]",
+                     help="NAME=VALUE: a site setting (NCCL/RCCL...) written into the script and "
+                          "passed into the container so that it wins over the image's own; NAME "
+                          "alone: passed by name from the environment sbatch runs in, its value "
+                          "never written (secrets: --env WANDB_API_KEY, --env HF_TOKEN); "
+                          "repeatable")
     net.add_argument("--roce", action="store_true",
                      help="NCCL_IB_HCA also lists RoCE (Ethernet link layer) ports")
-    parser.add_argument("--cache-dir", default=d.cache_dir, help="shared SIF cache directory")
+    parser.add_argument("--cache-dir", default=d.cache_dir,
+                        help="shared SIF cache directory (~ and $VAR expand on the nodes)")
     parser.add_argument("--hf-home", default=None,
                         help="shared Hugging Face cache (default: the user's $HF_HOME, else "
                              "$HOME/.cache/huggingface)")
-    parser.add_argument("--selftest-phases", default=None, help="phases for the node self-test")
+    parser.add_argument("--selftest-phases", default=None,
+                        help=f"phases for the node self-test (comma list of "
+                             f"{', '.join(SELFTEST_PHASES)})")
     parser.add_argument("--selftest-args", default="",
                         help="more self-test options (e.g. '--strict --bw-ref FILE')")
     parser.add_argument("--ray-wait-timeout", type=int, default=d.ray_wait_timeout)

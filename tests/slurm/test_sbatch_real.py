@@ -160,6 +160,7 @@ class Bench:
             target="cpu-x86_64", family="cpu", sif=str(self.image), runtime=self.runtime, nodes=2,
             partition="debug", time="10", interface="lo", cache_dir=str(self.root / "sifcache"),
             hf_home=str(self.root / "hf"), ray_ports=ports, port_stride=50,
+            port_slots=1,  # the test hands the job a free port block of its own
             ray_tmp_root=str(self.ray_tmp), ray_wait_timeout=240, selftest_port=b + 3,
             selftest_timeout=400, job_dir=str(self.root / "job-${SLURM_JOB_ID}"),
             exclusive=False, selftest_args="--timeout 300", inputs=inputs,
