@@ -1,0 +1,212 @@
+"""The default training command as data: ``verl_commands.yaml`` holds, per verl version the
+matrix pins, the trainer module, the hydra keys, the fixed settings and the batch-size rule;
+:func:`default_command` fills them in for one job (algorithm, rollout engine, cluster shape,
+loggers, paths) and layers the user's ``--override KEY=VALUE`` last. Pure: no I/O but reading
+the data file.
+
+The batch-size rule (docs/train-check.md): with ``n_gpus = nnodes * gpus_per_node``,
+``data.train_batch_size = prompts_per_gpu * n_gpus``, ``ppo_mini_batch_size = train_batch_size
+/ mini_batches_per_step`` and every micro batch ``micro_batch_size_per_gpu``; verl 0.9.1 then
+needs ``train_batch_size * rollout.n % n_gpus == 0`` and ``ppo_mini_batch_size * rollout.n /
+n_gpus`` a positive multiple of the micro batch, which :func:`check_batches` holds the data to.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from builder.errors import BuildEnvError
+from builder.spec import Target
+
+DATA = Path(__file__).resolve().parent / "verl_commands.yaml"
+ALGORITHMS = ("grpo", "ppo")
+ROLLOUTS = ("vllm", "sglang")
+# a hydra override: an optional +/++/~ prefix, a dotted key, '=', any value (may be empty)
+_OVERRIDE = re.compile(r"^(\+\+|\+|~)?([A-Za-z_][A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]+)*)=(.*)$",
+                       re.DOTALL)
+_DELETE = re.compile(r"^~([A-Za-z_][A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]+)*)$")
+_LOGGER = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class TrainShapeError(BuildEnvError):
+    """A training command that cannot be made: unknown verl version, bad shape or override
+    (exit 2, bad input)."""
+
+
+@dataclass(frozen=True)
+class Batches:
+    """The batch sizes of one cluster shape (see the module doc for the rule)."""
+
+    n_gpus: int
+    train_batch_size: int
+    mini_batch_size: int
+    micro_batch_size_per_gpu: int
+    rollout_n: int
+
+
+@lru_cache(maxsize=4)
+def _load(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict) or data.get("schema") != 1 or not isinstance(
+            data.get("verl"), dict):
+        raise TrainShapeError(f"{path}: not a verl command table (schema 1 with a 'verl' map)")
+    return data
+
+
+def known_versions(path: Path = DATA) -> list[str]:
+    """The verl versions the data file has a command shape for."""
+    return sorted(_load(path)["verl"])
+
+
+def shape_for(verl_version: str, path: Path = DATA) -> dict[str, Any]:
+    """The command shape of ``verl_version``; an unknown version names itself and the file."""
+    table = _load(path)["verl"]
+    version = verl_version.split("+", 1)[0].strip()
+    if version not in table:
+        raise TrainShapeError(
+            f"no default training command for verl {verl_version!r} in {path} (it has "
+            f"{', '.join(sorted(table)) or 'none'}); add an entry for it, or pass --train-cmd")
+    return table[version]
+
+
+def batches(shape: Mapping[str, Any], *, algorithm: str, nnodes: int,
+            gpus_per_node: int) -> Batches:
+    """The batch sizes for a cluster shape, by the data's rule."""
+    n_gpus = nnodes * gpus_per_node
+    train = int(shape["prompts_per_gpu"]) * n_gpus
+    per_step = int(shape["mini_batches_per_step"])
+    if train % per_step:
+        raise TrainShapeError(f"train batch {train} is not divisible by mini_batches_per_step "
+                              f"{per_step} ({DATA.name})")
+    return Batches(n_gpus, train, train // per_step, int(shape["micro_batch_size_per_gpu"]),
+                   int(shape["algorithms"][algorithm]["rollout_n"]))
+
+
+def check_batches(b: Batches) -> None:
+    """verl 0.9.1's batch rules (validate_config and the workers' normalisation), held early."""
+    if (b.train_batch_size * b.rollout_n) % b.n_gpus:
+        raise TrainShapeError(f"train_batch_size * rollout.n ({b.train_batch_size} * "
+                              f"{b.rollout_n}) is not divisible by the {b.n_gpus} GPUs")
+    per_gpu, rest = divmod(b.mini_batch_size * b.rollout_n, b.n_gpus)
+    if rest or per_gpu <= 0 or per_gpu % b.micro_batch_size_per_gpu:
+        raise TrainShapeError(
+            f"ppo_mini_batch_size * rollout.n / n_gpus ({b.mini_batch_size} * {b.rollout_n} / "
+            f"{b.n_gpus}) must be a positive multiple of the micro batch "
+            f"{b.micro_batch_size_per_gpu}")
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (hydra's ``+KEY=``, ``++KEY=``, ``~KEY[=VALUE]`` too) -> (key, text);
+    anything else is a TrainShapeError naming the override."""
+    m = _OVERRIDE.match(text) or _DELETE.match(text)
+    if m is None:
+        raise TrainShapeError(f"--override {text!r}: expected KEY=VALUE (a dotted hydra key, "
+                              f"e.g. data.max_prompt_length=1024)")
+    if "\n" in text or "\x00" in text:
+        raise TrainShapeError(f"--override {text!r}: a newline or NUL is not allowed")
+    key = m.group(2) if m.re is _OVERRIDE else m.group(1)
+    return key, text
+
+
+def logger_list(loggers: Sequence[str], shape: Mapping[str, Any]) -> list[str]:
+    """The loggers, checked against what this verl's Tracking supports; console first."""
+    if not loggers:
+        raise TrainShapeError("at least one logger is needed (console)")
+    known = list(shape.get("loggers", ()))
+    for name in loggers:
+        if not _LOGGER.match(name) or name not in known:
+            raise TrainShapeError(f"unknown logger {name!r} (this verl has: {', '.join(known)})")
+    return list(dict.fromkeys(loggers))
+
+
+def logger_env(verl_version: str, loggers: Sequence[str]) -> list[str]:
+    """Environment variable names the loggers need, passed by name (never by value):
+    wandb -> WANDB_API_KEY."""
+    table = shape_for(verl_version).get("logger_env", {})
+    out: list[str] = []
+    for name in loggers:
+        out += [v for v in table.get(name, ()) if v not in out]
+    return out
+
+
+def _fill(items: Sequence[str], values: Mapping[str, Any]) -> list[str]:
+    return [str(item).format(**values) for item in items]
+
+
+def _validate(verl_version: str, *, rollout: str, nnodes: int, gpus_per_node: int, tp: int,
+              algorithm: str, shape: Mapping[str, Any], paths: Mapping[str, str]) -> None:
+    if rollout not in shape.get("rollouts", ROLLOUTS):
+        raise TrainShapeError(f"unknown rollout engine {rollout!r} for verl {verl_version} "
+                              f"(known: {', '.join(shape.get('rollouts', ROLLOUTS))})")
+    if algorithm not in shape["algorithms"]:
+        raise TrainShapeError(f"unknown algorithm {algorithm!r} (known: "
+                              f"{', '.join(shape['algorithms'])})")
+    for what, n in (("nnodes", nnodes), ("gpus per node", gpus_per_node), ("tp", tp)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise TrainShapeError(f"{what} must be a whole number >= 1, not {n!r}")
+    if (nnodes * gpus_per_node) % tp or tp > nnodes * gpus_per_node:
+        raise TrainShapeError(f"tensor-parallel size {tp} does not divide the "
+                              f"{nnodes * gpus_per_node} GPUs ({nnodes} x {gpus_per_node})")
+    for what, value in paths.items():
+        if not value or any(c in value for c in "\n\x00"):
+            raise TrainShapeError(f"the {what} path is empty or holds a newline")
+
+
+def default_command(verl_version: str, *, rollout: str, nnodes: int, gpus_per_node: int,
+                    tp: int = 1, algorithm: str = "grpo",
+                    loggers: tuple[str, ...] = ("console",), model: str, train_files: str,
+                    val_files: str, overrides: Sequence[str] = ()) -> list[str]:
+    """The argv of ``python3 -m verl.trainer.main_ppo`` with hydra overrides, the user's
+    ``overrides`` last (hydra: the last value of a key wins)."""
+    shape = shape_for(verl_version)
+    paths = {"model": model, "train_files": train_files, "val_files": val_files}
+    _validate(verl_version, rollout=rollout, nnodes=nnodes, gpus_per_node=gpus_per_node, tp=tp,
+              algorithm=algorithm, shape=shape, paths=paths)
+    for text in overrides:
+        parse_override(text)
+    b = batches(shape, algorithm=algorithm, nnodes=nnodes, gpus_per_node=gpus_per_node)
+    check_batches(b)
+    keys, algo = shape["keys"], shape["algorithms"][algorithm]
+    values = {**paths, "micro": b.micro_batch_size_per_gpu}
+    argv = ["python3", "-m", shape["module"],
+            f"{keys['adv_estimator']}={algo['adv_estimator']}",
+            f"{keys['rollout']}={rollout}",
+            f"{keys['rollout_n']}={b.rollout_n}",
+            f"{keys['tp']}={tp}",
+            f"{keys['nnodes']}={nnodes}",
+            f"{keys['gpus_per_node']}={gpus_per_node}",
+            f"{keys['train_batch_size']}={b.train_batch_size}",
+            f"{keys['mini_batch']}={b.mini_batch_size}",
+            *(f"{k}={b.micro_batch_size_per_gpu}" for k in keys["micro_batches"]),
+            f"{keys['logger']}=[{','.join(logger_list(loggers, shape))}]",
+            *_fill(shape["paths"], values), *_fill(shape["fixed"], values),
+            *_fill(algo["args"], values)]
+    return argv + list(overrides)
+
+
+def hydra_overrides(argv: Sequence[str]) -> list[str]:
+    """The hydra overrides of a trainer argv (what follows ``python3 -m MODULE``)."""
+    if len(argv) >= 3 and argv[1] == "-m":
+        return list(argv[3:])
+    return list(argv)
+
+
+def target_verl(target: Target) -> str:
+    """The verl version a matrix target pins (the key into the data file)."""
+    p = target.package("verl")
+    if p is None:
+        raise TrainShapeError(f"{target.where('packages')}: target {target.name} pins no verl")
+    return p.version
+
+
+def target_rollout(target: Target) -> str:
+    """The rollout engine that follows the target: its enabled vllm or sglang pin. A target
+    with none (the CPU fixture) gets vllm, verl's default engine, for a configuration check."""
+    engine = target.engine
+    return engine.name if engine is not None else "vllm"
