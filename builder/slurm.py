@@ -19,6 +19,7 @@ from typing import Mapping
 
 import jinja2
 
+from builder import grammar
 from builder.errors import SlurmError
 from builder.families import ALL_PHASES, FAMILIES, Family
 from builder.files import atomic_write_text
@@ -385,6 +386,7 @@ def validate(job: SlurmJob) -> None:
     if job.trust_pgp and not job.trust_key:
         raise _fail("--trust-pgp goes with --trust-key", job)
     _check_numbers(job)
+    _check_grammar(job)
     _check_sbatch_values(job)
     _check_env(job)
     if job.sif.startswith(_REMOTE) and not _DIGEST.search(job.sif):
@@ -451,6 +453,31 @@ def _check_sbatch_values(job: SlurmJob) -> None:
     if job.time is not None and not _TIME.fullmatch(job.time):
         raise _fail(f"time {job.time!r} is not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, "
                     "D-HH:MM, D-HH:MM:SS or UNLIMITED)", job)
+
+
+#: The string fields that reach the template, by the grammar each must fit (builder.grammar);
+#: the template then quotes what it emits (shell_word), so only $NAME/${NAME} expand.
+_PATH_FIELDS = ("sif", "cache_dir", "hf_home", "ray_tmp_root", "job_dir", "trust_key",
+                "trust_pgp", "verdict_sif")
+_PLAIN_FIELDS = ("target", "job_name", "partition", "interface", "account", "qos", "reservation",
+                 "constraint", "mem", "cpu_bind", "time", "cluster", "selftest_phases",
+                 "selftest_args", "train_cmd")
+
+
+def _check_grammar(job: SlurmJob) -> None:
+    checks: list[tuple[str, object, object]] = []
+    checks += [(n, getattr(job, n), grammar.path) for n in _PATH_FIELDS]
+    checks += [(n, getattr(job, n), grammar.plain) for n in _PLAIN_FIELDS]
+    checks += [(f"env {k}", k, grammar.env_name) for k in job.env]
+    checks += [(f"env {k}", v, grammar.plain) for k, v in job.env.items()]
+    checks += [(b.what, p, grammar.path) for b in job.inputs.all_binds() for p in (b.src, b.dst)]
+    for what, value, check in checks:
+        if value is None:
+            continue
+        try:
+            check(value)  # type: ignore[operator]
+        except grammar.GrammarError as exc:
+            raise _fail(f"{what}: {exc}", job) from None
 
 
 def _check_env(job: SlurmJob) -> None:

@@ -324,8 +324,8 @@ def test_shell_word_round_trips_through_bash(value: str) -> None:
     (dict(partition="gpu\n#SBATCH --x"), "partition"),
     (dict(interface="ib0; rm"), "interface"),
     (dict(time="soon"), "not a Slurm time"),
-    (dict(env={"BAD-NAME": "1"}), "not a valid shell variable"),
-    (dict(env={"X": "a\nb"}), "control characters"),
+    (dict(env={"BAD-NAME": "1"}), "is not an environment variable name"),
+    (dict(env={"X": "a\nb"}), "env X: 'a\\\\nb' is not plain single-line text"),
     (dict(train_cmd="python3 a.py | tee log"), "must be one command"),
     (dict(train_cmd="python3 'unterminated"), "cannot split"),
     (dict(train_cmd="  "), "empty"),
@@ -582,7 +582,8 @@ def test_site_options_become_sbatch_lines() -> None:
         assert f"#SBATCH --{option}" not in plain
     for bad, message in ((dict(mem="lots"), "not a Slurm memory size"),
                          (dict(account="a b"), "account"),
-                         (dict(constraint="a\nb"), "feature expression"),
+                         (dict(constraint="a\nb"), "not plain single-line text"),
+                         (dict(constraint="a b"), "feature expression"),
                          (dict(cpu_bind="cores; rm"), "--cpu-bind")):
         with pytest.raises(SlurmError, match=message):
             job_for("cuda", **bad)
