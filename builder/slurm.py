@@ -9,6 +9,7 @@ stage by stage, is documented in ``docs/slurm.md`` and in the template's header.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shlex
@@ -23,6 +24,7 @@ from builder import grammar
 from builder.errors import SlurmError
 from builder.families import ALL_PHASES, FAMILIES, Family
 from builder.files import atomic_write_text
+from builder.train import checker_path
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "job/main.j2"
@@ -190,10 +192,10 @@ class Inputs:
                  f"trainer.default_local_dir={self.checkpoint_dir}",
                  "trainer.nnodes=${SLURM_NNODES}",
                  "trainer.n_gpus_per_node=${VERL_ENV_GPUS_PER_NODE}", *overrides]
-        return " ".join(_quote_keep_vars(w) for w in words)
+        return " ".join(quote_keep_vars(w) for w in words)
 
 
-def _quote_keep_vars(word: str) -> str:
+def quote_keep_vars(word: str) -> str:
     """shlex-quote ``word`` for train_argv() while keeping it one word; ``$VAR`` survives since
     shell_word() re-opens those references."""
     return shlex.quote(word) if re.search(r"[^\w@%+=:,./${}-]", word) else word
@@ -303,6 +305,10 @@ class SlurmJob:
     # else as many slots as fit below PORT_CEILING. A test cluster that hands the job a free
     # block of its own sets 1.
     port_slots: int | None = None
+    # Test clusters only (cpu family): Ray declares this many logical GPUs per node (ray start
+    # --num-gpus), so that verl's placement over the nodes can be reached on CPU nodes; the
+    # trainer then stops where it needs a real GPU. Never a default.
+    ray_logical_gpus: int | None = None
     ray_tmp_root: str = "/tmp"
     ray_wait_timeout: int = 300
     selftest_phases: str | None = None
@@ -331,12 +337,13 @@ class SlurmJob:
         if self.job_name is None:
             object.__setattr__(self, "job_name", f"verl-{self.target}")
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        shared_layout = self.ray_ports is None and not self.exclusive
         if self.ray_ports is None:
             object.__setattr__(self, "ray_ports",
-                               RayPorts() if self.exclusive else SHARED_RAY_PORTS)
+                               SHARED_RAY_PORTS if shared_layout else RayPorts())
         if self.selftest_port is None:
             object.__setattr__(self, "selftest_port",
-                               29500 if self.exclusive else SHARED_SELFTEST_PORT)
+                               SHARED_SELFTEST_PORT if shared_layout else 29500)
         for name in ("cache_dir", "hf_home", "job_dir", "ray_tmp_root", "verdict_sif",
                      "trust_key", "trust_pgp", "sif"):
             value = getattr(self, name)
@@ -436,6 +443,10 @@ def _check_numbers(job: SlurmJob) -> None:
         _bounded(job, name, getattr(job, name), 1, MAX_SECONDS)
     _bounded(job, "node_check_interval", job.node_check_interval, 1, MAX_CHECK_INTERVAL)
     _bounded(job, "port_stride", job.port_stride, 0, 10000)
+    _bounded(job, "ray_logical_gpus", job.ray_logical_gpus, 1, MAX_GPUS_PER_NODE)
+    if job.ray_logical_gpus is not None and job.family != "cpu":
+        raise _fail("logical GPUs for Ray are for cpu test clusters only; a GPU job's Ray "
+                    "counts the allocation's GPUs", job)
 
 
 def _check_sbatch_values(job: SlurmJob) -> None:
@@ -645,6 +656,32 @@ def train_argv(cmd: str) -> list[str]:
     return argv
 
 
+@dataclass(frozen=True)
+class TrainShape:
+    """What the job checks of verl's trainer command: is it ``verl.trainer.main_ppo``, its
+    hydra overrides, and the GPUs it waits for (``trainer.nnodes`` x ``n_gpus_per_node``, as
+    words the job expands; verl's defaults 1 and 8 when the command does not set them)."""
+
+    main_ppo: bool
+    overrides: tuple[str, ...]
+    nnodes: str
+    gpus_per_node: str
+
+
+def train_shape(argv: list[str]) -> TrainShape:
+    main_ppo = "verl.trainer.main_ppo" in argv[:3] and argv[argv.index(
+        "verl.trainer.main_ppo") - 1:][:1] == ["-m"]
+    overrides = tuple(argv[argv.index("verl.trainer.main_ppo") + 1:]) if main_ppo else ()
+    nnodes, gpus = "1", "8"
+    for word in overrides:
+        key, _, value = word.lstrip("+").partition("=")
+        if key == "trainer.nnodes":
+            nnodes = value
+        elif key == "trainer.n_gpus_per_node":
+            gpus = value
+    return TrainShape(main_ppo, overrides, nnodes, gpus)
+
+
 def sif_cache_name(source: str) -> str | None:
     """File name of a pulled SIF in the shared cache (by scheme and digest), None for a path."""
     if not source.startswith(_REMOTE):
@@ -689,6 +726,8 @@ def render_sbatch(job: SlurmJob) -> str:
         passed_names=PASSED_NAMES + (CLEAN_START_NAMES if job.runtime in ("pyxis", "ch-run")
                                      else ()),
         sbatch_options=sbatch_options(job),
+        train_shape=train_shape(train_argv(training_command(job))),
+        checker_b64=base64.b64encode(checker_path().read_bytes()).decode(),
         runtime_part=RUNTIME_PARTS[job.runtime],
         pyxis_image=pyxis_image(job.sif),
         devices=job_devices(job),

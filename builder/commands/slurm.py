@@ -10,6 +10,8 @@ from pathlib import Path
 
 from builder.commands import _shared
 from builder.errors import SlurmError
+from builder.slurm_train import TrainChoice, default_train_cmd
+from builder.spec import Target
 from builder.slurm import (DEFAULT_CHECKPOINT_DIR, FAMILY_NAMES, RUNTIMES, SELFTEST_PHASES,
                            Inputs, SlurmJob,
                            absolute_path, image_source, job_warnings, parse_env, render_sbatch,
@@ -27,9 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _shared.quiet(p)
 
 
-def job_from_args(args: argparse.Namespace, family: str | None = None) -> SlurmJob:
+def job_from_args(args: argparse.Namespace, family: str | None = None,
+                  target: Target | None = None) -> SlurmJob:
     """The :class:`SlurmJob` of parsed ``build-env slurm`` options; ``family``: the --target's,
-    when --family names none."""
+    when --family names none; ``target``: the matrix target the default command is made for."""
     family = args.family or family
     if family is None:
         raise SlurmError("no accelerator family: pass --family (or a --target the CLI resolves)")
@@ -42,6 +45,19 @@ def job_from_args(args: argparse.Namespace, family: str | None = None) -> SlurmJ
     def path(value: str | None, option: str) -> str | None:
         return absolute_path(value, option) if value else None
 
+    env = parse_env(args.env)
+    train_cmd = args.train_cmd
+    if train_cmd is None and target is not None:
+        choice = TrainChoice(nodes=args.nodes,
+                             gpus_per_node=args.gpus_per_node or args.ray_logical_gpus,
+                             tp=args.tp, algorithm=args.algorithm,
+                             loggers=tuple(args.logger or ("console",)),
+                             overrides=tuple(args.override or ()))
+        train_cmd, names = default_train_cmd(target, family, inputs, choice)
+        env = {**{n: None for n in names}, **env}
+    elif train_cmd is None:
+        raise SlurmError("the default training command is made for the verl version a matrix "
+                         "target pins: pass --target (or your own --train-cmd)")
     trust_key = path(args.trust_key, "--trust-key")
     if trust_key and "$" not in trust_key:
         local = Path(trust_key.replace("${HOME}", str(Path.home()), 1))
@@ -56,7 +72,8 @@ def job_from_args(args: argparse.Namespace, family: str | None = None) -> SlurmJ
         cpus_per_task=args.cpus_per_task, partition=args.partition, time=args.time,
         interface=args.interface, cache_dir=absolute_path(args.cache_dir, "--cache-dir"),
         hf_home=path(args.hf_home, "--hf-home"),
-        train_cmd=args.train_cmd, inputs=inputs, env=parse_env(args.env), runtime=args.runtime,
+        train_cmd=train_cmd, inputs=inputs, env=env, runtime=args.runtime,
+        ray_logical_gpus=getattr(args, "ray_logical_gpus", None),
         roce=args.roce, account=args.account, qos=args.qos, constraint=args.constraint,
         reservation=args.reservation, mem=args.mem, cpu_bind=args.cpu_bind,
         selftest_phases=args.selftest_phases, selftest_args=args.selftest_args,
@@ -68,12 +85,13 @@ def job_from_args(args: argparse.Namespace, family: str | None = None) -> SlurmJ
 
 
 def run(args: argparse.Namespace) -> int:
-    family = _shared.site(args).matrix.target(args.target).accelerator if args.target else None
+    target = _shared.site(args).matrix.target(args.target) if args.target else None
+    family = target.accelerator if target else None
     try:
         if family and args.family and args.family != family:
             raise SlurmError(f"--family {args.family} contradicts --target {args.target}, a "
                              f"{family} target; drop --family (the target sets it)")
-        job = job_from_args(args, family)
+        job = job_from_args(args, family, target)
         for warning in job_warnings(job):
             print(f"warning: {warning}", file=sys.stderr)
         _missing_names(job)
@@ -128,8 +146,19 @@ def _options(parser: argparse.ArgumentParser) -> None:
     io.add_argument("--bind", action="append", default=[], metavar="SRC[:DST[:ro]]",
                     help="another path bound into every container (repeatable)")
     io.add_argument("--train-cmd", default=None,
-                    help="training command in the image (default: verl.trainer.main_ppo with "
-                         "data, model, checkpoints and the cluster shape filled in)")
+                    help="training command in the image, instead of the default: "
+                         "verl.trainer.main_ppo for the target's verl (docs/slurm.md)")
+    train = parser.add_argument_group("the default training command (without --train-cmd)")
+    train.add_argument("--algorithm", choices=("grpo", "ppo"), default="grpo")
+    train.add_argument("--tp", type=int, default=1, metavar="N",
+                       help="the rollout's tensor-parallel size (default 1)")
+    train.add_argument("--logger", action="append", metavar="NAME",
+                       help="trainer.logger entry (repeatable; default console); a logger's "
+                            "key (wandb: WANDB_API_KEY) is passed by name")
+    train.add_argument("--override", action="append", metavar="KEY=VALUE",
+                       help="a hydra override layered last (repeatable)")
+    train.add_argument("--ray-logical-gpus", type=int, default=None, metavar="N",
+                       help=argparse.SUPPRESS)  # test clusters only: docs/slurm.md
     alloc = parser.add_argument_group("allocation (a #SBATCH line only for what you give)")
     alloc.add_argument("--nodes", type=int, default=None,
                        help="nodes (default: no #SBATCH line; sbatch -N or the partition "

@@ -39,7 +39,7 @@ OPTION_SETS: dict[str, dict[str, object]] = {
                                    "actor_rollout_ref.model.path=$HF_HOME/m"),
     "docker-source": dict(sif=f"docker://images.example.net/x/verl@sha256:{DIGEST}", runtime="singularity",
                           cache_dir="/scratch/$USER/sif", hf_home="/scratch/${USER}/hf"),
-    "path-source": dict(sif="/shared/images/verl.sif", exclusive=False, port_stride=100,
+    "path-source": dict(sif="/shared/images/verl.sif", exclusive=False, port_stride=100, nodes=2,
                         ray_ports=RayPorts(min_worker=20000, max_worker=20050)),
     "hub-model-binds": dict(roce=True, inputs=Inputs.from_options(
         train_files="/shared/d/train.parquet", val_files="/scratch/$USER/val.parquet",
@@ -384,7 +384,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def test_cli_writes_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "job.sbatch"
-    args = ["--family", "rocm", "--nodes", "4", "--gpus-per-node", "8", "--sif", ORAS,
+    args = ["--target", "rocm-mi300", "--nodes", "4", "--gpus-per-node", "8", "--sif", ORAS,
             "--partition", "mi300", "--interface", "ib1", "--env", "NCCL_IB_GID_INDEX=3",
             "--env", "NCCL_IB_HCA=mlx5_0", "--data", "/shared/gsm8k", "--model",
             "/shared/models/qwen", "--checkpoint-dir", "/shared/ckpt", "--bind",
@@ -402,7 +402,8 @@ def test_cli_writes_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_cli_reports_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["slurm", "--family", "cuda", "--sif", "oras://r.example/v:latest"]) == 2
+    assert main(["slurm", "--family", "cuda", "--sif", "oras://r.example/v:latest",
+                 "--train-cmd", "x"]) == 2
     assert "pinned by digest" in capsys.readouterr().err
     assert main(["slurm", "--sif", ORAS]) == 2
     assert "--family" in capsys.readouterr().err
@@ -410,9 +411,15 @@ def test_cli_reports_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--sif" in capsys.readouterr().err
     assert main(["slurm", "--family", "cpu", "--gpus-per-node", "0", "--sif", ORAS,
                  "--env", "BAD-NAME", "--train-cmd", "x"]) == 2
-    assert main(["slurm", "--family", "cuda", "--sif", ORAS, "--model", "Org/M"]) == 2
+    assert "--env expects NAME or NAME=VALUE, got 'BAD-NAME'" in capsys.readouterr().err
+    assert main(["slurm", "--target", "cuda-x86_64", "--sif", ORAS, "--model", "Org/M"]) == 2
     err = capsys.readouterr().err
-    assert "needs --data (or --train-files) and --data (or --val-files); or pass" in err
+    assert ("needs --data (or --train-files) and --data (or --val-files) and --nodes and "
+            "--gpus-per-node; or pass your own --train-cmd") in err
+    assert main(["slurm", "--family", "cuda", "--sif", ORAS, "--data", "/d", "--model",
+                 "/m"]) == 2
+    assert "made for the verl version a matrix target pins: pass --target" in \
+        capsys.readouterr().err
     assert main(["slurm", "--family", "cuda", "--sif", "/x", "--runtime", "ch-run",
                  "--train-cmd", "x"]) == 2
     assert "refused for the cuda family" in capsys.readouterr().err

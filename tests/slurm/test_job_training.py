@@ -1,0 +1,104 @@
+"""The training stage (issue 30, item 3) on the rendered script: the default command is
+builder.train's for the target's verl, the train check runs in the image before Ray, and the
+trainer never starts when Ray does not count the GPUs it waits for."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from builder.cli import main
+from builder.errors import SlurmError
+from builder.slurm import render_sbatch
+from builder.train import checker_path
+from tests.slurm.test_job_admin import _function
+from tests.slurm.test_render import ORAS, job_for
+
+CUDA = ["slurm", "--target", "cuda-x86_64", "--sif", ORAS, "--nodes", "2", "--gpus-per-node",
+        "8", "--data", "/shared/gsm8k", "--model", "/shared/models/qwen"]
+
+
+def _cmd(text: str) -> list[str]:
+    line = next(li for li in text.splitlines() if li.strip().startswith("local cmd=("))
+    return re.findall(r'"((?:[^"\\]|\\.)*)"', line)
+
+
+def test_default_command_is_the_train_data_for_the_target(capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    assert main(CUDA) == 0
+    text = capsys.readouterr().out
+    cmd = _cmd(text)
+    assert cmd[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
+    for word in ("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=vllm",
+                 "trainer.nnodes=2", "trainer.n_gpus_per_node=8", "trainer.logger=[console]",
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                 "data.train_files=/shared/gsm8k/train.parquet",
+                 "trainer.default_local_dir=${SLURM_SUBMIT_DIR}/checkpoints"):
+        assert word in cmd, (word, cmd)
+    assert "TRAIN_NNODES=\"2\"" in text and "TRAIN_GPUS_PER_NODE=\"8\"" in text
+
+
+def test_logger_override_algorithm_and_tp(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*CUDA, "--logger", "console", "--logger", "wandb", "--algorithm", "ppo",
+                 "--tp", "2", "--override", "data.max_prompt_length=256"]) == 0
+    captured = capsys.readouterr()
+    cmd = _cmd(captured.out)
+    assert "trainer.logger=[console,wandb]" in cmd and "algorithm.adv_estimator=gae" in cmd
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=2" in cmd
+    assert cmd[-1] == "data.max_prompt_length=256"  # the user's override last: hydra wins
+    assert "BY_NAME=(WANDB_API_KEY)" in captured.out  # the logger's key, by name only
+    assert main([*CUDA, "--override", "no-equals-sign"]) == 2
+    assert "--override 'no-equals-sign': expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_rocm_target_gets_its_rollout_and_family_overrides(capsys: pytest.CaptureFixture[str]
+                                                           ) -> None:
+    assert main([*CUDA[:2], "rocm-mi300", *CUDA[3:]]) == 0
+    cmd = _cmd(capsys.readouterr().out)
+    assert ("+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_custom_all_reduce=True"
+            in cmd)
+
+
+def test_train_check_runs_in_the_image_before_ray() -> None:
+    text = render_sbatch(job_for("cuda", train_cmd="python3 -m verl.trainer.main_ppo "
+                                 "trainer.nnodes=2 trainer.n_gpus_per_node=8 x.y=1"))
+    services = _function(text, "stage_services")
+    assert services.index("train_check") < services.index("start_ray")
+    check = _function(text, "train_check")
+    assert 'python3 "$VERL_ENV_JOB_DIR/incheck.py"' in check
+    payload = re.search(r"<<'VERL_ENV_CHECKER'\n(.*?)\nVERL_ENV_CHECKER", text, re.S)
+    assert payload and base64.b64decode(payload.group(1)) == checker_path().read_bytes()
+    assert 'TRAIN_OVERRIDES=("trainer.nnodes=2" "trainer.n_gpus_per_node=8" "x.y=1")' in text
+    assert "traincheck) echo 15" in text
+    other = render_sbatch(job_for("cuda", train_cmd="python3 my_trainer.py"))
+    assert "TRAIN_MAIN_PPO=0" in other
+
+
+@pytest.mark.parametrize("have, ok", [("16", True), ("0", False), ("8", False)])
+def test_trainer_never_waits_for_gpus_ray_does_not_have(have: str, ok: bool) -> None:
+    text = render_sbatch(job_for("cuda"))
+    code = ("TRAIN_NNODES=2\nTRAIN_GPUS_PER_NODE=8\nlog() { echo \"$*\"; }\n"
+            "fail() { echo \"FAIL $*\"; exit 1; }\n"
+            f"ray_gpus() {{ echo {have}; }}\n" + _function(text, "check_ray_gpus")
+            + "\ncheck_ray_gpus")
+    proc = subprocess.run(["bash", "-c", code], capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"]})
+    assert (proc.returncode == 0) == ok, proc.stdout
+    if not ok:
+        assert (f"FAIL Ray counts {have} GPUs, the trainer needs trainer.nnodes x "
+                "trainer.n_gpus_per_node = 2 x 8 = 16") in proc.stdout
+
+
+def test_logical_gpus_are_a_cpu_test_knob_only(tmp_path: Path) -> None:
+    with pytest.raises(SlurmError, match="cpu test clusters only"):
+        job_for("cuda", ray_logical_gpus=2)
+    text = render_sbatch(job_for("cpu", runtime="ch-run", sif="/x", train_cmd="true",
+                                 ray_logical_gpus=2))
+    assert 'RAY_LOGICAL_GPUS="2"' in text
+    assert '--num-gpus "${RAY_LOGICAL_GPUS:-$VERL_ENV_GPUS_PER_NODE}"' in text
+    assert 'RAY_LOGICAL_GPUS=""' in render_sbatch(job_for("cuda"))  # never the default
