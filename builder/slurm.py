@@ -24,7 +24,6 @@ from builder import grammar
 from builder.errors import SlurmError
 from builder.families import ALL_PHASES, FAMILIES, Family
 from builder.files import atomic_write_text
-from builder.train import checker_path
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "job/main.j2"
@@ -51,7 +50,8 @@ FAMILY_NAMES = tuple(FAMILIES)
 #: Variables the job script hands to the container explicitly (besides every ``--env`` name),
 #: so that they win over an image ENV of the same name; passed only when set.
 PASSED_PREFIXES = ("NCCL_", "RCCL_", "GLOO_", "HSA_", "TORCH_NCCL_", "UCX_", "SLURM_", "RAY_")
-PASSED_NAMES = ("HF_HOME", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+PASSED_NAMES = ("HF_HOME", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
+                "HIP_VISIBLE_DEVICES",
                 "VERL_ENV_TARGET", "VERL_ENV_FAMILY", "VERL_ENV_CPUS_PER_NODE",
                 "VERL_ENV_GPUS_PER_NODE", "VERL_ENV_JOB_DIR", "VERL_ENV_NODE_DEVICES",
                 "PYTHONUNBUFFERED", "PYTHONNOUSERSITE", "LANG", "TZ")
@@ -309,6 +309,9 @@ class SlurmJob:
     # --num-gpus), so that verl's placement over the nodes can be reached on CPU nodes; the
     # trainer then stops where it needs a real GPU. Never a default.
     ray_logical_gpus: int | None = None
+    # The train check the job runs in the image on the head node before Ray (builder.train's
+    # incheck.py, which build-env slurm passes in); empty: the job logs that it has none.
+    train_checker: bytes = b""
     ray_tmp_root: str = "/tmp"
     ray_wait_timeout: int = 300
     selftest_phases: str | None = None
@@ -727,7 +730,7 @@ def render_sbatch(job: SlurmJob) -> str:
                                      else ()),
         sbatch_options=sbatch_options(job),
         train_shape=train_shape(train_argv(training_command(job))),
-        checker_b64=base64.b64encode(checker_path().read_bytes()).decode(),
+        checker_b64=base64.b64encode(job.train_checker).decode(),
         runtime_part=RUNTIME_PARTS[job.runtime],
         pyxis_image=pyxis_image(job.sif),
         devices=job_devices(job),

@@ -13,8 +13,8 @@ from builder.errors import SlurmError
 from builder.families import FAMILIES
 from builder.slurm import Inputs, quote_keep_vars
 from builder.spec import Target
-from builder.train import (TrainShapeError, default_command, logger_env, target_rollout,
-                           target_verl)
+from builder.train import (TrainShapeError, checker_path, default_command, logger_env,
+                           target_rollout, target_verl)
 
 
 @dataclass(frozen=True)
@@ -56,3 +56,8 @@ def default_train_cmd(target: Target, family: str, inputs: Inputs,
     except TrainShapeError as exc:
         raise SlurmError(str(exc)) from None
     return " ".join(quote_keep_vars(w) for w in argv), names
+
+
+def checker_bytes() -> bytes:
+    """The in-image train checker the job writes into its directory and runs before Ray."""
+    return checker_path().read_bytes()

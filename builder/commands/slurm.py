@@ -10,7 +10,7 @@ from pathlib import Path
 
 from builder.commands import _shared
 from builder.errors import SlurmError
-from builder.slurm_train import TrainChoice, default_train_cmd
+from builder.slurm_train import TrainChoice, checker_bytes, default_train_cmd
 from builder.spec import Target
 from builder.slurm import (DEFAULT_CHECKPOINT_DIR, FAMILY_NAMES, RUNTIMES, SELFTEST_PHASES,
                            Inputs, SlurmJob,
@@ -74,6 +74,7 @@ def job_from_args(args: argparse.Namespace, family: str | None = None,
         hf_home=path(args.hf_home, "--hf-home"),
         train_cmd=train_cmd, inputs=inputs, env=env, runtime=args.runtime,
         ray_logical_gpus=getattr(args, "ray_logical_gpus", None),
+        train_checker=checker_bytes(),
         roce=args.roce, account=args.account, qos=args.qos, constraint=args.constraint,
         reservation=args.reservation, mem=args.mem, cpu_bind=args.cpu_bind,
         selftest_phases=args.selftest_phases, selftest_args=args.selftest_args,
@@ -148,6 +149,10 @@ def _options(parser: argparse.ArgumentParser) -> None:
     io.add_argument("--train-cmd", default=None,
                     help="training command in the image, instead of the default: "
                          "verl.trainer.main_ppo for the target's verl (docs/slurm.md)")
+    _train_options(parser)
+
+
+def _train_options(parser: argparse.ArgumentParser) -> None:
     train = parser.add_argument_group("the default training command (without --train-cmd)")
     train.add_argument("--algorithm", choices=("grpo", "ppo"), default="grpo")
     train.add_argument("--tp", type=int, default=1, metavar="N",
@@ -159,6 +164,12 @@ def _options(parser: argparse.ArgumentParser) -> None:
                        help="a hydra override layered last (repeatable)")
     train.add_argument("--ray-logical-gpus", type=int, default=None, metavar="N",
                        help=argparse.SUPPRESS)  # test clusters only: docs/slurm.md
+    _site_options(parser)
+
+
+def _site_options(parser: argparse.ArgumentParser) -> None:
+    """Allocation, network, caches, self-test and the cluster verdict."""
+    d = SlurmJob(target="t", family="cpu", sif="x.sif", train_cmd="true")
     alloc = parser.add_argument_group("allocation (a #SBATCH line only for what you give)")
     alloc.add_argument("--nodes", type=int, default=None,
                        help="nodes (default: no #SBATCH line; sbatch -N or the partition "
@@ -204,7 +215,8 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-check-interval", type=int, default=d.node_check_interval,
                         metavar="SECONDS",
                         help="how often a watched stage checks that every node still answers "
-                             f"(a lost node fails the stage naming it; default {d.node_check_interval})")
+                             "(a lost node fails the stage naming it; default "
+                             f"{d.node_check_interval})")
     parser.add_argument("--trust-key", default=None, metavar="PUB",
                         help="before any node starts, run `build-env trust verify` on the SIF "
                              "with this public key (needs build-env on the batch node)")

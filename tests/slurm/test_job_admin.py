@@ -46,8 +46,11 @@ SCONTROL = r"""echo "scontrol $*" >>"$CALLS"
 cat "$NODE_STATES"
 """
 SRUN = r"""echo "srun $*" >>"$CALLS"
-for a in "$@"; do case $a in -w) next=1 ;; *) if [ -n "${next:-}" ]; then node=$a; next=; fi ;; esac; done
-if [ "${node:-}" = "${DEAD_NODE:-none}" ]; then echo "srun: error: Task launch failed on node $node: Communication connection failure" >&2; exit 1; fi
+while [ $# -gt 0 ]; do if [ "$1" = -w ]; then node=$2; fi; shift; done
+if [ "${node:-}" = "${DEAD_NODE:-none}" ]; then
+  echo "srun: error: Task launch failed on node $node: Communication connection failure" >&2
+  exit 1
+fi
 exit 0
 """
 

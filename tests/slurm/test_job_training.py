@@ -32,6 +32,8 @@ def test_default_command_is_the_train_data_for_the_target(capsys: pytest.Capture
                                                           ) -> None:
     assert main(CUDA) == 0
     text = capsys.readouterr().out
+    payload = re.search(r"<<'VERL_ENV_CHECKER'\n(.*?)\nVERL_ENV_CHECKER", text, re.S)
+    assert payload and base64.b64decode(payload.group(1)) == checker_path().read_bytes()
     cmd = _cmd(text)
     assert cmd[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
     for word in ("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=vllm",
@@ -66,7 +68,8 @@ def test_rocm_target_gets_its_rollout_and_family_overrides(capsys: pytest.Captur
 
 def test_train_check_runs_in_the_image_before_ray() -> None:
     text = render_sbatch(job_for("cuda", train_cmd="python3 -m verl.trainer.main_ppo "
-                                 "trainer.nnodes=2 trainer.n_gpus_per_node=8 x.y=1"))
+                                 "trainer.nnodes=2 trainer.n_gpus_per_node=8 x.y=1",
+                                 train_checker=checker_path().read_bytes()))
     services = _function(text, "stage_services")
     assert services.index("train_check") < services.index("start_ray")
     check = _function(text, "train_check")
@@ -77,6 +80,7 @@ def test_train_check_runs_in_the_image_before_ray() -> None:
     assert "traincheck) echo 15" in text
     other = render_sbatch(job_for("cuda", train_cmd="python3 my_trainer.py"))
     assert "TRAIN_MAIN_PPO=0" in other
+    assert "rendered without the checker" in other and "VERL_ENV_CHECKER" not in other
 
 
 @pytest.mark.parametrize("have, ok", [("16", True), ("0", False), ("8", False)])
