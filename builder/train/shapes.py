@@ -210,3 +210,20 @@ def target_rollout(target: Target) -> str:
     with none (the CPU fixture) gets vllm, verl's default engine, for a configuration check."""
     engine = target.engine
     return engine.name if engine is not None else "vllm"
+
+
+PIN_LABEL = "org.verl-env.{}.{}"  # builder.render.baked: pin.NAME / provided.NAME
+
+
+def label_pin(labels: Mapping[str, str], name: str) -> str | None:
+    """A package's version from an image's OCI labels (a pin or a vendor base's provided)."""
+    for kind in ("pin", "provided"):
+        value = labels.get(PIN_LABEL.format(kind, name))
+        if value:
+            return value.split(" ", 1)[0]
+    return None
+
+
+def label_rollout(labels: Mapping[str, str]) -> str | None:
+    """The rollout engine an image's labels name (vllm or sglang), None when none."""
+    return next((e for e in ROLLOUTS if label_pin(labels, e)), None)
