@@ -73,7 +73,7 @@ def test_train_check_runs_in_the_image_before_ray() -> None:
     services = _function(text, "stage_services")
     assert services.index("train_check") < services.index("start_ray")
     check = _function(text, "train_check")
-    assert 'python3 "$VERL_ENV_JOB_DIR/incheck.py"' in check
+    assert '"$VERL_ENV_JOB_DIR/incheck.py" --nnodes' in check and '--json "$out"' in check
     payload = re.search(r"<<'VERL_ENV_CHECKER'\n(.*?)\nVERL_ENV_CHECKER", text, re.S)
     assert payload and base64.b64decode(payload.group(1)) == checker_path().read_bytes()
     assert 'TRAIN_OVERRIDES=("trainer.nnodes=2" "trainer.n_gpus_per_node=8" "x.y=1")' in text
@@ -106,3 +106,33 @@ def test_logical_gpus_are_a_cpu_test_knob_only(tmp_path: Path) -> None:
     assert 'RAY_LOGICAL_GPUS="2"' in text
     assert '--num-gpus "${RAY_LOGICAL_GPUS:-$VERL_ENV_GPUS_PER_NODE}"' in text
     assert 'RAY_LOGICAL_GPUS=""' in render_sbatch(job_for("cuda"))  # never the default
+
+
+@pytest.mark.parametrize("rc, expected", [
+    (1, "FAIL(traincheck) verl rejects the training command (train check, /j/train-check.json): "
+        "verl: [actor] Please set at least one of actor.ppo_micro_batch_size or"),
+    (0, "train check: pass (configuration level"),
+    (3, "warning: the train check could not run (exit 3"),
+])
+def test_train_check_result_is_the_jobs(rc: int, expected: str, tmp_path: Path) -> None:
+    """The checker's verdict as the job reads it: a rejection fails the job at its own stage
+    (exit 15) quoting verl; a pass says its level; a checker that could not run is a warning."""
+    text = render_sbatch(job_for("cuda", train_cmd="python3 -m verl.trainer.main_ppo a=1",
+                                 train_checker=b"print('checker')\n"))
+    lines = ("  train check fail   config\\n    verl: [actor] Please set at least one of "
+             "actor.ppo_micro_batch_size or actor.ppo_micro_batch_size_per_gpu\\n"
+             "    fix: --override actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
+    code = (f"VERL_ENV_JOB_DIR={tmp_path}\nTRAIN_MAIN_PPO=1\nTRAIN_NNODES=1\n"
+            "TRAIN_GPUS_PER_NODE=8\nTRAIN_OVERRIDES=(a=1)\nHEAD=node1\nSTAGE=services\n"
+            "log() { echo \"$*\"; }\nfail() { echo \"FAIL($STAGE) $*\"; exit 1; }\n"
+            "cstep() { case $* in *incheck.py*) return " + str(rc) + " ;; "
+            f"*) printf '{lines}\\n' ;; esac; }}\n"
+            + _function(text, "train_check") + "\ntrain_check\necho \"after $STAGE\"")
+    code = code.replace('"$VERL_ENV_JOB_DIR/train-check.json"', '"/j/train-check.json"')
+    proc = subprocess.run(["bash", "-c", code], capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"]})
+    assert expected in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert (proc.returncode == 0) == (rc != 1)
+    assert (tmp_path / "incheck.py").read_text() == "print('checker')\n"
+    if rc != 1:
+        assert "after services" in proc.stdout

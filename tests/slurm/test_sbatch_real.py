@@ -271,7 +271,7 @@ def test_two_nodes_selftest_ray_and_train_from_the_image(any_bench: Bench) -> No
     stages = re.findall(r"=== stage (\w+) ===", out)
     assert stages == ["setup", "network", "services", "selftest", "training"]
     # setup: the Slurm version checked, CPUs from the allocation, no GPUs
-    assert re.search(r"Slurm \d+\.\d+\S* \(>= 20\.11\)", out), out
+    assert re.search(r"Slurm \d+\.\d+\S* \(>= 22\.05\)", out), out
     assert "allocation per node: 2 CPUs, 0 GPUs" in out
     assert "#SBATCH --exclusive" in (bench.root / "ok.sbatch").read_text()
     # network: both fake nodes resolved through scontrol and the chosen interface
@@ -435,3 +435,30 @@ def test_taken_gcs_port_fails_services(bench: Bench) -> None:
     assert info["ExitCode"] == "12:0", out
     assert f"port {gcs} on 127.0.0.1 is already taken" in out
     assert "result: FAILED at stage services (exit 12)" in out
+
+
+def _step_ids(cluster: SlurmCluster, job_id: str) -> set[int]:
+    """The job's step ids as the nodes' slurmd logged their launch (``launch task
+    StepId=JOB.N``): Slurm's own record of every step it started on a node. (``sacct`` reads
+    the same from slurmdbd, which this test cluster does not run: accounting_storage/none.)"""
+    ids: set[int] = set()
+    for log in cluster.root.glob("slurmd-*.log"):
+        ids |= {int(n) for n in re.findall(rf"launch task StepId={job_id}\.(\d+) ",
+                                           log.read_text(errors="replace"))}
+    return ids
+
+
+def test_node_watch_launches_no_steps(bench: Bench) -> None:
+    """A 60 s training step watched every 2 s: the controller is asked (scontrol), no step is
+    launched for it. The job's steps are the stages' own (paths, addresses, shared files, Ray
+    head and worker, the Ray wait, the self-test and its report, training): the same count
+    however long training runs. Main's watch launched a step on every node each interval (30
+    more here; ~2,900 a day at 30 s, past MaxStepCount 40,000 in 14 days)."""
+    job = bench.job(node_check_interval=2, train_cmd="python3 -c 'import time; time.sleep(60)'")
+    info, out, wall = bench.submit(job, "steps")
+    assert info["ExitCode"] == "0:0", out
+    ids = _step_ids(bench.cluster, info["JobId"])
+    print(f"TIMING steps job wall {wall:.1f}s; step ids launched: {sorted(ids)}")
+    assert ids, "no step launch found in the slurmd logs"
+    assert len(ids) <= 11, sorted(ids)
+    assert _leftover_ray(bench) == []
