@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
 
 from builder.commands import _shared
-from builder.errors import SlurmError
+from builder.errors import BuildEnvError, SlurmError
 from builder.slurm_train import TrainChoice, checker_bytes, default_train_cmd
 from builder.spec import Target
 from builder.slurm import (DEFAULT_CHECKPOINT_DIR, FAMILY_NAMES, RUNTIMES, SELFTEST_PHASES,
                            Inputs, SlurmJob,
                            absolute_path, image_source, job_warnings, parse_env, render_sbatch,
-                           write_sbatch)
+                           train_argv, train_shape, training_command, write_sbatch)
+from builder.train import check as train_check
 
 NAME = "slurm"
 HELP = "write an sbatch script"
@@ -96,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         for warning in job_warnings(job):
             print(f"warning: {warning}", file=sys.stderr)
         _missing_names(job)
+        if _train_check(args, job, target) == 1:
+            return 1
         summary = {"target": job.target, "family": job.family, "runtime": job.runtime,
                    "image": job.sif, "nodes": job.nodes, "gpus_per_node": job.gpus_per_node}
         if args.output:
@@ -110,6 +114,55 @@ def run(args: argparse.Namespace) -> int:
     except SlurmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    return 0
+
+
+def _note(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)  # stdout may be the script itself
+
+
+def _check_argv(job: SlurmJob) -> tuple[list[str], int, int] | str:
+    """The training argv as the head node will run it, with its nnodes and GPUs per node; or
+    why it cannot be checked here."""
+    argv = train_argv(training_command(job))
+    shape = train_shape(argv)
+    if not shape.main_ppo:
+        return "the training command is not verl.trainer.main_ppo"
+    here = {"SLURM_SUBMIT_DIR": os.getcwd(), "HOME": str(Path.home())}
+    words = [re.sub(r"\$\{(\w+)\}|\$(\w+)",
+                    lambda m: here.get(m.group(1) or m.group(2), m.group(0)), w) for w in argv]
+    if any("$" in w for w in words) or not (shape.nnodes.isdigit()
+                                            and shape.gpus_per_node.isdigit()):
+        return "the command uses variables only the job's nodes set"
+    return words, int(shape.nnodes), int(shape.gpus_per_node)
+
+
+def _train_check(args: argparse.Namespace, job: SlurmJob, target: Target | None) -> int:
+    """verl's configuration checks of the job's training command in the image, when the image
+    is at hand here (a local engine image); 1 when verl rejects it (nothing is written)."""
+    later = "the job runs it on the head node before Ray"
+    if args.no_train_check:
+        _note(f"train check: not run here (--no-train-check); {later}")
+        return 0
+    ref = args.check_image or (f"verl-env:{target.name}" if target else None)
+    prepared = _check_argv(job)
+    if isinstance(prepared, str) or ref is None:
+        why = prepared if isinstance(prepared, str) else "no image: --check-image or --target"
+        _note(f"train check: not run here ({why}); {later}")
+        return 0
+    argv, nnodes, gpus = prepared
+    try:
+        engine, image = _shared.engine_image(ref, None, SlurmError)
+        result = train_check.run_check(engine, image.id, argv, nnodes=nnodes,
+                                       gpus_per_node=gpus)
+    except BuildEnvError as exc:
+        _note(f"train check: not run here ({ref}: {exc}); {later}")
+        return 0
+    for line in train_check.summary_lines(result):
+        _note(line)
+    if result.exit_code == 1:
+        _note("error: slurm: verl rejects the training command (above); no script written")
+        return 1
     return 0
 
 
@@ -231,3 +284,10 @@ def _site_options(parser: argparse.ArgumentParser) -> None:
                          help="the SIF the verdict names (default: the SIF the job runs; with "
                               "ch-run: the SIF the image directory was unpacked from)")
     parser.add_argument("--output", "-o", default=None, help="write here (default: stdout)")
+    check = parser.add_argument_group("the train check before writing (docs/slurm.md)")
+    check.add_argument("--check-image", default=None, metavar="REF",
+                       help="run verl's configuration checks of the training command in this "
+                            "local engine image first (default: verl-env:TARGET when the "
+                            "engine has it); a rejected command writes nothing (exit 1)")
+    check.add_argument("--no-train-check", action="store_true",
+                       help="do not run the train check here (the job still runs it)")

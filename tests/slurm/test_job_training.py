@@ -136,3 +136,55 @@ def test_train_check_result_is_the_jobs(rc: int, expected: str, tmp_path: Path) 
     assert (tmp_path / "incheck.py").read_text() == "print('checker')\n"
     if rc != 1:
         assert "after services" in proc.stdout
+
+
+def test_build_env_slurm_says_where_the_train_check_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Rendering never needs the image: without one at hand the script is written and the
+    line says the job runs the check before Ray."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    out = tmp_path / "job.sh"
+    assert main([*CUDA, "--output", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "train check: not run here (verl-env:cuda-x86_64: " in err
+    assert "the job runs it on the head node before Ray" in err and out.exists()
+    assert main([*CUDA, "--no-train-check"]) == 0
+    assert "train check: not run here (--no-train-check)" in capsys.readouterr().err
+    assert main([*CUDA, "--train-cmd", "python3 mine.py"]) == 0
+    assert "not verl.trainer.main_ppo" in capsys.readouterr().err
+
+
+def test_build_env_slurm_refuses_a_command_verl_rejects(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """With the image at hand, a rejected command writes nothing (exit 1) and prints verl's
+    message and the fix. The engine and the checker's verdict are stand-ins here (the command's
+    logic only); tests/train runs the real checker in the real image."""
+    from builder.commands import slurm as command
+    from builder.train.check import TrainCheck
+
+    seen: dict[str, object] = {}
+
+    class Image:
+        id = "sha256:abc"
+
+    def run_check(engine: object, image: str, argv: list[str], *, nnodes: int,
+                  gpus_per_node: int) -> TrainCheck:
+        seen.update(image=image, argv=argv, nnodes=nnodes, gpus=gpus_per_node)
+        stage = {"name": "config", "status": "fail", "fix": "data.max_prompt_length=1024",
+                 "message": "prompt longer than data.max_prompt_length"}
+        return TrainCheck(image, "rejected", {"stages": [stage]}, 1.0, "", (stage,))
+
+    monkeypatch.setattr(command._shared, "engine_image", lambda ref, t, e: (object(), Image()))
+    monkeypatch.setattr(command.train_check, "run_check", run_check)
+    out = tmp_path / "job.sh"
+    assert main([*CUDA, "--output", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "verl: prompt longer than data.max_prompt_length" in err
+    assert "--override data.max_prompt_length=1024" in err and "no script written" in err
+    assert not out.exists()
+    assert seen["nnodes"] == 2 and seen["gpus"] == 8 and seen["image"] == "sha256:abc"
+    argv = seen["argv"]
+    assert isinstance(argv, list) and f"trainer.default_local_dir={os.getcwd()}/checkpoints" \
+        in argv  # ${SLURM_SUBMIT_DIR}: where sbatch runs, here
