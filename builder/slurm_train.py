@@ -54,7 +54,7 @@ def default_train_cmd(target: Target, family: str, inputs: Inputs,
                        *family_overrides, *choice.overrides))
         names = tuple(logger_env(verl, choice.loggers))
     except TrainShapeError as exc:
-        raise SlurmError(str(exc)) from None
+        raise SlurmError(exc.args[0]) from None  # the message, without its stage prefix
     return " ".join(quote_keep_vars(w) for w in argv), names
 
 
