@@ -36,7 +36,8 @@ OPTION_SETS: dict[str, dict[str, object]] = {
     "single-node": dict(nodes=1, gpus_per_node=4, selftest_phases="preflight,imports"),
     "custom-train": dict(train_cmd="python3 -m verl.trainer.main_ppo 'data.train_files=[\"a b\"]' "
                                    "trainer.nnodes=${SLURM_NNODES} trainer.project_name='it''s' "
-                                   "actor_rollout_ref.model.path=$HF_HOME/m"),
+                                   "actor_rollout_ref.model.path=$HF_HOME/m",
+                         train_checker=b"print('the train checker')\n"),
     "docker-source": dict(sif=f"docker://images.example.net/x/verl@sha256:{DIGEST}", runtime="singularity",
                           cache_dir="/scratch/$USER/sif", hf_home="/scratch/${USER}/hf"),
     "path-source": dict(sif="/shared/images/verl.sif", exclusive=False, port_stride=100, nodes=2,
