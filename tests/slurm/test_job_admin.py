@@ -68,7 +68,8 @@ def _watch(tmp_path: Path, states: str, dead: str = "none") -> tuple[int, str, l
     code = ("declare -A CPUS_OF=([node1]=8 [node2]=8)\nMIN_CPUS=8\nCPU_BIND=cores\n"
             "NODES=(node1 node2)\nlog() { echo \"$*\" >&2; }\n"
             + _function(text, "node_cpus") + "\n" + _function(text, "step") + "\n"
-            + _function(text, "every_node") + "\n" + _function(text, "find_lost_nodes")
+            + _function(text, "every_node") + "\n" + _function(text, "controller_lost") + "\n"
+            + _function(text, "find_lost_nodes")
             + "\nrc=0\nfind_lost_nodes || rc=$?\necho \"rc=$rc lost=${LOST[*]}\"")
     proc = subprocess.run(["bash", "-c", code], capture_output=True, text=True, env={
         "PATH": f"{bindir}:{os.environ['PATH']}", "CALLS": str(calls),

@@ -483,7 +483,8 @@ def tiny(bench: Bench) -> Path:
         ["ch-run", "--unset-env=*", f"--set-env={bench.image}/ch/environment",
          "--set-env=HOME=/tmp", str(bench.image), "--", "python3", str(script),
          "--model", str(out / "model"), "--data", str(out / "data")],
-        capture_output=True, text=True, timeout=600)
+        capture_output=True, text=True, timeout=600,
+        env={"PATH": os.environ["PATH"], "USER": os.environ.get("USER") or "root"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     print(f"TIMING tiny model and data in the image: {time.monotonic() - start:.1f}s "
           f"{proc.stdout.strip()}")
