@@ -188,3 +188,26 @@ def test_build_env_slurm_refuses_a_command_verl_rejects(
     argv = seen["argv"]
     assert isinstance(argv, list) and f"trainer.default_local_dir={os.getcwd()}/checkpoints" \
         in argv  # ${SLURM_SUBMIT_DIR}: where sbatch runs, here
+
+
+def test_gpu_boundary_is_its_own_result(tmp_path: Path) -> None:
+    """A trainer that stops where a real GPU is needed (logical GPUs on a test cluster) ends
+    the job with its own result line and exit 16, not "training failed"."""
+    text = render_sbatch(job_for("cpu", runtime="ch-run", sif="/x", ray_logical_gpus=1,
+                                 train_cmd="python3 -m verl.trainer.main_ppo a=1"))
+    tlog = tmp_path / "training.log"
+    code = (f"VERL_ENV_JOB_DIR={tmp_path}\nRAY_LOGICAL_GPUS=1\nTRAIN_MAIN_PPO=0\nHEAD=node1\n"
+            "RAY_PIDS=()\nLOST=()\nSTAGE=setup\nlog() { echo \"$*\"; }\n"
+            + _function(text, "stage_code") + "\n" + _function(text, "fail") + "\n"
+            + "cleanup() { :; }\n" + _function(text, "on_exit") + "\ntrap on_exit EXIT\n"
+            + "enter() { STAGE=$1; }\nwatch_step() { wait \"$1\"; }\n"
+            + f"cstep() {{ echo 'RuntimeError: Torch not compiled with CUDA enabled' >{tlog}; "
+            + "return 1; }\n" + re.search(r"^GPU_BOUNDARY=.*$", text, re.M).group(0) + "\n"
+            + _function(text, "stage_training") + "\nstage_training")
+    proc = subprocess.run(["bash", "-c", code], capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"]})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 16, out
+    assert "training stopped where a GPU is needed" in out
+    assert "result: stopped at the GPU boundary (exit 16)" in out
+    assert "training command exited" not in out
