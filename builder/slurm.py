@@ -9,6 +9,7 @@ stage by stage, is documented in ``docs/slurm.md`` and in the template's header.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shlex
@@ -19,8 +20,9 @@ from typing import Mapping
 
 import jinja2
 
+from builder import grammar
 from builder.errors import SlurmError
-from builder.families import FAMILIES, Family
+from builder.families import ALL_PHASES, FAMILIES, Family
 from builder.files import atomic_write_text
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -30,9 +32,11 @@ RUNTIMES = ("apptainer", "singularity", "pyxis", "ch-run")
 #: The template part (``job/runtime/<part>.j2``) of each runtime.
 RUNTIME_PARTS = {"apptainer": "apptainer", "singularity": "apptainer", "pyxis": "pyxis",
                  "ch-run": "chrun"}
-#: The oldest Slurm the script supports: ``srun --overlap`` (steps sharing the Ray steps' CPUs
-#: and GPUs) came with 20.11; checked by the job at setup.
-MIN_SLURM = "20.11"
+#: The oldest Slurm the script supports: the one the tests run (Debian 12's 22.05). ``srun
+#: --overlap`` came with 20.11, but steps sharing the Ray steps' GPUs and memory through it is
+#: documented from 22.05 on, and a step no longer inheriting ``--cpus-per-task`` (which every
+#: step here sets) is 22.05's behaviour; checked by the job at setup.
+MIN_SLURM = "22.05"
 #: Where checkpoints go when the user names no --checkpoint-dir (shared, survives the job).
 DEFAULT_CHECKPOINT_DIR = "${SLURM_SUBMIT_DIR}/checkpoints"
 
@@ -45,9 +49,9 @@ FAMILY_NAMES = tuple(FAMILIES)
 
 #: Variables the job script hands to the container explicitly (besides every ``--env`` name),
 #: so that they win over an image ENV of the same name; passed only when set.
-PASSED_PREFIXES = ("NCCL_", "RCCL_", "GLOO_", "HSA_", "TORCH_NCCL_", "UCX_", "SLURM_")
-PASSED_NAMES = ("HF_HOME", "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
-                "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+PASSED_PREFIXES = ("NCCL_", "RCCL_", "GLOO_", "HSA_", "TORCH_NCCL_", "UCX_", "SLURM_", "RAY_")
+PASSED_NAMES = ("HF_HOME", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
+                "HIP_VISIBLE_DEVICES",
                 "VERL_ENV_TARGET", "VERL_ENV_FAMILY", "VERL_ENV_CPUS_PER_NODE",
                 "VERL_ENV_GPUS_PER_NODE", "VERL_ENV_JOB_DIR", "VERL_ENV_NODE_DEVICES",
                 "PYTHONUNBUFFERED", "PYTHONNOUSERSITE", "LANG", "TZ")
@@ -80,15 +84,26 @@ class Bind:
         return cls(src, dst, len(parts) == 3 and parts[2] == "ro", f"--bind {spec}")
 
 
+def home_path(path: str, option: str) -> str:
+    """``~`` and ``~/…`` as ``${HOME}…``, which the job expands on the nodes (a ``~`` inside the
+    script's double quotes would stay a literal ``~``); ``~user`` is refused: the nodes' home
+    of another user is not this tool's to guess."""
+    if path == "~" or path.startswith("~/"):
+        return "${HOME}" + path[1:]
+    raise SlurmError(f"{option} {path!r}: only ~ and ~/… are expanded (on the nodes, as "
+                     "${HOME}); give another user's home as an absolute path")
+
+
 def absolute_path(path: str, option: str) -> str:
-    """A path for the nodes: absolute, ``$VAR``-relative, or made absolute against the cwd (the
-    generator runs where the job is submitted from)."""
+    """A path for the nodes: absolute, ``$VAR``-relative, ``~``-relative (``${HOME}`` on the
+    nodes), or made absolute against the cwd (the generator runs where the job is submitted
+    from)."""
     if not path:
         raise SlurmError(f"{option} is empty")
     if path.startswith(("/", "$")):
         return path
     if path.startswith("~"):
-        return "${HOME}" + path[1:] if path.startswith("~/") or path == "~" else path
+        return home_path(path, option)
     return str(Path(path).absolute())
 
 
@@ -177,10 +192,10 @@ class Inputs:
                  f"trainer.default_local_dir={self.checkpoint_dir}",
                  "trainer.nnodes=${SLURM_NNODES}",
                  "trainer.n_gpus_per_node=${VERL_ENV_GPUS_PER_NODE}", *overrides]
-        return " ".join(_quote_keep_vars(w) for w in words)
+        return " ".join(quote_keep_vars(w) for w in words)
 
 
-def _quote_keep_vars(word: str) -> str:
+def quote_keep_vars(word: str) -> str:
     """shlex-quote ``word`` for train_argv() while keeping it one word; ``$VAR`` survives since
     shell_word() re-opens those references."""
     return shlex.quote(word) if re.search(r"[^\w@%+=:,./${}-]", word) else word
@@ -232,6 +247,27 @@ class RayPorts:
         return range(self.min_worker + shift, self.max_worker + shift + 1)
 
 
+#: The ports of a job on shared nodes (``--no-exclusive``): one compact block of 400 (head,
+#: self-test rendezvous, per-node ports, 390 worker ports), moved by the job id (below).
+SHARED_RAY_PORTS = RayPorts(gcs=20000, dashboard=20001, client=20002, node_manager=20004,
+                            object_manager=20005, runtime_env_agent=20006,
+                            dashboard_agent_grpc=20007, metrics_export=20008,
+                            dashboard_agent_listen=20009, min_worker=20010, max_worker=20399)
+SHARED_SELFTEST_PORT = 20003
+#: Ports stay below Linux's default ephemeral range (32768-60999), where the kernel hands out
+#: client ports that a listener could collide with.
+PORT_CEILING = 32767
+#: Bounds of the numbers a job takes (Slurm's own limits are higher; these are what a verl job
+#: can mean: a larger number is a typo).
+MAX_NODES = 4096
+MAX_GPUS_PER_NODE = 64
+MAX_CPUS_PER_TASK = 8192
+MAX_SECONDS = 7 * 24 * 3600
+MAX_CHECK_INTERVAL = 3600
+#: The self-test phases ``--selftest-phases`` may name (the image's ``--phases``).
+SELFTEST_PHASES = (*ALL_PHASES, "all")
+
+
 @dataclass(frozen=True)
 class SlurmJob:
     """Everything the generated sbatch script needs. Paths and the training command may use
@@ -240,7 +276,7 @@ class SlurmJob:
     target: str
     family: str
     sif: str
-    nodes: int = 2
+    nodes: int | None = None  # None: no #SBATCH line, the allocation decides (sbatch -N)
     gpus_per_node: int | None = None  # None: no #SBATCH line, the allocation decides
     cpus_per_task: int | None = None  # None: no #SBATCH line, the allocation decides
     partition: str | None = None
@@ -250,7 +286,9 @@ class SlurmJob:
     hf_home: str | None = None  # None: the user's HF_HOME, else ${HOME}/.cache/huggingface
     train_cmd: str | None = None  # None: verl's trainer on ``inputs`` (needs data and model)
     inputs: Inputs = field(default_factory=Inputs)
-    env: Mapping[str, str] = field(default_factory=dict)  # site NCCL/RCCL overrides, win last
+    # site NCCL/RCCL overrides, win last; a None value: passed by name from the submitting
+    # environment (a secret's value is never written into the script or the job directory)
+    env: Mapping[str, str | None] = field(default_factory=dict)
     runtime: str = "apptainer"
     # site options: a #SBATCH line each, only when given
     account: str | None = None
@@ -260,13 +298,25 @@ class SlurmJob:
     mem: str | None = None  # per node, as --mem takes it (0: all of it)
     cpu_bind: str = "cores"  # every step's --cpu-bind (it gets its node's CPUs with -c)
     roce: bool = False  # NCCL_IB_HCA also lists RoCE (Ethernet link layer) ports
-    ray_ports: RayPorts = field(default_factory=RayPorts)
+    ray_ports: RayPorts | None = None  # None: RayPorts() on whole nodes, SHARED_RAY_PORTS else
     port_stride: int = 0  # >0 only when several Slurm nodes share one host (test clusters)
+    # Jobs sharing a node must not share ports: the job's ports move by
+    # (SLURM_JOB_ID % port_slots) * the span of its ports. None: 1 on whole nodes (--exclusive),
+    # else as many slots as fit below PORT_CEILING. A test cluster that hands the job a free
+    # block of its own sets 1.
+    port_slots: int | None = None
+    # Test clusters only (cpu family): Ray declares this many logical GPUs per node (ray start
+    # --num-gpus), so that verl's placement over the nodes can be reached on CPU nodes; the
+    # trainer then stops where it needs a real GPU. Never a default.
+    ray_logical_gpus: int | None = None
+    # The train check the job runs in the image on the head node before Ray (builder.train's
+    # incheck.py, which build-env slurm passes in); empty: the job logs that it has none.
+    train_checker: bytes = b""
     ray_tmp_root: str = "/tmp"
     ray_wait_timeout: int = 300
     selftest_phases: str | None = None
     selftest_args: str = ""  # more self-test options, e.g. "--strict --bw-ref /shared/bw.json"
-    selftest_port: int = 29500
+    selftest_port: int | None = None  # None: 29500 on whole nodes, SHARED_SELFTEST_PORT else
     selftest_timeout: int = 900
     # while Ray starts, the self-test and training run: seconds between checks that every node
     # of the job still answers (a step on each; a lost node fails the stage, naming it)
@@ -290,7 +340,32 @@ class SlurmJob:
         if self.job_name is None:
             object.__setattr__(self, "job_name", f"verl-{self.target}")
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        shared_layout = self.ray_ports is None and not self.exclusive
+        if self.ray_ports is None:
+            object.__setattr__(self, "ray_ports",
+                               SHARED_RAY_PORTS if shared_layout else RayPorts())
+        if self.selftest_port is None:
+            object.__setattr__(self, "selftest_port",
+                               SHARED_SELFTEST_PORT if shared_layout else 29500)
+        for name in ("cache_dir", "hf_home", "job_dir", "ray_tmp_root", "verdict_sif",
+                     "trust_key", "trust_pgp", "sif"):
+            value = getattr(self, name)
+            if value is not None and value.startswith("~"):
+                object.__setattr__(self, name, home_path(value, f"--{name.replace('_', '-')}"))
+        if self.port_slots is None:
+            object.__setattr__(self, "port_slots", 1 if self.exclusive else _slots(self))
         validate(self)
+
+    @property
+    def ports(self) -> RayPorts:
+        """The job's base ports (before the job-id shift; ``ray_ports`` resolved)."""
+        assert self.ray_ports is not None
+        return self.ray_ports
+
+    @property
+    def by_name(self) -> tuple[str, ...]:
+        """``--env NAME`` names: passed from the submitting environment, values never written."""
+        return tuple(sorted(k for k, v in self.env.items() if v is None))
 
 
 def _fail(message: str, job: SlurmJob | None = None) -> SlurmError:
@@ -320,31 +395,10 @@ def validate(job: SlurmJob) -> None:
                     f"{job.verdict_sif!r}", job)
     if job.trust_pgp and not job.trust_key:
         raise _fail("--trust-pgp goes with --trust-key", job)
-    if job.nodes < 1 or (job.cpus_per_task is not None and job.cpus_per_task < 1):
-        raise _fail("nodes and cpus_per_task must be >= 1", job)
-    if job.gpus_per_node is not None:
-        if job.gpus_per_node < 0:
-            raise _fail("gpus_per_node must be >= 0", job)
-        if job.family != "cpu" and job.gpus_per_node < 1:
-            raise _fail(f"a {job.family} job needs gpus_per_node >= 1", job)
-        if job.family == "cpu" and job.gpus_per_node > 0:
-            raise _fail("a cpu job asks for no GPUs (gpus_per_node must be 0 or unset)", job)
-    for name in ("target", "job_name", "partition", "interface", "account", "qos", "reservation"):
-        value = getattr(job, name)
-        if value is not None and not _SBATCH_VALUE.fullmatch(value):
-            raise _fail(f"{name} {value!r} has characters a Slurm option cannot hold", job)
-    if job.constraint is not None and not _CONSTRAINT.fullmatch(job.constraint):
-        raise _fail(f"constraint {job.constraint!r} is not a Slurm feature expression", job)
-    if job.mem is not None and not _MEM.fullmatch(job.mem):
-        raise _fail(f"mem {job.mem!r} is not a Slurm memory size (e.g. 500G, 0 for all)", job)
-    if not _CPU_BIND.fullmatch(job.cpu_bind):
-        raise _fail(f"cpu_bind {job.cpu_bind!r} is not a Slurm --cpu-bind value", job)
-    if job.time is not None and not _TIME.fullmatch(job.time):
-        raise _fail(f"time {job.time!r} is not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, "
-                    "D-HH:MM, D-HH:MM:SS or UNLIMITED)", job)
-    for key in job.env:
-        if not _NAME.fullmatch(key):
-            raise _fail(f"environment name {key!r} is not a valid shell variable name", job)
+    _check_numbers(job)
+    _check_grammar(job)
+    _check_sbatch_values(job)
+    _check_env(job)
     if job.sif.startswith(_REMOTE) and not _DIGEST.search(job.sif):
         raise _fail(f"SIF reference {job.sif!r} must be pinned by digest (…@sha256:<64 hex>): "
                     "the shared cache is keyed by digest", job)
@@ -358,19 +412,106 @@ def validate(job: SlurmJob) -> None:
         shlex.split(job.selftest_args)
     except ValueError as exc:
         raise _fail(f"cannot split the self-test arguments: {exc}", job) from None
-    for timeout in (job.ray_wait_timeout, job.selftest_timeout):
-        if timeout < 1:
-            raise _fail("timeouts must be >= 1 s", job)
-    if job.node_check_interval < 1:
-        raise _fail("the node check interval must be >= 1 s", job)
+    _check_phases(job)
     _check_ports(job)
-    for text in (job.cache_dir, job.hf_home or "", job.verdict_sif or "", job.runtime, job.ray_tmp_root, job.job_dir,
-                 job.selftest_phases or "", job.selftest_args, *job.env.values(), command,
+    for text in (job.cache_dir, job.hf_home or "", job.verdict_sif or "", job.runtime,
+                 job.ray_tmp_root, job.job_dir, job.selftest_phases or "", job.selftest_args,
+                 job.sif, job.trust_key or "", job.trust_pgp or "",
+                 *(v for v in job.env.values() if v is not None), command,
                  *(p for b in job.inputs.all_binds() for p in (b.src, b.dst))):
         try:
             shell_word(text)
         except ValueError as exc:
             raise _fail(str(exc), job) from None
+
+
+def _bounded(job: SlurmJob, name: str, value: int | None, low: int, high: int) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _fail(f"{name} must be a whole number from {low} to {high}, not {value!r}", job)
+
+
+def _check_numbers(job: SlurmJob) -> None:
+    """Every number within what a verl job can mean (a larger one is a typo)."""
+    _bounded(job, "nodes", job.nodes, 1, MAX_NODES)
+    _bounded(job, "cpus_per_task", job.cpus_per_task, 1, MAX_CPUS_PER_TASK)
+    _bounded(job, "gpus_per_node", job.gpus_per_node, 0, MAX_GPUS_PER_NODE)
+    if job.gpus_per_node is not None:
+        if job.family != "cpu" and job.gpus_per_node < 1:
+            raise _fail(f"a {job.family} job needs gpus_per_node >= 1", job)
+        if job.family == "cpu" and job.gpus_per_node > 0:
+            raise _fail("a cpu job asks for no GPUs (gpus_per_node must be 0 or unset)", job)
+    for name in ("ray_wait_timeout", "selftest_timeout"):
+        _bounded(job, name, getattr(job, name), 1, MAX_SECONDS)
+    _bounded(job, "node_check_interval", job.node_check_interval, 1, MAX_CHECK_INTERVAL)
+    _bounded(job, "port_stride", job.port_stride, 0, 10000)
+    _bounded(job, "ray_logical_gpus", job.ray_logical_gpus, 1, MAX_GPUS_PER_NODE)
+    if job.ray_logical_gpus is not None and job.family != "cpu":
+        raise _fail("logical GPUs for Ray are for cpu test clusters only; a GPU job's Ray "
+                    "counts the allocation's GPUs", job)
+
+
+def _check_sbatch_values(job: SlurmJob) -> None:
+    """What goes onto a #SBATCH line or into a Slurm option: Slurm's own syntax only."""
+    for name in ("target", "job_name", "partition", "interface", "account", "qos", "reservation"):
+        value = getattr(job, name)
+        if value is not None and not _SBATCH_VALUE.fullmatch(value):
+            raise _fail(f"{name} {value!r} has characters a Slurm option cannot hold", job)
+    if job.constraint is not None and not _CONSTRAINT.fullmatch(job.constraint):
+        raise _fail(f"constraint {job.constraint!r} is not a Slurm feature expression", job)
+    if job.mem is not None and not _MEM.fullmatch(job.mem):
+        raise _fail(f"mem {job.mem!r} is not a Slurm memory size (e.g. 500G, 0 for all)", job)
+    if not _CPU_BIND.fullmatch(job.cpu_bind):
+        raise _fail(f"cpu_bind {job.cpu_bind!r} is not a Slurm --cpu-bind value", job)
+    if job.time is not None and not _TIME.fullmatch(job.time):
+        raise _fail(f"time {job.time!r} is not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, "
+                    "D-HH:MM, D-HH:MM:SS or UNLIMITED)", job)
+
+
+#: The string fields that reach the template, by the grammar each must fit (builder.grammar);
+#: the template then quotes what it emits (shell_word), so only $NAME/${NAME} expand.
+_PATH_FIELDS = ("sif", "cache_dir", "hf_home", "ray_tmp_root", "job_dir", "trust_key",
+                "trust_pgp", "verdict_sif")
+_PLAIN_FIELDS = ("target", "job_name", "partition", "interface", "account", "qos", "reservation",
+                 "constraint", "mem", "cpu_bind", "time", "cluster", "selftest_phases",
+                 "selftest_args", "train_cmd")
+
+
+def _check_grammar(job: SlurmJob) -> None:
+    checks: list[tuple[str, object, object]] = []
+    checks += [(n, getattr(job, n), grammar.path) for n in _PATH_FIELDS]
+    checks += [(n, getattr(job, n), grammar.plain) for n in _PLAIN_FIELDS]
+    checks += [(f"env {k}", k, grammar.env_name) for k in job.env]
+    checks += [(f"env {k}", v, grammar.plain) for k, v in job.env.items()]
+    checks += [(b.what, p, grammar.path) for b in job.inputs.all_binds() for p in (b.src, b.dst)]
+    for what, value, check in checks:
+        if value is None:
+            continue
+        try:
+            check(value)  # type: ignore[operator]
+        except grammar.GrammarError as exc:
+            raise _fail(f"{what}: {exc}", job) from None
+
+
+def _check_env(job: SlurmJob) -> None:
+    for key, value in job.env.items():
+        if not _NAME.fullmatch(key):
+            raise _fail(f"environment name {key!r} is not a valid shell variable name", job)
+        if value is not None and not isinstance(value, str):
+            raise _fail(f"environment value of {key} must be text or None (passed by name)",
+                        job)
+
+
+def _check_phases(job: SlurmJob) -> None:
+    if job.selftest_phases is None:
+        return
+    names = [p.strip() for p in job.selftest_phases.split(",")]
+    bad = [p for p in names if p not in SELFTEST_PHASES]
+    if not names or bad:
+        raise _fail(f"--selftest-phases {job.selftest_phases!r}: unknown phase(s) "
+                    f"{', '.join(repr(p) for p in bad) or '(none named)'}; choose from "
+                    f"{', '.join(SELFTEST_PHASES)}", job)
 
 
 def _check_image(job: SlurmJob) -> None:
@@ -410,9 +551,9 @@ def pyxis_image(source: str) -> str:
 
 
 def sbatch_options(job: SlurmJob) -> list[tuple[str, str | None]]:
-    """The #SBATCH lines beyond nodes and tasks, only for what was asked."""
+    """The #SBATCH lines beyond the tasks per node, only for what was asked."""
     out: list[tuple[str, str | None]] = []
-    for option, value in (("cpus-per-task", job.cpus_per_task),
+    for option, value in (("nodes", job.nodes), ("cpus-per-task", job.cpus_per_task),
                           ("gpus-per-node", job.gpus_per_node), ("mem", job.mem),
                           ("partition", job.partition), ("account", job.account),
                           ("qos", job.qos), ("constraint", job.constraint),
@@ -441,19 +582,47 @@ def training_command(job: SlurmJob) -> str:
         FAMILY_PROFILES[job.family].trainer_overrides)
 
 
-def _check_ports(job: SlurmJob) -> None:
-    ports = job.ray_ports
-    seen: dict[int, str] = {}
+def _port_claims(job: SlurmJob) -> list[tuple[int, str]]:
+    """Every port the job opens before its job-id shift, with what opens it."""
+    ports = job.ports
     claims = [(p, f"head {n}") for n, p in ports.head_only().items()]
-    claims.append((job.selftest_port, "self-test rendezvous"))
-    for i in range(job.nodes if job.port_stride else 1):
+    claims.append((job.selftest_port or 0, "self-test rendezvous"))
+    for i in range((job.nodes or 1) if job.port_stride else 1):
         claims += [(p, f"node {i} {n}") for n, p in ports.per_node(i, job.port_stride).items()]
         claims += [(p, f"node {i} worker range") for p in ports.worker_range(i, job.port_stride)]
+    return claims
+
+
+def port_span(job: SlurmJob) -> int:
+    """How far apart two jobs' port blocks are: the span of the job's ports."""
+    claimed = [p for p, _ in _port_claims(job)]
+    return max(claimed) - min(claimed) + 1
+
+
+def _slots(job: SlurmJob) -> int:
+    """How many job-id slots fit between the job's ports and PORT_CEILING (at least 1)."""
+    try:
+        top = max(p for p, _ in _port_claims(job))
+        return max(1, (PORT_CEILING - top) // port_span(job) + 1)
+    except (TypeError, ValueError):  # validate() names what is wrong
+        return 1
+
+
+def _check_ports(job: SlurmJob) -> None:
+    ports = job.ports
+    seen: dict[int, str] = {}
     if ports.min_worker > ports.max_worker:
         raise _fail("min_worker port is above max_worker", job)
-    for port, what in claims:
-        if not 1024 <= port <= 65535:
-            raise _fail(f"{what} port {port} is outside 1024-65535", job)
+    if job.port_stride and job.nodes is None:
+        raise _fail("a per-node port stride needs the node count (nodes)", job)
+    slots = job.port_slots or 1
+    if slots < 1:
+        raise _fail("port_slots must be >= 1", job)
+    top = (slots - 1) * port_span(job)
+    for port, what in _port_claims(job):
+        if not 1024 <= port <= 65535 - top:
+            raise _fail(f"{what} port {port} is outside 1024-{65535 - top}"
+                        + (f" (the job-id shift adds up to {top})" if top else ""), job)
         if port in seen:
             raise _fail(f"port {port} is used twice ({seen[port]} and {what})", job)
         seen[port] = what
@@ -490,6 +659,32 @@ def train_argv(cmd: str) -> list[str]:
     return argv
 
 
+@dataclass(frozen=True)
+class TrainShape:
+    """What the job checks of verl's trainer command: is it ``verl.trainer.main_ppo``, its
+    hydra overrides, and the GPUs it waits for (``trainer.nnodes`` x ``n_gpus_per_node``, as
+    words the job expands; verl's defaults 1 and 8 when the command does not set them)."""
+
+    main_ppo: bool
+    overrides: tuple[str, ...]
+    nnodes: str
+    gpus_per_node: str
+
+
+def train_shape(argv: list[str]) -> TrainShape:
+    main_ppo = "verl.trainer.main_ppo" in argv[:3] and argv[argv.index(
+        "verl.trainer.main_ppo") - 1:][:1] == ["-m"]
+    overrides = tuple(argv[argv.index("verl.trainer.main_ppo") + 1:]) if main_ppo else ()
+    nnodes, gpus = "1", "8"
+    for word in overrides:
+        key, _, value = word.lstrip("+").partition("=")
+        if key == "trainer.nnodes":
+            nnodes = value
+        elif key == "trainer.n_gpus_per_node":
+            gpus = value
+    return TrainShape(main_ppo, overrides, nnodes, gpus)
+
+
 def sif_cache_name(source: str) -> str | None:
     """File name of a pulled SIF in the shared cache (by scheme and digest), None for a path."""
     if not source.startswith(_REMOTE):
@@ -521,9 +716,10 @@ def render_sbatch(job: SlurmJob) -> str:
     validate(job)
     values = {f.name: getattr(job, f.name) for f in fields(job)}
     values.update(
-        env=dict(sorted(job.env.items())),
-        ports=job.ray_ports,
-        node_ports=job.ray_ports.per_node(),
+        env={k: v for k, v in sorted(job.env.items()) if v is not None},
+        by_name=job.by_name,
+        ports=job.ports,
+        port_span=port_span(job),
         train_argv=train_argv(training_command(job)),
         profile=FAMILY_PROFILES[job.family],
         binds=job.inputs.all_binds(),
@@ -533,6 +729,8 @@ def render_sbatch(job: SlurmJob) -> str:
         passed_names=PASSED_NAMES + (CLEAN_START_NAMES if job.runtime in ("pyxis", "ch-run")
                                      else ()),
         sbatch_options=sbatch_options(job),
+        train_shape=train_shape(train_argv(training_command(job))),
+        checker_b64=base64.b64encode(job.train_checker).decode(),
         runtime_part=RUNTIME_PARTS[job.runtime],
         pyxis_image=pyxis_image(job.sif),
         devices=job_devices(job),
@@ -552,14 +750,26 @@ def write_sbatch(job: SlurmJob, path: str | os.PathLike[str]) -> Path:
     return dest
 
 
-def parse_env(items: list[str] | None) -> dict[str, str]:
-    """``["K=V", ...]`` from repeated ``--env`` options into a dict (later wins)."""
-    out: dict[str, str] = {}
+def parse_env(items: list[str] | None) -> dict[str, str | None]:
+    """``["K=V", "NAME", ...]`` from repeated ``--env`` options into a dict (later wins); a
+    bare ``NAME`` maps to None: passed by name from the submitting environment, its value never
+    written into the script (secrets: ``--env WANDB_API_KEY``)."""
+    out: dict[str, str | None] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
-        if not sep or not _NAME.fullmatch(key):
-            raise SlurmError(f"--env expects NAME=VALUE, got {item!r}")
-        out[key] = value
+        if not _NAME.fullmatch(key):
+            raise SlurmError(f"--env expects NAME or NAME=VALUE, got {item!r}")
+        out[key] = value if sep else None
+    return out
+
+
+def job_warnings(job: SlurmJob) -> list[str]:
+    """What the user should know before submitting (printed by ``build-env slurm``)."""
+    out = []
+    if not job.exclusive and job.cpus_per_task is None:
+        out.append("--no-exclusive without --cpus-per-task: Slurm gives the job 1 CPU per "
+                   "node, and Ray gets --num-cpus 1 (verl's workers then wait for CPUs); "
+                   "pass --cpus-per-task N")
     return out
 
 

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import shlex
 import sys
+from pathlib import Path
 
 from builder.commands import _shared
-from builder.errors import SlurmError
-from builder.slurm import (DEFAULT_CHECKPOINT_DIR, FAMILY_NAMES, RUNTIMES, Inputs, SlurmJob,
-                           absolute_path, image_source, parse_env, render_sbatch, write_sbatch)
+from builder.errors import BuildEnvError, SlurmError
+from builder.slurm_train import TrainChoice, checker_bytes, default_train_cmd
+from builder.spec import Target
+from builder.slurm import (DEFAULT_CHECKPOINT_DIR, FAMILY_NAMES, RUNTIMES, SELFTEST_PHASES,
+                           Inputs, SlurmJob,
+                           absolute_path, image_source, job_warnings, parse_env, render_sbatch,
+                           train_argv, train_shape, training_command, write_sbatch)
+from builder.train import check as train_check
 
 NAME = "slurm"
 HELP = "write an sbatch script"
@@ -23,9 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _shared.quiet(p)
 
 
-def job_from_args(args: argparse.Namespace, family: str | None = None) -> SlurmJob:
+def job_from_args(args: argparse.Namespace, family: str | None = None,
+                  target: Target | None = None) -> SlurmJob:
     """The :class:`SlurmJob` of parsed ``build-env slurm`` options; ``family``: the --target's,
-    when --family names none."""
+    when --family names none; ``target``: the matrix target the default command is made for."""
     family = args.family or family
     if family is None:
         raise SlurmError("no accelerator family: pass --family (or a --target the CLI resolves)")
@@ -38,27 +47,59 @@ def job_from_args(args: argparse.Namespace, family: str | None = None) -> SlurmJ
     def path(value: str | None, option: str) -> str | None:
         return absolute_path(value, option) if value else None
 
+    env = parse_env(args.env)
+    train_cmd = args.train_cmd
+    if train_cmd is None and target is not None:
+        choice = TrainChoice(nodes=args.nodes,
+                             gpus_per_node=args.gpus_per_node or args.ray_logical_gpus,
+                             tp=args.tp, algorithm=args.algorithm,
+                             loggers=tuple(args.logger or ("console",)),
+                             overrides=tuple(args.override or ()))
+        train_cmd, names = default_train_cmd(target, family, inputs, choice)
+        env = {**{n: None for n in names}, **env}
+    elif train_cmd is None:
+        raise SlurmError("the default training command is made for the verl version a matrix "
+                         "target pins: pass --target (or your own --train-cmd)")
+    trust_key = path(args.trust_key, "--trust-key")
+    if trust_key and "$" not in trust_key:
+        local = Path(trust_key.replace("${HOME}", str(Path.home()), 1))
+        if not local.is_file():
+            raise SlurmError(f"--trust-key {args.trust_key}: {local} is not a file (the job "
+                             "reads it on the batch host; give a path that exists there and "
+                             "here)")
+
     return SlurmJob(
         target=getattr(args, "target", None) or family, family=family,
         sif=image_source(args.sif), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
         cpus_per_task=args.cpus_per_task, partition=args.partition, time=args.time,
-        interface=args.interface, cache_dir=args.cache_dir, hf_home=args.hf_home,
-        train_cmd=args.train_cmd, inputs=inputs, env=parse_env(args.env), runtime=args.runtime,
+        interface=args.interface, cache_dir=absolute_path(args.cache_dir, "--cache-dir"),
+        hf_home=path(args.hf_home, "--hf-home"),
+        train_cmd=train_cmd, inputs=inputs, env=env, runtime=args.runtime,
+        ray_logical_gpus=getattr(args, "ray_logical_gpus", None),
+        train_checker=checker_bytes(),
         roce=args.roce, account=args.account, qos=args.qos, constraint=args.constraint,
         reservation=args.reservation, mem=args.mem, cpu_bind=args.cpu_bind,
         selftest_phases=args.selftest_phases, selftest_args=args.selftest_args,
         ray_wait_timeout=args.ray_wait_timeout, exclusive=args.exclusive,
         node_check_interval=args.node_check_interval,
-        trust_key=path(args.trust_key, "--trust-key"),
+        trust_key=trust_key,
         trust_pgp=path(args.trust_pgp, "--trust-pgp"), cluster=args.cluster,
         verdict_sif=path(args.verdict_sif, "--verdict-sif"))
 
 
 def run(args: argparse.Namespace) -> int:
-    family = (_shared.site(args).matrix.target(args.target).accelerator
-              if args.target and not args.family else None)
+    target = _shared.site(args).matrix.target(args.target) if args.target else None
+    family = target.accelerator if target else None
     try:
-        job = job_from_args(args, family)
+        if family and args.family and args.family != family:
+            raise SlurmError(f"--family {args.family} contradicts --target {args.target}, a "
+                             f"{family} target; drop --family (the target sets it)")
+        job = job_from_args(args, family, target)
+        for warning in job_warnings(job):
+            print(f"warning: {warning}", file=sys.stderr)
+        _missing_names(job)
+        if _train_check(args, job, target) == 1:
+            return 1
         summary = {"target": job.target, "family": job.family, "runtime": job.runtime,
                    "image": job.sif, "nodes": job.nodes, "gpus_per_node": job.gpus_per_node}
         if args.output:
@@ -74,6 +115,64 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     return 0
+
+
+def _note(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)  # stdout may be the script itself
+
+
+def _check_argv(job: SlurmJob) -> tuple[list[str], int, int] | str:
+    """The training argv as the head node will run it, with its nnodes and GPUs per node; or
+    why it cannot be checked here."""
+    argv = train_argv(training_command(job))
+    shape = train_shape(argv)
+    if not shape.main_ppo:
+        return "the training command is not verl.trainer.main_ppo"
+    here = {"SLURM_SUBMIT_DIR": os.getcwd(), "HOME": str(Path.home())}
+    words = [re.sub(r"\$\{(\w+)\}|\$(\w+)",
+                    lambda m: here.get(m.group(1) or m.group(2), m.group(0)), w) for w in argv]
+    if any("$" in w for w in words) or not (shape.nnodes.isdigit()
+                                            and shape.gpus_per_node.isdigit()):
+        return "the command uses variables only the job's nodes set"
+    return words, int(shape.nnodes), int(shape.gpus_per_node)
+
+
+def _train_check(args: argparse.Namespace, job: SlurmJob, target: Target | None) -> int:
+    """verl's configuration checks of the job's training command in the image, when the image
+    is at hand here (a local engine image); 1 when verl rejects it (nothing is written)."""
+    later = "the job runs it on the head node before Ray"
+    if args.no_train_check:
+        _note(f"train check: not run here (--no-train-check); {later}")
+        return 0
+    ref = args.check_image or (f"verl-env:{target.name}" if target else None)
+    prepared = _check_argv(job)
+    if isinstance(prepared, str) or ref is None:
+        why = prepared if isinstance(prepared, str) else "no image: --check-image or --target"
+        _note(f"train check: not run here ({why}); {later}")
+        return 0
+    argv, nnodes, gpus = prepared
+    try:
+        engine, image = _shared.engine_image(ref, None, SlurmError)
+        result = train_check.run_check(engine, image.id, argv, nnodes=nnodes,
+                                       gpus_per_node=gpus)
+    except BuildEnvError as exc:
+        _note(f"train check: not run here ({ref}: {exc}); {later}")
+        return 0
+    for line in train_check.summary_lines(result):
+        _note(line)
+    if result.exit_code == 1:
+        _note("error: slurm: verl rejects the training command (above); no script written")
+        return 1
+    return 0
+
+
+def _missing_names(job: SlurmJob) -> None:
+    """``--env NAME`` passes NAME from the environment ``sbatch`` runs in: say so when it is not
+    set here (the job itself fails at setup if it is not set there either)."""
+    for name in job.by_name:
+        if name not in os.environ:
+            print(f"warning: --env {name}: not set in this environment; export it before "
+                  "sbatch (the job fails at setup without it)", file=sys.stderr)
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
@@ -101,10 +200,33 @@ def _options(parser: argparse.ArgumentParser) -> None:
     io.add_argument("--bind", action="append", default=[], metavar="SRC[:DST[:ro]]",
                     help="another path bound into every container (repeatable)")
     io.add_argument("--train-cmd", default=None,
-                    help="training command in the image (default: verl.trainer.main_ppo with "
-                         "data, model, checkpoints and the cluster shape filled in)")
+                    help="training command in the image, instead of the default: "
+                         "verl.trainer.main_ppo for the target's verl (docs/slurm.md)")
+    _train_options(parser)
+
+
+def _train_options(parser: argparse.ArgumentParser) -> None:
+    train = parser.add_argument_group("the default training command (without --train-cmd)")
+    train.add_argument("--algorithm", choices=("grpo", "ppo"), default="grpo")
+    train.add_argument("--tp", type=int, default=1, metavar="N",
+                       help="the rollout's tensor-parallel size (default 1)")
+    train.add_argument("--logger", action="append", metavar="NAME",
+                       help="trainer.logger entry (repeatable; default console); a logger's "
+                            "key (wandb: WANDB_API_KEY) is passed by name")
+    train.add_argument("--override", action="append", metavar="KEY=VALUE",
+                       help="a hydra override layered last (repeatable)")
+    train.add_argument("--ray-logical-gpus", type=int, default=None, metavar="N",
+                       help=argparse.SUPPRESS)  # test clusters only: docs/slurm.md
+    _site_options(parser)
+
+
+def _site_options(parser: argparse.ArgumentParser) -> None:
+    """Allocation, network, caches, self-test and the cluster verdict."""
+    d = SlurmJob(target="t", family="cpu", sif="x.sif", train_cmd="true")
     alloc = parser.add_argument_group("allocation (a #SBATCH line only for what you give)")
-    alloc.add_argument("--nodes", type=int, default=d.nodes)
+    alloc.add_argument("--nodes", type=int, default=None,
+                       help="nodes (default: no #SBATCH line; sbatch -N or the partition "
+                            "decides)")
     alloc.add_argument("--gpus-per-node", type=int, default=None)
     alloc.add_argument("--cpus-per-task", type=int, default=None,
                        help="CPUs per node (Ray's --num-cpus otherwise comes from the allocation)")
@@ -119,27 +241,35 @@ def _options(parser: argparse.ArgumentParser) -> None:
                        help=f"--cpu-bind of every step (default {d.cpu_bind}); each step asks "
                             "for all CPUs of its node's allocation")
     alloc.add_argument("--no-exclusive", dest="exclusive", action="store_false",
-                       help="share nodes (default: #SBATCH --exclusive, whole nodes)")
+                       help="share nodes (default: #SBATCH --exclusive, whole nodes); the job's "
+                            "ports then move with its job id, and --cpus-per-task is needed")
     net = parser.add_argument_group("network")
     net.add_argument("--interface", default=d.interface,
                      help="network interface for Ray, NCCL and gloo (default ib0)")
-    net.add_argument("--env", action="append", metavar="KEY=VALUE",
-                     help="site NCCL/RCCL setting, passed into the container so that it wins over "
-                          "the image's own (repeatable)")
+    net.add_argument("--env", action="append", metavar="NAME[=VALUE]",
+                     help="NAME=VALUE: a site setting (NCCL/RCCL...) written into the script and "
+                          "passed into the container so that it wins over the image's own; NAME "
+                          "alone: passed by name from the environment sbatch runs in, its value "
+                          "never written (secrets: --env WANDB_API_KEY, --env HF_TOKEN); "
+                          "repeatable")
     net.add_argument("--roce", action="store_true",
                      help="NCCL_IB_HCA also lists RoCE (Ethernet link layer) ports")
-    parser.add_argument("--cache-dir", default=d.cache_dir, help="shared SIF cache directory")
+    parser.add_argument("--cache-dir", default=d.cache_dir,
+                        help="shared SIF cache directory (~ and $VAR expand on the nodes)")
     parser.add_argument("--hf-home", default=None,
                         help="shared Hugging Face cache (default: the user's $HF_HOME, else "
                              "$HOME/.cache/huggingface)")
-    parser.add_argument("--selftest-phases", default=None, help="phases for the node self-test")
+    parser.add_argument("--selftest-phases", default=None,
+                        help=f"phases for the node self-test (comma list of "
+                             f"{', '.join(SELFTEST_PHASES)})")
     parser.add_argument("--selftest-args", default="",
                         help="more self-test options (e.g. '--strict --bw-ref FILE')")
     parser.add_argument("--ray-wait-timeout", type=int, default=d.ray_wait_timeout)
     parser.add_argument("--node-check-interval", type=int, default=d.node_check_interval,
                         metavar="SECONDS",
                         help="how often a watched stage checks that every node still answers "
-                             f"(a lost node fails the stage naming it; default {d.node_check_interval})")
+                             "(a lost node fails the stage naming it; default "
+                             f"{d.node_check_interval})")
     parser.add_argument("--trust-key", default=None, metavar="PUB",
                         help="before any node starts, run `build-env trust verify` on the SIF "
                              "with this public key (needs build-env on the batch node)")
@@ -154,3 +284,10 @@ def _options(parser: argparse.ArgumentParser) -> None:
                          help="the SIF the verdict names (default: the SIF the job runs; with "
                               "ch-run: the SIF the image directory was unpacked from)")
     parser.add_argument("--output", "-o", default=None, help="write here (default: stdout)")
+    check = parser.add_argument_group("the train check before writing (docs/slurm.md)")
+    check.add_argument("--check-image", default=None, metavar="REF",
+                       help="run verl's configuration checks of the training command in this "
+                            "local engine image first (default: verl-env:TARGET when the "
+                            "engine has it); a rejected command writes nothing (exit 1)")
+    check.add_argument("--no-train-check", action="store_true",
+                       help="do not run the train check here (the job still runs it)")

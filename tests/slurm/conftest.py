@@ -116,6 +116,11 @@ def _write_conf(root: Path, nodes: int, ctld_port: int, node_ports: list[int],
         "ReturnToService=2",
         "MinJobAge=600",
         "KillWait=5",
+        # the controller pings every slurmd each SlurmdTimeout/3 s and marks a silent one
+        # NOT_RESPONDING, then DOWN at SlurmdTimeout: the job's node watch reads that (default
+        # 300 s, so up to ~100 s before a dead host shows; short here to keep the tests short,
+        # long enough that the job names a lost node before Slurm ends it for NODE_FAIL)
+        "SlurmdTimeout=60",
         f"StateSaveLocation={root}/state",
         f"SlurmdSpoolDir={root}/spool-%n",
         f"SlurmctldPidFile={root}/slurmctld.pid",

@@ -36,10 +36,11 @@ OPTION_SETS: dict[str, dict[str, object]] = {
     "single-node": dict(nodes=1, gpus_per_node=4, selftest_phases="preflight,imports"),
     "custom-train": dict(train_cmd="python3 -m verl.trainer.main_ppo 'data.train_files=[\"a b\"]' "
                                    "trainer.nnodes=${SLURM_NNODES} trainer.project_name='it''s' "
-                                   "actor_rollout_ref.model.path=$HF_HOME/m"),
+                                   "actor_rollout_ref.model.path=$HF_HOME/m",
+                         train_checker=b"print('the train checker')\n"),
     "docker-source": dict(sif=f"docker://images.example.net/x/verl@sha256:{DIGEST}", runtime="singularity",
                           cache_dir="/scratch/$USER/sif", hf_home="/scratch/${USER}/hf"),
-    "path-source": dict(sif="/shared/images/verl.sif", exclusive=False, port_stride=100,
+    "path-source": dict(sif="/shared/images/verl.sif", exclusive=False, port_stride=100, nodes=2,
                         ray_ports=RayPorts(min_worker=20000, max_worker=20050)),
     "hub-model-binds": dict(roce=True, inputs=Inputs.from_options(
         train_files="/shared/d/train.parquet", val_files="/scratch/$USER/val.parquet",
@@ -198,8 +199,11 @@ def test_node_list_ray_ports_and_train_defaults() -> None:
                  "--object-manager-port", "--min-worker-port", "--max-worker-port", "--block",
                  "--node-ip-address", "--num-cpus", "--num-gpus", "--temp-dir"):
         assert flag in text
-    for setting in ("RAY_GCS_PORT=6379", "RAY_DASHBOARD_PORT=8265", "RAY_CLIENT_PORT=10001",
-                    "RAY_MIN_WORKER_PORT=10002", "RAY_MAX_WORKER_PORT=19999",
+    for setting in ("RAY_GCS_PORT=$((6379 + PORT_SHIFT))",
+                    "RAY_DASHBOARD_PORT=$((8265 + PORT_SHIFT))",
+                    "RAY_CLIENT_PORT=$((10001 + PORT_SHIFT))",
+                    "RAY_MIN_WORKER_PORT=$((10002 + PORT_SHIFT))",
+                    "RAY_MAX_WORKER_PORT=$((19999 + PORT_SHIFT))", "PORT_SLOTS=1 ",
                     "VERL_ENV_CPUS_PER_NODE=$(alloc_cpus)",
                     "VERL_ENV_GPUS_PER_NODE=$(alloc_gpus)", "#SBATCH --exclusive"):
         assert setting in text
@@ -313,16 +317,16 @@ def test_shell_word_round_trips_through_bash(value: str) -> None:
     (dict(sif="oras://r.example/verl:latest"), "pinned by digest"),
     (dict(sif="docker://r.example/verl:v1"), "pinned by digest"),
     (dict(gpus_per_node=0), "needs gpus_per_node >= 1"),
-    (dict(nodes=0), "nodes and cpus_per_task"),
-    (dict(cpus_per_task=0), "nodes and cpus_per_task"),
+    (dict(nodes=0), "nodes must be a whole number from 1 to 4096"),
+    (dict(cpus_per_task=0), "cpus_per_task must be a whole number from 1"),
     (dict(runtime="docker"), "runtime must be one of"),
     (dict(runtime="ch-run", sif="/x"), "ch-run is refused for the cuda family"),
     (dict(inputs=Inputs()), "needs --data"),
     (dict(partition="gpu\n#SBATCH --x"), "partition"),
     (dict(interface="ib0; rm"), "interface"),
     (dict(time="soon"), "not a Slurm time"),
-    (dict(env={"BAD-NAME": "1"}), "not a valid shell variable"),
-    (dict(env={"X": "a\nb"}), "control characters"),
+    (dict(env={"BAD-NAME": "1"}), "is not an environment variable name"),
+    (dict(env={"X": "a\nb"}), "env X: 'a\\\\nb' is not plain single-line text"),
     (dict(train_cmd="python3 a.py | tee log"), "must be one command"),
     (dict(train_cmd="python3 'unterminated"), "cannot split"),
     (dict(train_cmd="  "), "empty"),
@@ -330,8 +334,8 @@ def test_shell_word_round_trips_through_bash(value: str) -> None:
     (dict(ray_ports=RayPorts(min_worker=29000, max_worker=29999)), "used twice"),
     (dict(ray_ports=RayPorts(gcs=80)), "outside 1024-65535"),
     (dict(port_stride=1, nodes=2), "used twice"),
-    (dict(ray_wait_timeout=0), "timeouts"),
-    (dict(node_check_interval=0), "node check interval must be >= 1 s"),
+    (dict(ray_wait_timeout=0), "ray_wait_timeout must be a whole number from 1"),
+    (dict(node_check_interval=0), "node_check_interval must be a whole number from 1 to 3600"),
     (dict(trust_pgp="/k.asc"), "goes with --trust-key"),
 ])
 def test_invalid_jobs_are_refused(overrides: dict[str, object], message: str) -> None:
@@ -381,7 +385,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def test_cli_writes_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "job.sbatch"
-    args = ["--family", "rocm", "--nodes", "4", "--gpus-per-node", "8", "--sif", ORAS,
+    args = ["--target", "rocm-mi300", "--nodes", "4", "--gpus-per-node", "8", "--sif", ORAS,
             "--partition", "mi300", "--interface", "ib1", "--env", "NCCL_IB_GID_INDEX=3",
             "--env", "NCCL_IB_HCA=mlx5_0", "--data", "/shared/gsm8k", "--model",
             "/shared/models/qwen", "--checkpoint-dir", "/shared/ckpt", "--bind",
@@ -399,17 +403,24 @@ def test_cli_writes_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_cli_reports_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["slurm", "--family", "cuda", "--sif", "oras://r.example/v:latest"]) == 2
+    assert main(["slurm", "--family", "cuda", "--sif", "oras://r.example/v:latest",
+                 "--train-cmd", "x"]) == 2
     assert "pinned by digest" in capsys.readouterr().err
     assert main(["slurm", "--sif", ORAS]) == 2
     assert "--family" in capsys.readouterr().err
     assert main(["slurm", "--family", "cuda"]) == 2
     assert "--sif" in capsys.readouterr().err
     assert main(["slurm", "--family", "cpu", "--gpus-per-node", "0", "--sif", ORAS,
-                 "--env", "NOVALUE", "--train-cmd", "x"]) == 2
-    assert main(["slurm", "--family", "cuda", "--sif", ORAS, "--model", "Org/M"]) == 2
+                 "--env", "BAD-NAME", "--train-cmd", "x"]) == 2
+    assert "--env expects NAME or NAME=VALUE, got 'BAD-NAME'" in capsys.readouterr().err
+    assert main(["slurm", "--target", "cuda-x86_64", "--sif", ORAS, "--model", "Org/M"]) == 2
     err = capsys.readouterr().err
-    assert "needs --data (or --train-files) and --data (or --val-files); or pass" in err
+    assert ("needs --data (or --train-files) and --data (or --val-files) and --nodes and "
+            "--gpus-per-node; or pass your own --train-cmd") in err
+    assert main(["slurm", "--family", "cuda", "--sif", ORAS, "--data", "/d", "--model",
+                 "/m"]) == 2
+    assert "made for the verl version a matrix target pins: pass --target" in \
+        capsys.readouterr().err
     assert main(["slurm", "--family", "cuda", "--sif", "/x", "--runtime", "ch-run",
                  "--train-cmd", "x"]) == 2
     assert "refused for the cuda family" in capsys.readouterr().err
@@ -492,7 +503,8 @@ def test_every_step_asks_for_its_cpus_and_binds_them(runtime: str, sif: str) -> 
     # every other srun goes through step() / every_node() / cstep()
     assert len(re.findall(r"(^|[\s(;])srun ", "\n".join(
         _code(line) for line in text.splitlines()), re.M)) == len(calls)
-    assert len(steps) == 4, steps  # step(), every_node(), the Ray wait, the self-test
+    # step(), every_node(), the Ray wait, the self-test, the node watch's probe
+    assert len(steps) == 5, steps
 
 
 def test_cpu_map_expands_slurm_counts() -> None:
@@ -578,7 +590,8 @@ def test_site_options_become_sbatch_lines() -> None:
         assert f"#SBATCH --{option}" not in plain
     for bad, message in ((dict(mem="lots"), "not a Slurm memory size"),
                          (dict(account="a b"), "account"),
-                         (dict(constraint="a\nb"), "feature expression"),
+                         (dict(constraint="a\nb"), "not plain single-line text"),
+                         (dict(constraint="a b"), "feature expression"),
                          (dict(cpu_bind="cores; rm"), "--cpu-bind")):
         with pytest.raises(SlurmError, match=message):
             job_for("cuda", **bad)
@@ -590,22 +603,23 @@ def test_site_options_become_sbatch_lines() -> None:
         "p", "q", "c", "r", "100G", "none")
 
 
-@pytest.mark.parametrize("version, ok", [("slurm 22.05.8", True), ("slurm 20.11.9", True),
+@pytest.mark.parametrize("version, ok", [("slurm 22.05.8", True), ("slurm 20.11.9", False),
                                          ("slurm 24.11.0-1", True), ("slurm 20.02.7", False),
+                                         ("slurm 21.08.8", False), ("slurm 23.02.1", True),
                                          ("slurm-wlm 19.05.5", False), ("", False)])
 def test_slurm_version_checked_at_setup(version: str, ok: bool, tmp_path: Path) -> None:
     text = render_sbatch(job_for("cpu"))
     (tmp_path / "srun").write_text(f"#!/bin/sh\necho '{version}'\n")
     (tmp_path / "srun").chmod(0o755)
-    code = ('MIN_SLURM="20.11"\nlog() { echo "$*"; }\nfail() { echo "FAIL $*"; exit 1; }\n'
+    code = ('MIN_SLURM="22.05"\nlog() { echo "$*"; }\nfail() { echo "FAIL $*"; exit 1; }\n'
             + _function(text, "check_slurm") + "\ncheck_slurm")
     proc = subprocess.run(["bash", "-c", code], capture_output=True, text=True,
                           env={"PATH": f"{tmp_path}:{os.environ['PATH']}"})
     assert (proc.returncode == 0) == ok, proc.stdout + proc.stderr
     if not ok:
-        assert "FAIL" in proc.stdout and ("older than 20.11" in proc.stdout
+        assert "FAIL" in proc.stdout and ("older than 22.05" in proc.stdout
                                           or "cannot tell the Slurm version" in proc.stdout)
-    assert "Needs Slurm >= 20.11" in text
+    assert "Needs Slurm >= 22.05" in text
 
 
 def test_hf_home_kept_unless_given() -> None:
