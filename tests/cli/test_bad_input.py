@@ -70,7 +70,8 @@ CASES = [
      "expected a number > 0"),
     ("slurm-unwritable", None,
      ["slurm", "--target", "cpu-x86_64", "--runtime", "ch-run", "--sif", "{tmp}/img",
-      "--data", "{tmp}", "--model", "m", "--output", NOT_WRITABLE + "/job.sbatch"], 2,
+      "--data", "{tmp}", "--model", "m", "--train-cmd", "python3 train.py",
+      "--output", NOT_WRITABLE + "/job.sbatch"], 2,
      NOT_WRITABLE),
     ("init-unwritable", None, ["init", NOT_WRITABLE + "/site"], 2, NOT_WRITABLE),
     ("keygen-unwritable", None, ["trust", "keygen", NOT_WRITABLE + "/keys"], 2, NOT_WRITABLE),
@@ -129,7 +130,8 @@ WRITERS = [
     ("init", ["init", "{tmp}/out/site"]),
     ("render", ["render", "--target", "cpu-x86_64", "--output", "{tmp}/out/ctx"]),
     ("slurm", ["slurm", "--target", "cpu-x86_64", "--runtime", "ch-run", "--sif", "{tmp}",
-               "--data", "{tmp}", "--model", "m", "--output", "{tmp}/out/job.sbatch"]),
+               "--data", "{tmp}", "--model", "m", "--train-cmd", "python3 train.py",
+               "--output", "{tmp}/out/job.sbatch"]),
     ("keygen", ["trust", "keygen", "{tmp}/out/keys"]),
 ]
 

@@ -33,8 +33,9 @@ def test_json_documents_name_their_schema(site: Path, tmp_path: Path) -> None:
                          "--json"], "render"),
                        (["init", str(tmp_path / "new-site"), "--json"], "init"),
                        (["slurm", "--target", "cpu-x86_64", "--runtime", "ch-run", "--sif",
-                         str(tmp_path), "--data", str(tmp_path), "--model", "m", "--output",
-                         str(tmp_path / "job.sbatch"), "--json"], "slurm")):
+                         str(tmp_path), "--data", str(tmp_path), "--model", "m", "--train-cmd",
+                         "python3 train.py", "--output", str(tmp_path / "job.sbatch"),
+                         "--json"], "slurm")):
         proc = run_build_env(*argv, cwd=site)
         assert proc.returncode == 0, proc.stderr
         doc = json.loads(proc.stdout)  # stdout is the document and nothing else
@@ -60,7 +61,7 @@ def test_quiet_prints_only_errors(site: Path, tmp_path: Path) -> None:
 def test_site_config_fills_defaults_and_flags_win(site: Path, tmp_path: Path) -> None:
     (site / "build-env.toml").write_text('[slurm]\npartition = "gpu-a"\nnodes = "3"\n')
     common = ["slurm", "--target", "cpu-x86_64", "--runtime", "ch-run", "--sif", str(tmp_path),
-              "--data", str(tmp_path), "--model", "m"]
+              "--data", str(tmp_path), "--model", "m", "--train-cmd", "python3 train.py"]
     proc = run_build_env(*common, "--output", str(tmp_path / "a.sbatch"), cwd=site)
     assert proc.returncode == 0, proc.stderr
     text = (tmp_path / "a.sbatch").read_text()
