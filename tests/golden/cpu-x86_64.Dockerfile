@@ -1,6 +1,6 @@
 # Rendered by build-env for target cpu-x86_64 (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cpu-x86_64`.
-# matrix entry sha256:9592d3c8263ad852579d1846abfbed16f56b785fd215b6b007d78d81f8c28455, lock sha256:cae161697cf5f0b5dde8a2541de6b5bf730663ce711c4b70ac6afde0ea47ad61
+# matrix entry sha256:fa1661b8abe02277353eba40da93b4e02d99765b36df0203d26e466c65ee6851, lock sha256:08e21d8e63b088f72eac4046141f18260fd91d0459bc24ab23331038a86ff21d
 
 # ---------------------------------------------------------------------------- runtime image
 FROM verl-env-test/debian:bookworm
@@ -26,7 +26,7 @@ COPY layers/10-torch.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,source=wheels,target=/tmp/verl-env/wheels \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/10-torch.txt
 
-# deps: 130 packages
+# deps: 117 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,source=wheels,target=/tmp/verl-env/wheels \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/30-deps.txt
@@ -48,13 +48,15 @@ LABEL org.opencontainers.image.description="CPU-only fixture for CI (gloo, Ray, 
       org.verl-env.arch="x86_64" \
       org.verl-env.base="verl-env-test/debian:bookworm" \
       org.verl-env.builder="0.1.0" \
-      org.verl-env.lock-hash="sha256:cae161697cf5f0b5dde8a2541de6b5bf730663ce711c4b70ac6afde0ea47ad61" \
-      org.verl-env.matrix-hash="sha256:9592d3c8263ad852579d1846abfbed16f56b785fd215b6b007d78d81f8c28455" \
+      org.verl-env.lock-hash="sha256:08e21d8e63b088f72eac4046141f18260fd91d0459bc24ab23331038a86ff21d" \
+      org.verl-env.matrix-hash="sha256:fa1661b8abe02277353eba40da93b4e02d99765b36df0203d26e466c65ee6851" \
       org.verl-env.override="false" \
+      org.verl-env.pin.cachetools="8.0.2" \
       org.verl-env.pin.hydra-core="1.3.2" \
       org.verl-env.pin.ray="2.60.0" \
       org.verl-env.pin.tensordict="0.10.0" \
       org.verl-env.pin.torch="2.13.0+cpu" \
+      org.verl-env.pin.transferqueue="0.1.11" \
       org.verl-env.pin.transformers="5.9.0" \
       org.verl-env.pin.verl="0.9.1" \
       org.verl-env.python="3.11" \
