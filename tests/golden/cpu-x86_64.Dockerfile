@@ -1,6 +1,6 @@
 # Rendered by build-env for target cpu-x86_64 (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cpu-x86_64`.
-# matrix entry sha256:fa1661b8abe02277353eba40da93b4e02d99765b36df0203d26e466c65ee6851, lock sha256:08e21d8e63b088f72eac4046141f18260fd91d0459bc24ab23331038a86ff21d
+# matrix entry sha256:1100ed98ce481a6ab7e1972fc5fa9221d7a73a54aa34bfea12ee9950b2f0a83d, lock sha256:a097e2553625da561f37ad304aa6f666695944c228b665258bc5ab5cc24b10e4
 
 # ---------------------------------------------------------------------------- runtime image
 FROM verl-env-test/debian:bookworm
@@ -26,7 +26,7 @@ COPY layers/10-torch.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,source=wheels,target=/tmp/verl-env/wheels \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/10-torch.txt
 
-# deps: 117 packages
+# deps: 120 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,source=wheels,target=/tmp/verl-env/wheels \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/30-deps.txt
@@ -48,16 +48,18 @@ LABEL org.opencontainers.image.description="CPU-only fixture for CI (gloo, Ray, 
       org.verl-env.arch="x86_64" \
       org.verl-env.base="verl-env-test/debian:bookworm" \
       org.verl-env.builder="0.1.0" \
-      org.verl-env.lock-hash="sha256:08e21d8e63b088f72eac4046141f18260fd91d0459bc24ab23331038a86ff21d" \
-      org.verl-env.matrix-hash="sha256:fa1661b8abe02277353eba40da93b4e02d99765b36df0203d26e466c65ee6851" \
+      org.verl-env.lock-hash="sha256:a097e2553625da561f37ad304aa6f666695944c228b665258bc5ab5cc24b10e4" \
+      org.verl-env.matrix-hash="sha256:1100ed98ce481a6ab7e1972fc5fa9221d7a73a54aa34bfea12ee9950b2f0a83d" \
       org.verl-env.override="false" \
       org.verl-env.pin.cachetools="8.0.2" \
+      org.verl-env.pin.fastapi="0.165.0" \
       org.verl-env.pin.hydra-core="1.3.2" \
       org.verl-env.pin.ray="2.60.0" \
       org.verl-env.pin.tensordict="0.10.0" \
       org.verl-env.pin.torch="2.13.0+cpu" \
       org.verl-env.pin.transferqueue="0.1.11" \
       org.verl-env.pin.transformers="5.9.0" \
+      org.verl-env.pin.uvicorn="0.54.0" \
       org.verl-env.pin.verl="0.9.1" \
       org.verl-env.python="3.11" \
       org.verl-env.target="cpu-x86_64"

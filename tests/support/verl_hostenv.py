@@ -4,10 +4,10 @@ machine (no container): the train check's checker, tests/support/tiny_verl.py.
 Two kinds, both from the CPU fixture's lock (tests/fixtures/locks/cpu-x86_64.txt, hashes
 required; torch is the CPU wheel in PIP_FIND_LINKS):
 
-- ``core``: exactly the lock, i.e. what the CPU fixture image holds: verl with the two packages
-  its ``[verl-core]`` extra brings that main_ppo imports at start (``transferqueue``,
-  ``cachetools``; the CUDA images get the whole extra through ``verl[vllm]``);
-- ``plain``: the same without those two: verl 0.9.1 pinned without its extra.
+- ``core``: exactly the lock, i.e. what the CPU fixture image holds: verl with the four packages
+  of its ``[verl-core]`` extra that main_ppo imports at start (:data:`CORE_ONLY`; the CUDA
+  images get the whole extra through ``verl[vllm]``);
+- ``plain``: the same without those four: verl 0.9.1 pinned without its extra.
 
 Each venv is built once per content key and reused; a file lock makes concurrent sessions wait.
 """
@@ -31,7 +31,7 @@ KINDS = ("plain", "core")
 
 
 # what verl 0.9.1's [verl-core] extra adds that main_ppo imports when it starts
-CORE_ONLY = ("transferqueue", "cachetools")
+CORE_ONLY = ("transferqueue", "cachetools", "fastapi", "uvicorn")
 
 
 def _install(uv: str, python: Path, kind: str, venv: Path) -> subprocess.CompletedProcess[str]:
