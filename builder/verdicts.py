@@ -211,11 +211,15 @@ class Binding:
         """The binding of a record (None: none, or not one: such a record binds nothing)."""
         if not isinstance(data, Mapping):
             return None
-        fields = {f.name for f in dataclasses.fields(cls)}
-        if not all(isinstance(data.get(k), str) for k in ("site", "target", "entry_hash")):
+        site, target, entry = data.get("site"), data.get("target"), data.get("entry_hash")
+        if not (isinstance(site, str) and isinstance(target, str) and isinstance(entry, str)):
             return None
-        return cls(**{k: (str(v) if v is not None else None) for k, v in data.items()
-                      if k in fields})
+
+        def text(key: str) -> str | None:
+            value = data.get(key)
+            return None if value is None else str(value)
+
+        return cls(site, target, entry, text("lock_hash"), text("content_tag"))
 
     def same_content(self, other: Binding) -> bool:
         """The same site, target, matrix entry and lock (the content tag is not compared: it
