@@ -459,7 +459,9 @@ def test_node_side_exec_through_runtime(family: str, flag: str | None, tmp_path:
     assert proc.returncode == 0, proc.stderr
     seen = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
     call = (tmp_path / "rt.log").read_text().split()
-    assert call[1] == "exec" and call[-2:] == [str(sif), "env"]
+    # the command runs from the job directory (a read-only image has no writable one)
+    assert call[1] == "exec" and call[call.index(str(sif)) + 1] == "/bin/sh"
+    assert call[-2:] == [str(tmp_path), "env"]
     assert (flag in call) if flag else ("--nv" not in call and "--rocm" not in call)
     assert ["-B", str(tmp_path)] == call[call.index("-B"):call.index("-B") + 2]
     assert f"{bound}:/data:ro" in call and f"{tmp_path}:{tmp_path}:rw" in call
