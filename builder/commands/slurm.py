@@ -160,10 +160,12 @@ def _train_check(args: argparse.Namespace, job: SlurmJob, target: Target | None)
         if sif is not None:
             result = train_check.run_check_sif(sif, argv, nnodes=nnodes, gpus_per_node=gpus,
                                                runner=sif_checks.argv_runner(job.runtime))
-        else:
+        elif ref is not None:
             engine, image = _shared.engine_image(ref, None, SlurmError)
             result = train_check.run_check(engine, image.id, argv, nnodes=nnodes,
                                            gpus_per_node=gpus)
+        else:  # neither: said above
+            return 0
     except BuildEnvError as exc:
         _note(f"train check: not run here ({sif or ref}: {exc}); {later}")
         return 0
