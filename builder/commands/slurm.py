@@ -12,6 +12,8 @@ from pathlib import Path
 from builder.commands import _shared
 from builder.errors import BuildEnvError, SlurmError
 from builder.slurm_train import TrainChoice, checker_bytes, default_train_cmd
+from builder.sif import checks as sif_checks
+from builder.sif.format import is_sif
 from builder.spec import Target
 from builder.slurm import (DEFAULT_CHECKPOINT_DIR, FAMILY_NAMES, RUNTIMES, SELFTEST_PHASES,
                            Inputs, SlurmJob,
@@ -139,24 +141,33 @@ def _check_argv(job: SlurmJob) -> tuple[list[str], int, int] | str:
 
 def _train_check(args: argparse.Namespace, job: SlurmJob, target: Target | None) -> int:
     """verl's configuration checks of the job's training command in the image, when the image
-    is at hand here (a local engine image); 1 when verl rejects it (nothing is written)."""
+    is at hand here: ``--check-image``, else the job's own SIF when ``--sif`` is a local SIF file
+    (run by apptainer, singularity or ch-run), else the engine's ``verl-env:TARGET``; 1 when verl
+    rejects it (nothing is written)."""
     later = "the job runs it on the head node before Ray"
     if args.no_train_check:
         _note(f"train check: not run here (--no-train-check); {later}")
         return 0
+    sif = None if args.check_image else _local_sif(job.sif)
     ref = args.check_image or (f"verl-env:{target.name}" if target else None)
     prepared = _check_argv(job)
-    if isinstance(prepared, str) or ref is None:
+    if isinstance(prepared, str) or (ref is None and sif is None):
         why = prepared if isinstance(prepared, str) else "no image: --check-image or --target"
         _note(f"train check: not run here ({why}); {later}")
         return 0
     argv, nnodes, gpus = prepared
     try:
-        engine, image = _shared.engine_image(ref, None, SlurmError)
-        result = train_check.run_check(engine, image.id, argv, nnodes=nnodes,
-                                       gpus_per_node=gpus)
+        if sif is not None:
+            result = train_check.run_check_sif(sif, argv, nnodes=nnodes, gpus_per_node=gpus,
+                                               runner=sif_checks.argv_runner(job.runtime))
+        elif ref is not None:
+            engine, image = _shared.engine_image(ref, None, SlurmError)
+            result = train_check.run_check(engine, image.id, argv, nnodes=nnodes,
+                                           gpus_per_node=gpus)
+        else:  # neither: said above
+            return 0
     except BuildEnvError as exc:
-        _note(f"train check: not run here ({ref}: {exc}); {later}")
+        _note(f"train check: not run here ({sif or ref}: {exc}); {later}")
         return 0
     for line in train_check.summary_lines(result):
         _note(line)
@@ -164,6 +175,15 @@ def _train_check(args: argparse.Namespace, job: SlurmJob, target: Target | None)
         _note("error: slurm: verl rejects the training command (above); no script written")
         return 1
     return 0
+
+
+def _local_sif(source: str) -> Path | None:
+    """The job's image as a SIF file here (the image the job runs), or None: a registry
+    reference, a ``$VAR`` path, a directory (ch-run) or an enroot squashfs."""
+    path = Path(source)
+    if source.startswith(("oras://", "docker://", "$")) or not path.is_file():
+        return None
+    return path if is_sif(path) else None
 
 
 def _missing_names(job: SlurmJob) -> None:
@@ -287,7 +307,9 @@ def _site_options(parser: argparse.ArgumentParser) -> None:
     check = parser.add_argument_group("the train check before writing (docs/slurm.md)")
     check.add_argument("--check-image", default=None, metavar="REF",
                        help="run verl's configuration checks of the training command in this "
-                            "local engine image first (default: verl-env:TARGET when the "
-                            "engine has it); a rejected command writes nothing (exit 1)")
+                            "local engine image first (default: the --sif file when it is a "
+                            "local SIF and apptainer, singularity or ch-run is installed, else "
+                            "verl-env:TARGET when the engine has it); a rejected command writes "
+                            "nothing (exit 1)")
     check.add_argument("--no-train-check", action="store_true",
                        help="do not run the train check here (the job still runs it)")

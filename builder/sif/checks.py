@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -298,18 +298,64 @@ class SifRun:
     seconds: float
 
 
-def run_in_sif(path: Path, args: list[str], *, timeout: float,
-               runtime: tuple[str, str] | None = None, flags: tuple[str, ...] = (),
-               env: dict[str, str] | None = None) -> SifRun:
-    """Run the image's self-test (``args`` after ``--json OUT``) from the SIF with a real
-    runtime: apptainer/singularity with ``flags`` (``--nv``/``--rocm``), or ch-run on the SIF's
-    squashfs (``flags`` must be empty: ch-run cannot hand GPUs in). Raises SifError when no
-    runtime is installed or the SIF has no partition."""
+def run_argv_in_sif(path: Path, inner: list[str], scratch: Path, *, timeout: float,
+                    runtime: tuple[str, str] | None = None, flags: tuple[str, ...] = (),
+                    env: dict[str, str] | None = None
+                    ) -> tuple[str, list[str], subprocess.CompletedProcess[str] | None]:
+    """Run the argv ``inner`` from the SIF with a real runtime: apptainer/singularity with
+    ``flags`` (``--nv``/``--rocm``) and ``env`` across --cleanenv, or ch-run on the SIF's
+    squashfs (``flags`` must be empty: ch-run cannot hand GPUs in). ``scratch``: a directory
+    under /tmp (shared with the container by apptainer and ch-run alike) for what the command
+    reads and writes, and ch-run's HOME. Returns (runtime name, the command, its process; None
+    when killed at ``timeout``). SifError when no runtime is installed or the SIF has no
+    partition."""
     runtime = runtime or pick_runtime()
     if runtime is None:
         raise SifError("no container runtime to run the SIF (apptainer, singularity or "
                        "charliecloud's ch-run)")
     name, binary = runtime
+    if name != "ch-run":
+        cmd = apptainer_command(binary, path, inner, flags=flags, env=env)
+        return name, cmd, _run_or_kill(cmd, timeout)
+    if flags:
+        raise SifError(f"ch-run cannot apply {' '.join(flags)}: it injects no host GPU "
+                       "stack (use apptainer or singularity)")
+    part = sif_format.read_info(path).primary_partition()
+    if part is None:
+        raise SifError(f"{path}: no primary system partition")
+    with squashfs_root(path, part.offset, part.size, scratch) as image:
+        cmd = runtime_command(image, scratch, ["/.singularity.d/actions/exec", "env",
+                                               *(f"{k}={v}" for k, v in
+                                                 sorted((env or {}).items())), *inner])
+        return name, cmd, _run_or_kill(cmd, timeout)
+
+
+def argv_runner(requested: str | None = None
+                ) -> Callable[[Path, list[str], Path, float],
+                              tuple[str, subprocess.CompletedProcess[str] | None]]:
+    """``run(path, inner, scratch, timeout) -> (runtime name, process)``: :func:`run_argv_in_sif`
+    with the runtime installed here (``requested`` when it runs a SIF and is installed, else
+    :func:`pick_runtime`'s), no GPU flags. SifError when it runs and no runtime is installed."""
+
+    def run(path: Path, inner: list[str], scratch: Path, timeout: float
+            ) -> tuple[str, subprocess.CompletedProcess[str] | None]:
+        runtime = (pick_runtime(requested) if requested in RUNTIMES else None) or pick_runtime()
+        name, _, proc = run_argv_in_sif(path, inner, scratch, timeout=timeout, runtime=runtime)
+        return name, proc
+
+    return run
+
+
+def run_in_sif(path: Path, args: list[str], *, timeout: float,
+               runtime: tuple[str, str] | None = None, flags: tuple[str, ...] = (),
+               env: dict[str, str] | None = None) -> SifRun:
+    """Run the image's self-test (``args`` after ``--json OUT``) from the SIF with a real
+    runtime (:func:`run_argv_in_sif`). Raises SifError when no runtime is installed or the SIF
+    has no partition."""
+    runtime = runtime or pick_runtime()
+    if runtime is None:
+        raise SifError("no container runtime to run the SIF (apptainer, singularity or "
+                       "charliecloud's ch-run)")
     # /tmp is shared with the container by apptainer and ch-run alike.
     with tempfile.TemporaryDirectory(prefix="verl-env-sifrun-", dir="/tmp") as tmp:
         scratch = Path(tmp)
@@ -318,22 +364,8 @@ def run_in_sif(path: Path, args: list[str], *, timeout: float,
         inner = ["/bin/sh", "-c", _LAUNCH, "selftest", "--json", str(out), *args]
         environment = {HOST_SELFTEST_ENV: str(host), **(env or {})}
         start = time.monotonic()
-        if name != "ch-run":
-            cmd = apptainer_command(binary, path, inner, flags=flags, env=environment)
-            proc = _run_or_kill(cmd, timeout)
-        else:
-            if flags:
-                raise SifError(f"ch-run cannot apply {' '.join(flags)}: it injects no host GPU "
-                               "stack (use apptainer or singularity)")
-            info = sif_format.read_info(path)
-            part = info.primary_partition()
-            if part is None:
-                raise SifError(f"{path}: no primary system partition")
-            with squashfs_root(path, part.offset, part.size, scratch) as image:
-                cmd = runtime_command(image, scratch, ["/.singularity.d/actions/exec", "env",
-                                                       *(f"{k}={v}" for k, v in
-                                                         sorted(environment.items())), *inner])
-                proc = _run_or_kill(cmd, timeout)
+        name, cmd, proc = run_argv_in_sif(path, inner, scratch, timeout=timeout,
+                                          runtime=runtime, flags=flags, env=environment)
         seconds = time.monotonic() - start
         try:
             report = json.loads(out.read_text()) if out.exists() else {}

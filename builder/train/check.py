@@ -1,5 +1,6 @@
 """The train check's host side: run ``incheck.py`` in a container of the image through the
-engine (no network, no GPUs) with the model and data it needs, and read its verdict back.
+engine (no network, no GPUs) with the model and data it needs, and read its verdict back; or
+from a local SIF through apptainer, singularity or ch-run (:func:`run_check_sif`).
 
 The engine API copies files into the container (it may be remote: nothing of this machine is
 bind-mounted), so the model directory's small files (config, tokenizer, chat template: what the
@@ -11,12 +12,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from builder.engine import ContainerEngine
-from builder.errors import BuildEnvError, InfraError
+from builder.errors import BuildEnvError, InfraError, SifError
 from builder.train.shapes import hydra_overrides, parse_override
 
 CHECKER = Path(__file__).resolve().parent / "incheck.py"
@@ -26,11 +30,17 @@ REPORT = f"{OUT_DIR}/train-check.json"
 # weights: the check loads the model's config and tokenizer, never its tensors
 WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
 COPY_LIMIT = 1 << 30
-# Runs under /bin/sh in the image: a vendor base names its interpreter (builder.vendor).
-_LAUNCH = ('PY=$(cat /opt/verl-env/interpreter 2>/dev/null); [ -x "$PY" ] || '
-           'PY=$(command -v python3 || command -v python) || { echo "no python in image" >&2; '
-           f'exit 3; }}; exec "$PY" {IN_DIR}/incheck.py "$@"')
-ENTRYPOINT = ["/bin/sh", "-c", _LAUNCH, "verl-env-train-check"]
+
+
+def launch(checker: str) -> list[str]:
+    """The argv that runs ``checker`` with the image's python under /bin/sh: a vendor base names
+    its interpreter (builder.vendor). Arguments follow it."""
+    return ["/bin/sh", "-c", 'PY=$(cat /opt/verl-env/interpreter 2>/dev/null); [ -x "$PY" ] || '
+            'PY=$(command -v python3 || command -v python) || { echo "no python in image" >&2; '
+            f'exit 3; }}; exec "$PY" {checker} "$@"', "verl-env-train-check"]
+
+
+ENTRYPOINT = launch(f"{IN_DIR}/incheck.py")
 STATUS_EXIT = {"pass": 0, "rejected": 1, "error": 3}
 
 
@@ -121,20 +131,102 @@ def run_check(engine: ContainerEngine, image: str, argv: Sequence[str], *, nnode
                         files=files, dirs=[OUT_DIR, "/tmp"], collect=[REPORT],
                         environment={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
                         role="train-check")
-    raw = result.files.get(REPORT)
+    return _verdict(image, result.files.get(REPORT), result.exit_code, result.logs,
+                    result.seconds, timeout)
+
+
+def _verdict(image: str, raw: bytes | None, exit_code: int | None, logs: str, seconds: float,
+             timeout: float) -> TrainCheck:
+    """The checker's report read back and held to its exit code; InfraError when it could not
+    run (killed, no report, a report its exit contradicts)."""
     report = _parse(raw)
-    if result.exit_code is None:
+    if exit_code is None:
         raise InfraError(f"the train check in {image} ran past {timeout:g} s and was killed; "
-                         f"its last words: {_tail(result.logs)}")
+                         f"its last words: {_tail(logs)}")
     if not report or report.get("schema") != SCHEMA or report.get("status") not in STATUS_EXIT:
         raise InfraError(f"the train check in {image} wrote no report (exit "
-                         f"{result.exit_code}): {_tail(result.logs)}")
+                         f"{exit_code}): {_tail(logs)}")
     status = str(report["status"])
-    if STATUS_EXIT[status] != result.exit_code:
+    if STATUS_EXIT[status] != exit_code:
         raise InfraError(f"the train check in {image} said {status} but exited "
-                         f"{result.exit_code}: {_tail(result.logs)}")
-    return TrainCheck(image, status, report, result.seconds, result.logs,
-                      tuple(report.get("stages") or ()))
+                         f"{exit_code}: {_tail(logs)}")
+    return TrainCheck(image, status, report, seconds, logs, tuple(report.get("stages") or ()))
+
+
+def relocate(words: Sequence[str], roots: Sequence[str], prefix: str) -> list[str]:
+    """The overrides with every path value at or under one of ``roots`` (absolute) moved under
+    ``prefix`` (where the check copied those files); a hydra list ``[a,b]`` item by item, its
+    quotes kept. Every other word is kept as it is."""
+    bases = [r.rstrip("/") or "/" for r in roots]
+
+    def move(item: str) -> str:
+        text = item.strip()
+        quote = text[0] if text[:1] in ("'", '"') else ""
+        path = os.path.expanduser(text.strip("'\""))
+        if any(path == b or path.startswith(b + "/") for b in bases):
+            return f"{quote}{prefix}{path}{quote}"
+        return item
+
+    out = []
+    for word in words:
+        head, eq, value = word.partition("=")
+        body = value.strip()
+        if not eq:
+            out.append(word)
+        elif body.startswith("[") and body.endswith("]"):
+            items = [move(i) for i in body[1:-1].split(",")]
+            out.append(f"{head}=[{','.join(items)}]" if items != body[1:-1].split(",")
+                       else word)
+        else:
+            moved = move(value)
+            out.append(f"{head}={moved}" if moved != value else word)
+    return out
+
+
+# (sif, argv, scratch under /tmp, timeout) -> (runtime name, its process; None: killed at the
+# timeout); SifError when it cannot run: builder.sif.checks.argv_runner (the commands pass it in)
+SifRunner = Callable[[Path, list[str], Path, float],
+                     tuple[str, "subprocess.CompletedProcess[str] | None"]]
+
+
+def run_check_sif(sif: Path, argv: Sequence[str], *, nnodes: int, gpus_per_node: int,
+                  runner: SifRunner, timeout: float = 300) -> TrainCheck:
+    """Run the checker on the trainer ``argv`` from the local SIF ``sif`` with ``runner``
+    (apptainer, singularity or ch-run; no GPUs handed in). The model's small files and the data
+    files are copied read-only into a scratch directory under /tmp (which the runtime shares)
+    and the command's paths moved there; the report names the paths as given. Never raises for
+    a rejected command; InfraError when it could not run (no runtime here, killed, no
+    report)."""
+    files = inputs(argv)
+    with tempfile.TemporaryDirectory(prefix="verl-env-train-check-", dir="/tmp") as tmp:
+        scratch = Path(tmp)
+        root = scratch / "in"
+        for name, data in files.items():
+            dest = root / name.lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+            dest.chmod(0o444)
+        checker, report = scratch / "incheck.py", scratch / "out" / "train-check.json"
+        checker.write_bytes(CHECKER.read_bytes())
+        (scratch / "out").mkdir()
+        (scratch / "home").mkdir()
+        model = model_path(argv)
+        roots = [os.path.expanduser(p) for p in [*data_files(argv), *([model] if model else [])]]
+        words = relocate(hydra_overrides(argv), [r for r in roots if r.startswith("/")],
+                         str(root))
+        inner = ["env", f"HOME={scratch / 'home'}", "PYTHONDONTWRITEBYTECODE=1",
+                 "HF_HUB_OFFLINE=1", *launch(str(checker)), "--nnodes", str(nnodes),
+                 "--gpus-per-node", str(gpus_per_node), "--json", str(report), "--", *words]
+        start = time.monotonic()
+        try:
+            name, proc = runner(sif, inner, scratch, timeout)
+        except SifError as exc:
+            raise InfraError(f"the train check from {sif} could not run: "
+                             f"{exc.args[0] if exc.args else exc}") from exc
+        seconds = time.monotonic() - start
+        raw = report.read_bytes().replace(str(root).encode(), b"") if report.is_file() else None
+    code, logs = (None, "") if proc is None else (proc.returncode, proc.stdout + proc.stderr)
+    return _verdict(f"{sif} ({name})", raw, code, logs.replace(str(root), ""), seconds, timeout)
 
 
 def _parse(raw: bytes | None) -> dict[str, Any]:
