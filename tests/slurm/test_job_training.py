@@ -83,14 +83,15 @@ def test_train_check_runs_in_the_image_before_ray() -> None:
     assert "rendered without the checker" in other and "VERL_ENV_CHECKER" not in other
 
 
-@pytest.mark.parametrize("have, cpus, ok", [("16", "24", True), ("0", "24", False),
-                                           ("8", "24", False), ("16", "23", False)])
+@pytest.mark.parametrize("have, cpus, ok", [("16", "24:57", True), ("0", "24:57", False),
+                                           ("8", "24:57", False), ("16", "23:57", False),
+                                           ("16", "24:56", False)])
 def test_trainer_never_waits_for_what_ray_does_not_have(have: str, cpus: str, ok: bool) -> None:
     """verl 0.9.1 waits forever for GPUs Ray lacks, and for CPUs: each GPU's workers are placed
     as a bundle {CPU: 3, GPU: 1}, so 8 GPUs per node need 24 Ray CPUs on every node (found by
     the real-trainer Slurm test: 2-CPU nodes hung silently after verl printed its config)."""
     text = render_sbatch(job_for("cuda"))
-    code = ("TRAIN_NNODES=2\nTRAIN_GPUS_PER_NODE=8\nVERL_CPUS_PER_GPU=3\n"
+    code = ("TRAIN_NNODES=2\nTRAIN_GPUS_PER_NODE=8\nVERL_CPUS_PER_GPU=3\nVERL_TQ_CPUS=9\n"
             "log() { echo \"$*\"; }\nfail() { echo \"FAIL $*\"; exit 1; }\n"
             f"ray_resources() {{ echo {have}:{cpus}; }}\n" + _function(text, "check_ray_gpus")
             + "\ncheck_ray_gpus")
@@ -100,9 +101,11 @@ def test_trainer_never_waits_for_what_ray_does_not_have(have: str, cpus: str, ok
     if have != "16":
         assert (f"FAIL Ray counts {have} GPUs, the trainer needs trainer.nnodes x "
                 "trainer.n_gpus_per_node = 2 x 8 = 16") in proc.stdout
-    elif not ok:
+    elif cpus.startswith("23"):
         assert ("FAIL a Ray node counts 23 CPUs; verl places each GPU's workers with 3 CPUs, so "
                 "8 GPUs per node need 24") in proc.stdout
+    elif not ok:
+        assert "FAIL the Ray cluster counts 56 CPUs; verl needs 57 (3 per GPU, and 9" in proc.stdout
     assert 'VERL_CPUS_PER_GPU=3' in text
 
 
