@@ -66,8 +66,8 @@ def test_good_values_reach_the_job_script(tmp_path: Path) -> None:
                            'bind = ["/scratch:/scratch"]\n')
     out = tmp_path / "job.sbatch"
     proc = run_build_env("slurm", "--target", "cpu-x86_64", "--runtime", "ch-run", "--sif",
-                         str(tmp_path), "--data", str(tmp_path), "--model", "m", "--output",
-                         str(out), cwd=site, timeout=120)
+                         str(tmp_path), "--data", str(tmp_path), "--model", "m", "--train-cmd",
+                         "python3 train.py", "--output", str(out), cwd=site, timeout=120)
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     assert "#SBATCH --nodes=2" in text and "#SBATCH --exclusive" not in text
