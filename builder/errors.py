@@ -141,5 +141,6 @@ class PublishInfraError(InfraError, PublishError):
 
 
 def redact(url: str) -> str:
-    """``scheme://user:secret@host/...`` -> ``scheme://***@host/...``: no credential in a message."""
+    """``scheme://user:secret@host/...`` -> ``scheme://***@host/...``: no credential in a
+    message."""
     return re.sub(r"(?<=://)[^/@\s]+@", "***@", url)
