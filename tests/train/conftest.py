@@ -73,6 +73,21 @@ class Checked:
 RunChecker = Callable[..., Checked]
 
 
+@pytest.fixture
+def inputs(tmp_path: Path) -> dict[str, Path]:
+    """A model directory (config, tokenizer, weights) and a train/test pair, contents stand-ins:
+    for the tests of what the check copies into the image and how it runs, not of verl."""
+    model, data = tmp_path / "model", tmp_path / "data"
+    model.mkdir()
+    data.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"\0" * 64)
+    (data / "train.parquet").write_bytes(b"PAR1")
+    (data / "test.parquet").write_bytes(b"PAR1")
+    return {"model": model, "data": data}
+
+
 @pytest.fixture(scope="session")
 def cpu_manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A manifest saying 'cpu' (this host has no rollout engine, as the CPU fixture image)."""

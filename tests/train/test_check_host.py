@@ -20,19 +20,6 @@ REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "cpu.yaml"
 
 
-@pytest.fixture
-def inputs(tmp_path: Path) -> dict[str, Path]:
-    model, data = tmp_path / "model", tmp_path / "data"
-    model.mkdir()
-    data.mkdir()
-    (model / "config.json").write_text("{}")
-    (model / "tokenizer.json").write_text("{}")
-    (model / "model.safetensors").write_bytes(b"\0" * 64)
-    (data / "train.parquet").write_bytes(b"PAR1")
-    (data / "test.parquet").write_bytes(b"PAR1")
-    return {"model": model, "data": data}
-
-
 def argv(inputs: dict[str, Path], *extra: str) -> list[str]:
     return ["python3", "-m", "verl.trainer.main_ppo",
             f"data.train_files={inputs['data'] / 'train.parquet'}",

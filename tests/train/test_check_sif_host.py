@@ -25,18 +25,6 @@ REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "cpu.yaml"
 
 
-@pytest.fixture
-def inputs(tmp_path: Path) -> dict[str, Path]:
-    model, data = tmp_path / "model", tmp_path / "data"
-    model.mkdir()
-    data.mkdir()
-    (model / "config.json").write_text("{}")
-    (model / "model.safetensors").write_bytes(b"\0" * 64)
-    (data / "train.parquet").write_bytes(b"PAR1 train")
-    (data / "test.parquet").write_bytes(b"PAR1 test")
-    return {"model": model, "data": data}
-
-
 def fake_sif(path: Path) -> Path:
     """A file ``is_sif`` takes for a SIF (its header's launch script and magic)."""
     path.write_bytes(sif_format.LAUNCH_SCRIPT.ljust(32, b"\0") + sif_format.MAGIC + b"\0" * 64)
