@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 PACKAGES = ["tensordict==0.10.0", "ray[default]==2.60.0", "packaging"]
@@ -75,12 +76,10 @@ def venv_dir(prefix: str, requirements: list[str]) -> Path:
     return CACHE / f"{prefix}-{key}"
 
 
-def _venv(prefix: str, requirements: list[str], isolated: bool = False) -> Path:
-    """A venv under CACHE holding ``requirements``, made once per content key (under a lock).
-    ``isolated``: pip reads no config file and no PIP_FIND_LINKS (a local CPU wheel must not
-    stand in for the index's); an index given by PIP_INDEX_URL is still used."""
-    venv = venv_dir(prefix, requirements)
-    key = venv.name.rsplit("-", 1)[1]
+def cached_venv(venv: Path, what: str,
+                make: Callable[[Path], subprocess.CompletedProcess[str]]) -> Path:
+    """``venv``'s python, made once by ``make(venv)`` under a lock beside it (concurrent
+    sessions wait); a failed ``make`` leaves nothing and raises RuntimeError naming ``what``."""
     python = venv / "bin" / "python"
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / f"{venv.name}.lock", "w") as lock:
@@ -88,18 +87,26 @@ def _venv(prefix: str, requirements: list[str], isolated: bool = False) -> Path:
         if (venv / ".complete").exists():
             return python
         shutil.rmtree(venv, ignore_errors=True)
+        proc = make(venv)
+        if proc.returncode != 0:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise RuntimeError(f"could not build {what}: {proc.stderr[-2000:]}")
+        (venv / ".complete").write_text(venv.name.rsplit("-", 1)[1])
+    return python
+
+
+def _venv(prefix: str, requirements: list[str], isolated: bool = False) -> Path:
+    """A venv under CACHE holding ``requirements``, made once per content key (under a lock).
+    ``isolated``: pip reads no config file and no PIP_FIND_LINKS (a local CPU wheel must not
+    stand in for the index's); an index given by PIP_INDEX_URL is still used."""
+    def make(venv: Path) -> subprocess.CompletedProcess[str]:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         env = dict(os.environ)
         if isolated:
             env.pop("PIP_FIND_LINKS", None)
             env["PIP_CONFIG_FILE"] = os.devnull
-        proc = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", *requirements],
-            capture_output=True, text=True, env=env,
-        )
-        if proc.returncode != 0:
-            shutil.rmtree(venv, ignore_errors=True)
-            raise RuntimeError(f"could not build the host test venv {venv.name}: "
-                               f"{proc.stderr[-2000:]}")
-        (venv / ".complete").write_text(key)
-    return python
+        return subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                               *requirements], capture_output=True, text=True, env=env)
+
+    venv = venv_dir(prefix, requirements)
+    return cached_venv(venv, f"the host test venv {venv.name}", make)

@@ -14,19 +14,18 @@ Each venv is built once per content key and reused; a file lock makes concurrent
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from uv import find_uv_bin
 
+from tests.support.hostenv import CACHE, cached_venv
+
 REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "tests" / "fixtures" / "locks" / "cpu-x86_64.txt"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "verl-env"
 KINDS = ("plain", "core")
 
 
@@ -34,7 +33,7 @@ KINDS = ("plain", "core")
 CORE_ONLY = ("transferqueue", "cachetools", "fastapi", "uvicorn")
 
 
-def _install(uv: str, python: Path, kind: str, venv: Path) -> subprocess.CompletedProcess[str]:
+def _install(uv: str, python: Path, kind: str) -> subprocess.CompletedProcess[str]:
     links = os.environ.get("PIP_FIND_LINKS", "/opt/wheels").split()
     find = [a for d in links if os.path.isdir(d) for a in ("--find-links", d)]
     proc = subprocess.run([uv, "pip", "install", "-q", "--python", str(python), *find,
@@ -53,19 +52,10 @@ def verl_hostenv(kind: str = "core") -> Path:
     uv = find_uv_bin()
     key = hashlib.sha256("\n".join([sys.version, kind, *CORE_ONLY, LOCK.read_text()])
                          .encode()).hexdigest()
-    venv = CACHE / f"verlenv-{kind}-{key[:12]}"
-    python = venv / "bin" / "python"
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / f"verlenv-{kind}-{key[:12]}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (venv / ".complete").exists():
-            return python
-        shutil.rmtree(venv, ignore_errors=True)
+
+    def make(venv: Path) -> subprocess.CompletedProcess[str]:
         made = subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)],
                               capture_output=True, text=True)
-        proc = made if made.returncode else _install(uv, python, kind, venv)
-        if proc.returncode != 0:
-            shutil.rmtree(venv, ignore_errors=True)
-            raise RuntimeError(f"could not build the {kind} verl venv: {proc.stderr[-2000:]}")
-        (venv / ".complete").write_text(key)
-    return python
+        return made if made.returncode else _install(uv, venv / "bin" / "python", kind)
+
+    return cached_venv(CACHE / f"verlenv-{kind}-{key[:12]}", f"the {kind} verl venv", make)
