@@ -22,7 +22,7 @@ from pathlib import PurePath
 
 import requests
 
-from builder import __version__, grammar
+from builder import __version__, argtypes
 from builder.commands import BY_NAME, COMMANDS, _config, completion
 from builder.engine import signals
 from builder.errors import BuildEnvError, NetworkError, UsageError, redact
@@ -153,8 +153,8 @@ def _check_env_index() -> None:
     value = os.environ.get("VERL_ENV_INDEX_URL")
     if value:
         try:
-            grammar.url(value, ("https", "http", "file"))
-        except grammar.GrammarError as exc:
+            argtypes.index_url(value)
+        except argparse.ArgumentTypeError as exc:
             raise BuildEnvError(f"VERL_ENV_INDEX_URL: {exc}") from None
 
 
