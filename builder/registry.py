@@ -1,5 +1,6 @@
-"""The OCI distribution API, spoken directly with ``requests``: credentials, auth, and the few
-calls ``publish`` needs.
+"""The OCI distribution API, spoken directly with ``requests``: credentials, auth, the few
+calls ``publish`` needs, and image indexes as data (:class:`Platform`, :func:`index_document`,
+:func:`index_entries`: one name for the builds of a stack on several platforms).
 
 Credentials: :func:`builder.engine.credentials.resolve_credentials` (the environment, then
 the Docker client's config and credential helpers).
@@ -449,3 +450,118 @@ def fallback_tag(digest: str) -> str:
     if not value or not re.fullmatch(r"[a-z0-9]+", alg) or not re.fullmatch(r"[a-f0-9]+", value):
         raise PublishError(f"not a digest: {digest!r}")
     return f"{alg}-{value}"
+
+
+# --------------------------------------------------------------------------- image indexes
+#
+# An image index as pure data: the platform an image config declares, the index document that
+# names one manifest per platform, and reading one back. An entry is the descriptor of a
+# platform's manifest as the registry serves it (media type, digest and size of the raw bytes)
+# with ``platform`` (``os``, ``architecture`` and, where the image config declares one,
+# ``variant``) and the target it was built for as the annotation ``org.verl-env.target``. What a
+# client picks (``docker pull``, enroot/pyxis, apptainer) is the entry whose platform matches the
+# node's, so the platform comes from the image's own config, never from a name.
+
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
+TARGET_ANNOTATION = "org.verl-env.target"
+CREATED_ANNOTATION = "org.opencontainers.image.created"
+
+
+@dataclass(frozen=True)
+class Platform:
+    """``os/architecture[/variant]`` as the OCI image spec names them (``linux/arm64/v8``)."""
+
+    os: str
+    architecture: str
+    variant: str = ""
+
+    def __str__(self) -> str:
+        return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
+
+    def to_dict(self) -> dict[str, str]:
+        out = {"architecture": self.architecture, "os": self.os}
+        if self.variant:
+            out["variant"] = self.variant
+        return out
+
+    def same_machine(self, other: Platform) -> bool:
+        """The same os and architecture: two entries a client could not tell apart (an arm64
+        image without a variant and one with ``v8`` run on the same node)."""
+        return (self.os, self.architecture) == (other.os, other.architecture)
+
+    @classmethod
+    def from_config(cls, config: Any) -> Platform | None:
+        """The platform an image config (OCI or Docker) declares; None without one."""
+        if not isinstance(config, dict):
+            return None
+        arch = config.get("architecture") or config.get("Architecture")
+        os_ = config.get("os") or config.get("Os") or "linux"
+        variant = config.get("variant") or config.get("Variant") or ""
+        if not isinstance(arch, str) or not arch:
+            return None
+        return cls(str(os_), arch, str(variant))
+
+    @classmethod
+    def from_descriptor(cls, descriptor: dict[str, Any]) -> Platform | None:
+        return cls.from_config(descriptor.get("platform"))
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One platform's manifest in an index."""
+
+    platform: Platform
+    media_type: str
+    digest: str
+    size: int
+    target: str | None = None
+
+    def descriptor(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"mediaType": self.media_type, "digest": self.digest,
+                               "size": self.size, "platform": self.platform.to_dict()}
+        if self.target:
+            out["annotations"] = {TARGET_ANNOTATION: self.target}
+        return out
+
+
+def index_document(entries: list[IndexEntry], created: str) -> bytes:
+    """The OCI image index naming ``entries`` (one per machine: :class:`ValueError` when two
+    share an os and architecture), as the bytes pushed."""
+    for i, a in enumerate(entries):
+        for b in entries[i + 1:]:
+            if a.platform.same_machine(b.platform):
+                raise ValueError(f"two images for {a.platform.os}/{a.platform.architecture}: "
+                                 f"{a.target or a.digest} and {b.target or b.digest}")
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX,
+             "manifests": [e.descriptor() for e in entries],
+             "annotations": {CREATED_ANNOTATION: created}}
+    return json.dumps(index, separators=(",", ":"), sort_keys=True).encode()
+
+
+def index_entries(index: Any) -> list[IndexEntry]:
+    """The platform entries of an index read back (entries without a platform, such as an
+    attestation manifest a builder adds, are left out). :class:`ValueError` when ``index`` is
+    not an index."""
+    if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
+        raise ValueError("not an image index (no manifests list)")
+    out = []
+    for d in index["manifests"]:
+        if not isinstance(d, dict):
+            continue
+        platform = Platform.from_descriptor(d)
+        if platform is None or platform.os == "unknown":
+            continue
+        target = (d.get("annotations") or {}).get(TARGET_ANNOTATION)
+        out.append(IndexEntry(platform, str(d.get("mediaType") or ""), str(d.get("digest") or ""),
+                         int(d.get("size") or 0), target if isinstance(target, str) else None))
+    return out
+
+
+def is_index(media_type: str, body: Any) -> bool:
+    """Whether a manifest served with ``media_type`` (or, without one, ``body``'s own
+    ``mediaType``) is an image index or a Docker manifest list."""
+    if media_type in INDEX_TYPES:
+        return True
+    return (not media_type and isinstance(body, dict)
+            and body.get("mediaType") in INDEX_TYPES)

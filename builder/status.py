@@ -1,22 +1,35 @@
 """Every verdict that travels with a SIF (its signed build verdict and each signed cluster
 verdict) or with an image in a registry, newest first; and which of several last passed on a
 cluster. Refused verdicts (unsigned, unknown key, altered, about another file) are listed with
-the reason. ``build-env status`` (:mod:`builder.commands.status`) prints them."""
+the reason. ``build-env status`` (:mod:`builder.commands.status`) prints them.
+
+A reference that names an OCI image index (``build-env publish`` of several platforms) is
+answered per platform (:class:`PlatformStatus`): each entry's manifest digest, its platform and
+target as the index declares them, and the verdicts that travel with that manifest (checked as
+``trust verify`` checks one image; a platform whose referrers do not verify is listed as
+refused, never silently left out)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from builder.errors import TrustError
+from builder.engine.credentials import resolve_credentials
+from builder.errors import PublishError, TrustError
+from builder.registry import Client, Transient, index_entries, is_index, is_loopback
 from builder.files import sha256_file
 from builder.trust import remote
 from builder.trust.cluster_signing import Entry, read_clusters
 from builder.trust.keys import load_public
+from builder.trust.referrers import MANIFEST_TYPES
 from builder.trust.sign import sidecar_of
 from builder.trust.signatures import verify_sif
 
-__all__ = ["Entry", "gather", "last_passed", "reference_entries", "sif_entries"]
+__all__ = ["Entry", "Listing", "PlatformStatus", "gather", "index_platforms", "last_passed",
+           "reference_entries", "sif_entries", "survey"]
 
 
 def sif_entries(sif: Path, key_paths: Sequence[Path]) -> list[Entry]:
@@ -55,17 +68,90 @@ def reference_entries(ref: str, keys: Sequence[Path], insecure: bool) -> list[En
     return sorted(entries, key=lambda e: e.recorded_at or "", reverse=True)
 
 
+@dataclass(frozen=True)
+class PlatformStatus:
+    """One platform of an image index: its manifest and the verdicts that travel with it."""
+
+    platform: str  # os/architecture[/variant], as the index declares it
+    digest: str  # the platform's manifest
+    reference: str  # HOST/REPO@digest
+    target: str | None
+    entries: list[Entry] = field(default_factory=list)  # newest first
+    refused: str | None = None  # why its verdicts do not count
+
+    @property
+    def verdict(self) -> Entry | None:
+        """Its build verdict (the gate's), when one verified."""
+        return next((e for e in self.entries if e.kind == "build"), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        v = self.verdict
+        return {"platform": self.platform, "digest": self.digest, "reference": self.reference,
+                "target": self.target, "refused": self.refused,
+                "verdict": None if v is None else v.overall, "level": None if v is None
+                else v.level, "gate_time": None if v is None else v.recorded_at,
+                "entries": [e.to_dict() for e in self.entries]}
+
+
+@dataclass
+class Listing:
+    """What ``status`` found: each item's verdicts (an index's: every platform's, together),
+    and, for an item that is an image index, each platform's."""
+
+    entries: dict[str, list[Entry]] = field(default_factory=dict)
+    platforms: dict[str, list[PlatformStatus]] = field(default_factory=dict)
+
+
+def index_platforms(ref: str, keys: Sequence[Path], insecure: bool
+                    ) -> list[PlatformStatus] | None:
+    """Each platform of the image index ``ref`` names, with its verdicts; None when ``ref``
+    names no index (one image, a SIF artifact)."""
+    if ref.startswith("oras://"):
+        return None
+    parsed = remote.parse(ref)
+    scheme = "http" if insecure or is_loopback(parsed.host) else "https"
+    reg = Client(parsed.host, parsed.repo, scheme, resolve_credentials(parsed.host))
+    try:
+        got = reg.fetch_manifest(parsed.reference, MANIFEST_TYPES)
+    except (PublishError, Transient) as exc:
+        raise TrustError(f"{parsed}: registry: {str(exc).removeprefix('publish: ')}") from None
+    assert got is not None
+    body = json.loads(got[1])
+    if not is_index(got[2], body):
+        return None
+    out = []
+    for e in index_entries(body):
+        where = f"{parsed.host}/{parsed.repo}@{e.digest}"
+        try:
+            entries, refused = reference_entries(where, keys, insecure), None
+        except TrustError as exc:
+            entries, refused = [], str(exc).removeprefix("trust: ")
+        out.append(PlatformStatus(str(e.platform), e.digest, where, e.target, entries, refused))
+    return out
+
+
+def survey(items: Sequence[str], keys: Sequence[Path], *, insecure: bool = False) -> Listing:
+    """The verdicts of each item: a SIF file, or a registry reference (an item that is no
+    existing path and looks like one), per platform when it names an image index."""
+    listing = Listing()
+    for item in items:
+        if Path(item).exists() or not remote.looks_like_reference(item):
+            listing.entries[item] = sif_entries(Path(item), keys)
+            continue
+        platforms = index_platforms(item, keys, insecure)
+        if platforms is None:
+            listing.entries[item] = reference_entries(item, keys, insecure)
+            continue
+        listing.platforms[item] = platforms
+        listing.entries[item] = sorted((e for p in platforms for e in p.entries),
+                                       key=lambda e: e.recorded_at or "", reverse=True)
+    return listing
+
+
 def gather(items: Sequence[str], keys: Sequence[Path], *, insecure: bool = False
            ) -> dict[str, list[Entry]]:
-    """The verdicts of each item: a SIF file, or a registry reference (an item that is no
-    existing path and looks like one)."""
-    listing: dict[str, list[Entry]] = {}
-    for item in items:
-        if not Path(item).exists() and remote.looks_like_reference(item):
-            listing[item] = reference_entries(item, keys, insecure)
-        else:
-            listing[item] = sif_entries(Path(item), keys)
-    return listing
+    """The verdicts of each item (:func:`survey`, without the per-platform view)."""
+    return survey(items, keys, insecure=insecure).entries
 
 
 def last_passed(listing: Mapping[str, list[Entry]], cluster: str) -> tuple[str, Entry] | None:

@@ -12,7 +12,8 @@ from typing import Any
 from builder import publish as lib
 from builder import verdicts
 from builder.commands import _shared
-from builder.errors import PublishError
+from builder.commands import _publish_index as index
+from builder.errors import PublishError, UsageError
 
 NAME = "publish"
 HELP = "push image and SIF"
@@ -20,16 +21,26 @@ HELP = "push image and SIF"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     _shared.common(p)
-    _shared.verified_image(p, "publish")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--target", dest="targets", action="append", metavar="TARGET",
+                     help="publish the release image of this matrix target; repeat for the "
+                          "builds of one stack on several platforms: one OCI image index under "
+                          "--tag (needs --sign-key: each platform's verdict travels with it)")
+    src.add_argument("--image", metavar="REF", help="publish this image (reference or ID)")
+    p.add_argument("--tag-prefix", default="verl-env", metavar="REPO",
+                   help="repository of the local release tags (default: verl-env)")
+    p.add_argument("--force", action="store_true",
+                   help="publish an image that has no passing verdict (never into an index)")
     p.add_argument("--sif", type=Path, default=None, metavar="PATH",
                    help="also push this SIF (made from the same image) as an ORAS artifact")
     p.add_argument("--registry", required=True, metavar="HOST[:PORT]/REPO",
                    help="where to push (plain HTTP for loopback hosts)")
     p.add_argument("--tag", default=None, help="registry tag (default: the target name, or the "
-                                               "image's tag)")
+                                               "image's tag; required with several targets)")
     p.add_argument("--sif-tag", default=None, help="tag of the SIF artifact (default: TAG-sif)")
     p.add_argument("--record", type=Path, default=None, metavar="PATH",
-                   help="publish record (default: build/<target>/publish.json)")
+                   help="publish record (default: build/<target>/publish.json; for several "
+                        "targets build/<tag>/publish-index.json)")
     p.add_argument("--insecure", action="store_true", help="plain HTTP to a non-loopback host")
     p.add_argument("--attempts", type=int, default=4,
                    help="tries per registry operation on transient errors (default: 4)")
@@ -38,9 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="PATH", help="sign the verdict, SBOM and provenance statements with "
                    "this ECDSA key and push them as OCI referrers of the image (and the SIF) "
                    "(env VERL_ENV_SIGN_KEY)")
-    p.add_argument("--report", type=Path, default=None, metavar="PATH",
+    p.add_argument("--report", type=Path, action="append", default=[], metavar="PATH",
                    help="the build's report.json, for the provenance statement (default: "
-                        "build/<target>/report.json)")
+                        "build/<target>/report.json); with several targets, repeat in their "
+                        "order")
     p.add_argument("--attach", type=Path, action="append", default=[], metavar="FILE",
                    help="a cluster verdict (`build-env cluster`) about --sif: signed with "
                         "--sign-key and pushed as a referrer of the image and the SIF; repeat "
@@ -56,6 +68,13 @@ def _default_tag(ref: str, target: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    targets = list(dict.fromkeys(args.targets or []))
+    if len(targets) > 1:
+        return index.run(args, targets)
+    args.target = targets[0] if targets else None
+    if len(args.report) > 1:
+        raise UsageError("--report is given once for one image")
+    args.report = args.report[0] if args.report else None
     lib.preflight(args.registry, insecure=args.insecure, attempts=max(1, min(args.attempts, 2)))
     ref, target = _shared.verified_source(args)
     engine, image = _shared.engine_image(ref, target, PublishError)

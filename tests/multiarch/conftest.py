@@ -1,0 +1,7 @@
+"""The fixtures the multiarch tests share with other groups: QEMU emulation and the arm64
+debootstrap base (``tests/pipeline/test_arm64.py``), the real registries (``tests/publish``)."""
+
+from tests.pipeline.test_arm64 import arm64_base, emulation
+from tests.publish.conftest import registry_factory, token_registry
+
+__all__ = ["arm64_base", "emulation", "registry_factory", "token_registry"]

@@ -1,0 +1,283 @@
+"""One name for every machine, on the real parts: the arm64 CPU fixture (built and gated under
+QEMU user emulation) and its x86_64 build (native) from ``tests/fixtures/arm64/matrix.yaml``,
+built and gated by the installed CLI, published by ``build-env publish --target A --target B``
+to a real ``docker-registry`` (Basic auth; token auth for the refusal) as one OCI image index.
+
+Proven here: the index names each platform's manifest with its platform; each manifest carries
+its own signed verdict as referrers (``trust verify`` of each digest); ``docker pull`` of the tag
+on this x86_64 engine gets the amd64 image and ``--platform linux/arm64`` the arm64 one; enroot
+(what pyxis runs for ``--container-image docker://``, built from the vendored sources) takes the
+host's platform; ``build-env status`` shows each platform's verdict, digest and gate time; a
+platform whose gate failed is refused before anything is sent. Apptainer is not installed here:
+its pull skips with the reason.
+
+The two builds happen once per module (the emulated group's ``tests/pipeline/test_arm64.py``
+builds the same arm64 target earlier in the session: the pipeline then reuses its verified
+image). Timings are printed (``TIMING``)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import requests
+
+from builder.trust import keys
+from tests.conftest import REPO, run_build_env
+from tests.publish.conftest import PASSWORD, USER, RegistryServer, start_registry
+from tests.slurm import enroot
+
+pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.network, pytest.mark.slow,
+              pytest.mark.emulated, pytest.mark.multiarch]
+FIXTURE = str(REPO / "tests/fixtures/arm64/matrix.yaml")
+ARM64, AMD64 = "cpu-arm64", "cpu-arm64-fallback-x86_64"
+NAME = "verl-env/stack"
+INDEX = "application/vnd.oci.image.index.v1+json"
+CREDS = {"VERL_ENV_REGISTRY_USER": USER, "VERL_ENV_REGISTRY_PASSWORD": PASSWORD}
+
+
+@dataclass(frozen=True)
+class Stack:
+    ids: dict[str, str]  # target -> image ID
+    reports: dict[str, Path]  # target -> report.json
+    key: keys.KeyFiles
+
+
+@dataclass(frozen=True)
+class Published:
+    registry: RegistryServer
+    record: dict[str, Any]
+    stack: Stack
+
+    @property
+    def tag(self) -> str:
+        return f"{self.registry.host}/{NAME}:stack"
+
+
+def _timing(what: str, t0: float) -> None:
+    print(f"\nTIMING {what}: {time.monotonic() - t0:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def stack(arm64_base: str, ca_bundle: Path, tmp_path_factory: pytest.TempPathFactory
+          ) -> Stack:
+    """Both platforms of the fixture stack built, gated and tagged (concurrently)."""
+    work = tmp_path_factory.mktemp("stack")
+    t0 = time.monotonic()
+    proc = run_build_env("--target", ARM64, "--target", AMD64, "--matrix", FIXTURE,
+                         "--ca-bundle", str(ca_bundle), "--workdir", str(work), "--json",
+                         timeout=5400)
+    _timing("both builds (arm64 emulated, x86_64 native)", t0)
+    assert proc.returncode == 0, f"{proc.stderr[-5000:]}\n{proc.stdout[-3000:]}"
+    reports = json.loads(proc.stdout)
+    for target in (ARM64, AMD64):
+        assert reports[target]["result"] == "pass", reports[target].get("error")
+    return Stack({t: reports[t]["image_id"] for t in (ARM64, AMD64)},
+                 {t: work / t / "report.json" for t in (ARM64, AMD64)},
+                 keys.generate(work / "keys"))
+
+
+def _publish(host: str, stack: Stack, tmp: Path, *extra: str, env: dict[str, str] | None = None,
+             prefix: str = "verl-env") -> subprocess.CompletedProcess[str]:
+    args = ["publish", "--matrix", FIXTURE, "--tag-prefix", prefix, "--target", AMD64,
+            "--target", ARM64, "--registry", f"{host}/{NAME}", "--tag", "stack",
+            "--sign-key", str(stack.key.private), "--report", str(stack.reports[AMD64]),
+            "--report", str(stack.reports[ARM64]), "--record", str(tmp / "index.json"),
+            "--json", *extra]
+    base = {"HOME": str(tmp / "home"), "DOCKER_CONFIG": str(tmp / "docker-config")}
+    return run_build_env(*args, env={**base, **(env or {})}, timeout=1800)
+
+
+@pytest.fixture(scope="module")
+def published(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Published]:
+    """The stack published once to a Basic-auth registry, shared by the checks below."""
+    if shutil.which("docker-registry") is None or shutil.which("htpasswd") is None:
+        pytest.skip("docker-registry or htpasswd not installed")
+    tmp = tmp_path_factory.mktemp("published")
+    server = start_registry(tmp / "registry", auth=True)
+    try:
+        t0 = time.monotonic()
+        proc = _publish(server.host, stack, tmp, env=CREDS)
+        _timing("publish of two platforms and the index", t0)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert PASSWORD not in proc.stdout + proc.stderr
+        yield Published(server, json.loads(proc.stdout), stack)
+    finally:
+        server.stop()
+
+
+def _get(p: Published, path: str, accept: str) -> requests.Response:
+    return requests.get(f"http://{p.registry.host}/v2/{NAME}/{path}", auth=(USER, PASSWORD),
+                        headers={"Accept": accept}, timeout=30)
+
+
+def test_one_index_names_each_platform_with_its_own_verdict(published: Published) -> None:
+    record, stack = published.record, published.stack
+    r = _get(published, "manifests/stack", INDEX)
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith(INDEX)
+    assert r.headers["Docker-Content-Digest"] == record["index"]["digest"]
+    index = r.json()
+    assert index["mediaType"] == INDEX
+    by_arch = {m["platform"]["architecture"]: m for m in index["manifests"]}
+    assert sorted(by_arch) == ["amd64", "arm64"]
+    assert all(m["platform"]["os"] == "linux" for m in index["manifests"])
+    platforms = {p["target"]: p for p in record["platforms"]}
+    assert by_arch["amd64"]["digest"] == platforms[AMD64]["digest"]
+    assert by_arch["arm64"]["digest"] == platforms[ARM64]["digest"]
+    for target, arch in ((AMD64, "amd64"), (ARM64, "arm64")):
+        entry, rec = by_arch[arch], platforms[target]
+        assert entry["annotations"]["org.verl-env.target"] == target
+        assert rec["image_id"] == stack.ids[target]
+        served = _get(published, f"manifests/{entry['digest']}", entry["mediaType"])
+        assert len(served.content) == entry["size"]
+        config = _get(published, f"blobs/{served.json()['config']['digest']}", "*/*").json()
+        assert config["architecture"] == arch
+        assert entry["platform"].get("variant", "") == config.get("variant", "")
+        # its own verdict, signed, as referrers of this platform's manifest
+        assert rec["attestations"]["image"]["subject"] == entry["digest"]
+        check = run_build_env("trust", "verify", f"{published.registry.host}/{NAME}@"
+                              f"{entry['digest']}", "--key", str(stack.key.public),
+                              env=CREDS, timeout=120)
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert f"verdict: pass (target {target}" in check.stdout
+    tags = requests.get(f"http://{published.registry.host}/v2/{NAME}/tags/list",
+                        auth=(USER, PASSWORD), timeout=30).json()["tags"]
+    assert "stack" in tags
+
+
+def test_docker_pull_gets_the_node_platform(published: Published, docker_host: str) -> None:
+    client = docker.from_env()
+    auth = {"username": USER, "password": PASSWORD}
+    repo = f"{published.registry.host}/{NAME}"
+    native = client.images.pull(repo, tag="stack", auth_config=auth)
+    assert native.id == published.stack.ids[AMD64]
+    assert native.attrs["Architecture"] == "amd64"
+    arm = client.images.pull(repo, tag="stack", platform="linux/arm64", auth_config=auth)
+    assert arm.id == published.stack.ids[ARM64]
+    assert arm.attrs["Architecture"] == "arm64"
+    index_ref = f"{repo}@{published.record['index']['digest']}"
+    assert index_ref in client.images.get(f"{repo}:stack").attrs["RepoDigests"]
+
+
+def test_status_shows_each_platform_verdict(published: Published) -> None:
+    ref = published.tag
+    proc = run_build_env("status", ref, "--key", str(published.stack.key.public), "--json",
+                         env=CREDS, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    platforms = {p["target"]: p for p in json.loads(proc.stdout)["platforms"][ref]}
+    recorded = {p["target"]: p for p in published.record["platforms"]}
+    assert sorted(platforms) == sorted([AMD64, ARM64])
+    for target, arch in ((AMD64, "linux/amd64"), (ARM64, "linux/arm64")):
+        p = platforms[target]
+        assert p["platform"].startswith(arch) and p["refused"] is None
+        assert p["digest"] == recorded[target]["digest"]
+        assert p["verdict"] == "pass" and p["level"] == "build"
+        assert p["gate_time"] == recorded[target]["verdict"]["recorded_at"]
+    text = run_build_env("status", ref, "--key", str(published.stack.key.public), env=CREDS,
+                         timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert "image index, 2 platforms" in text.stdout
+    for target in (AMD64, ARM64):
+        line = next(x for x in text.stdout.splitlines() if f" {target}: " in x)
+        assert recorded[target]["digest"] in line and "verdict pass, build level, gate " in line
+
+
+def test_enroot_takes_the_host_platform(published: Published,
+                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """What pyxis runs for ``srun --container-image docker://...``: ``enroot import``."""
+    reason = enroot.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    work = tmp_path_factory.mktemp("enroot")
+    t0 = time.monotonic()
+    tools = enroot.build(work / "build")
+    config = work / "config"
+    config.mkdir()
+    host = published.registry.host
+    (config / ".credentials").write_text(
+        f"machine {host.split(':')[0]} login {USER} password {PASSWORD}\n")
+    env = {**os.environ, "ENROOT_ALLOW_HTTP": "y", "ENROOT_CONFIG_PATH": str(config),
+           **{f"ENROOT_{k}_PATH": str(work / k.lower()) for k in ("CACHE", "DATA", "RUNTIME",
+                                                                   "TEMP")}}
+    uri = f"docker://{USER}@{host}#{NAME}:stack"
+    exe = str(tools.prefix / "bin" / "enroot")
+    digests = {p["target"]: p["digest"] for p in published.record["platforms"]}
+
+    def digest(*arch: str) -> str:
+        proc = subprocess.run([exe, "digest", *arch, uri], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    assert digest() == digests[AMD64]
+    assert digest("--arch", "aarch64") == digests[ARM64]
+    out = work / "stack.sqsh"
+    proc = subprocess.run([exe, "import", "-o", str(out), uri], env=env, capture_output=True,
+                          text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    listing = subprocess.run(["unsquashfs", "-l", str(out)], capture_output=True, text=True,
+                             check=True).stdout
+    assert "/usr/lib/x86_64-linux-gnu/" in listing
+    assert "/usr/lib/aarch64-linux-gnu/" not in listing
+    _timing("enroot build, digests and import", t0)
+
+
+def test_apptainer_pull_takes_the_host_platform(published: Published, tmp_path: Path) -> None:
+    apptainer = shutil.which("apptainer")
+    if apptainer is None:
+        pytest.skip("apptainer not installed (it cannot be installed on this machine): "
+                    "its docker:// pull of the index is not exercised here")
+    out = tmp_path / "stack.sif"
+    env = {**os.environ, "APPTAINER_DOCKER_USERNAME": USER,
+           "APPTAINER_DOCKER_PASSWORD": PASSWORD}
+    proc = subprocess.run([apptainer, "pull", "--no-https", str(out),
+                           f"docker://{published.tag}"], env=env, capture_output=True,
+                          text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    listing = subprocess.run(["siftool", "list", str(out)], capture_output=True, text=True,
+                             check=True).stdout
+    assert "amd64" in listing
+
+
+def test_platform_whose_gate_failed_is_refused_and_nothing_is_sent(
+        stack: Stack, token_registry: RegistryServer, tmp_path: Path,
+        docker_host: str) -> None:
+    """The x86_64 build, changed by one label (its own content), gated against the arm64
+    target: the real gate fails it. Published beside the arm64 build: refused, one line naming
+    the target and platform, exit 1, nothing in the registry, no record."""
+    client = docker.from_env()
+    dockerfile = f"FROM verl-env:{AMD64}\nLABEL org.verl-env.test.changed=1\n"
+    changed, _ = client.images.build(fileobj=io.BytesIO(dockerfile.encode()),
+                                     tag=f"verl-env-refused:{AMD64}", rm=True, pull=False)
+    client.images.get(f"verl-env:{ARM64}").tag("verl-env-refused", ARM64)
+    gate = run_build_env("verify", f"verl-env-refused:{AMD64}", "--target", ARM64, "--matrix",
+                         FIXTURE, "--json", timeout=600)
+    assert gate.returncode == 1, gate.stderr
+    assert json.loads(gate.stdout)["overall"] == "fail"
+    proc = _publish(token_registry.host, stack, tmp_path, env=CREDS, prefix="verl-env-refused")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"[{AMD64}]" in lines[0] and "linux/amd64" in lines[0] and changed.id[7:19] in lines[0]
+    assert "no passing verdict" in lines[0] and "nothing was pushed" in lines[0]
+    assert proc.stdout == ""
+    assert not (tmp_path / "index.json").exists()
+    assert not list(tmp_path.glob("index.incomplete*"))
+    assert token_registry.issuer.requests == []  # the registry was not even asked
+    # nothing sent: the repository does not exist (no tag, no manifest, no blob)
+    token = requests.get(token_registry.issuer.realm, auth=(USER, PASSWORD), timeout=30, params={
+        "service": "verl-env-test-registry", "scope": f"repository:{NAME}:pull"}).json()["token"]
+    listed = requests.get(f"http://{token_registry.host}/v2/{NAME}/tags/list", timeout=30,
+                          headers={"Authorization": f"Bearer {token}"})
+    assert listed.status_code == 404, listed.text
+    assert not list((token_registry.root / "data").rglob("_manifests"))
