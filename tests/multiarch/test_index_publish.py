@@ -206,9 +206,10 @@ def test_enroot_takes_the_host_platform(published: Published,
     host = published.registry.host
     (config / ".credentials").write_text(
         f"machine {host.split(':')[0]} login {USER} password {PASSWORD}\n")
-    env = {**os.environ, "ENROOT_ALLOW_HTTP": "y", "ENROOT_CONFIG_PATH": str(config),
-           **{f"ENROOT_{k}_PATH": str(work / k.lower()) for k in ("CACHE", "DATA", "RUNTIME",
-                                                                   "TEMP")}}
+    env = {**os.environ, "ENROOT_ALLOW_HTTP": "y", "ENROOT_CONFIG_PATH": str(config)}
+    for kind in ("CACHE", "DATA", "RUNTIME", "TEMP"):
+        (work / kind.lower()).mkdir()
+        env[f"ENROOT_{kind}_PATH"] = str(work / kind.lower())
     uri = f"docker://{USER}@{host}#{NAME}:stack"
     exe = str(tools.prefix / "bin" / "enroot")
     digests = {p["target"]: p["digest"] for p in published.record["platforms"]}
@@ -235,8 +236,8 @@ def test_enroot_takes_the_host_platform(published: Published,
 def test_apptainer_pull_takes_the_host_platform(published: Published, tmp_path: Path) -> None:
     apptainer = shutil.which("apptainer")
     if apptainer is None:
-        pytest.skip("apptainer not installed (it cannot be installed on this machine): "
-                    "its docker:// pull of the index is not exercised here")
+        pytest.skip("apptainer is not installed on this host: its docker:// pull of the index "
+                    "is not exercised here")
     out = tmp_path / "stack.sif"
     env = {**os.environ, "APPTAINER_DOCKER_USERNAME": USER,
            "APPTAINER_DOCKER_PASSWORD": PASSWORD}
