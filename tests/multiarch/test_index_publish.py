@@ -69,9 +69,10 @@ def _timing(what: str, t0: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(arm64_base: str, ca_bundle: Path, tmp_path_factory: pytest.TempPathFactory
-          ) -> Stack:
-    """Both platforms of the fixture stack built, gated and tagged (concurrently)."""
+def stack(arm64_base: str, debian_base: str, ca_bundle: Path,
+          tmp_path_factory: pytest.TempPathFactory) -> Stack:
+    """Both platforms of the fixture stack built, gated and tagged (concurrently), each on its
+    own debootstrap base."""
     work = tmp_path_factory.mktemp("stack")
     t0 = time.monotonic()
     proc = run_build_env("--target", ARM64, "--target", AMD64, "--matrix", FIXTURE,
