@@ -718,9 +718,9 @@ def publish_index(engine: ContainerEngine, members: list[Member], registry: str,
                               require=require)
 
 
-def _publish_index(engine: ContainerEngine, members: list[Member], registry: str, *, tag: str,
-             record_path: Path, sign_key: Path, insecure: bool, attempts: int, require: str
-             ) -> dict[str, Any]:
+def _publish_index(engine: ContainerEngine, members: list[Member], registry: str, *,
+                   tag: str, record_path: Path, sign_key: Path, insecure: bool, attempts: int,
+                   require: str) -> dict[str, Any]:
     reg, cred_source = connect(registry, insecure=insecure)
     signing = [prepare_attestations(engine, m.image, sign_key, m.report, m.target, require,
                                     verdict=m.verdict) for m in members]
