@@ -2,6 +2,6 @@
 debootstrap base (``tests/pipeline/test_arm64.py``), the real registries (``tests/publish``)."""
 
 from tests.pipeline.test_arm64 import arm64_base, emulation
-from tests.publish.conftest import registry_factory, token_registry
+from tests.publish.conftest import auth_registry, registry_factory
 
-__all__ = ["arm64_base", "emulation", "registry_factory", "token_registry"]
+__all__ = ["arm64_base", "auth_registry", "emulation", "registry_factory"]

@@ -1,7 +1,8 @@
 """One name for every machine, on the real parts: the arm64 CPU fixture (built and gated under
 QEMU user emulation) and its x86_64 build (native) from ``tests/fixtures/arm64/matrix.yaml``,
 built and gated by the installed CLI, published by ``build-env publish --target A --target B``
-to a real ``docker-registry`` (Basic auth; token auth for the refusal) as one OCI image index.
+to a real ``docker-registry`` (token auth; Basic auth for the refusal) as one OCI image
+index.
 
 Proven here: the index names each platform's manifest with its platform; each manifest carries
 its own signed verdict as referrers (``trust verify`` of each digest); ``docker pull`` of the tag
@@ -34,7 +35,8 @@ import requests
 
 from builder.trust import keys
 from tests.conftest import REPO, run_build_env
-from tests.publish.conftest import PASSWORD, USER, RegistryServer, start_registry
+from tests.publish.conftest import (PASSWORD, SERVICE, USER, RegistryServer, TokenIssuer,
+                                    start_registry)
 from tests.slurm import enroot
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.network, pytest.mark.slow,
@@ -101,11 +103,14 @@ def _publish(host: str, stack: Stack, tmp: Path, *extra: str, env: dict[str, str
 
 @pytest.fixture(scope="module")
 def published(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Published]:
-    """The stack published once to a Basic-auth registry, shared by the checks below."""
-    if shutil.which("docker-registry") is None or shutil.which("htpasswd") is None:
-        pytest.skip("docker-registry or htpasswd not installed")
+    """The stack published once to a registry with ``auth: token`` (Bearer tokens, as public
+    and site registries have), shared by the checks below."""
+    if shutil.which("docker-registry") is None:
+        pytest.skip("docker-registry not installed (apt-get install docker-registry)")
+    pytest.importorskip("cryptography", reason="the test token issuer signs with cryptography")
     tmp = tmp_path_factory.mktemp("published")
-    server = start_registry(tmp / "registry", auth=True)
+    issuer = TokenIssuer(tmp / "registry")
+    server = start_registry(tmp / "registry", token=issuer)
     try:
         t0 = time.monotonic()
         proc = _publish(server.host, stack, tmp, env=CREDS)
@@ -115,11 +120,20 @@ def published(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield Published(server, json.loads(proc.stdout), stack)
     finally:
         server.stop()
+        issuer.stop()
+
+
+def _bearer(server: RegistryServer) -> dict[str, str]:
+    """A pull token for the stack's repository from the registry's own token service."""
+    assert server.issuer is not None
+    token = requests.get(server.issuer.realm, auth=(USER, PASSWORD), timeout=30, params={
+        "service": SERVICE, "scope": f"repository:{NAME}:pull"}).json()["token"]
+    return {"Authorization": f"Bearer {token}"}
 
 
 def _get(p: Published, path: str, accept: str) -> requests.Response:
-    return requests.get(f"http://{p.registry.host}/v2/{NAME}/{path}", auth=(USER, PASSWORD),
-                        headers={"Accept": accept}, timeout=30)
+    return requests.get(f"http://{p.registry.host}/v2/{NAME}/{path}", timeout=30,
+                        headers={"Accept": accept, **_bearer(p.registry)})
 
 
 def test_one_index_names_each_platform_with_its_own_verdict(published: Published) -> None:
@@ -151,9 +165,7 @@ def test_one_index_names_each_platform_with_its_own_verdict(published: Published
                               env=CREDS, timeout=120)
         assert check.returncode == 0, check.stdout + check.stderr
         assert f"verdict: pass (target {target}" in check.stdout
-    tags = requests.get(f"http://{published.registry.host}/v2/{NAME}/tags/list",
-                        auth=(USER, PASSWORD), timeout=30).json()["tags"]
-    assert "stack" in tags
+    assert "stack" in _get(published, "tags/list", "application/json").json()["tags"]
 
 
 def test_docker_pull_gets_the_node_platform(published: Published, docker_host: str) -> None:
@@ -166,8 +178,6 @@ def test_docker_pull_gets_the_node_platform(published: Published, docker_host: s
     arm = client.images.pull(repo, tag="stack", platform="linux/arm64", auth_config=auth)
     assert arm.id == published.stack.ids[ARM64]
     assert arm.attrs["Architecture"] == "arm64"
-    index_ref = f"{repo}@{published.record['index']['digest']}"
-    assert index_ref in client.images.get(f"{repo}:stack").attrs["RepoDigests"]
 
 
 def test_status_shows_each_platform_verdict(published: Published) -> None:
@@ -195,7 +205,10 @@ def test_status_shows_each_platform_verdict(published: Published) -> None:
 
 def test_enroot_takes_the_host_platform(published: Published,
                                         tmp_path_factory: pytest.TempPathFactory) -> None:
-    """What pyxis runs for ``srun --container-image docker://...``: ``enroot import``."""
+    """What pyxis runs for ``srun --container-image docker://...``: ``enroot import``. (Token
+    auth: enroot's probe of a Basic-auth registry GETs the tag without the index media type in
+    ``Accept``, which distribution 2.8 answers 404 for an OCI index: docs/publish-multiarch.md.)
+    """
     reason = enroot.skip_reason()
     if reason:
         pytest.skip(reason)
@@ -252,7 +265,7 @@ def test_apptainer_pull_takes_the_host_platform(published: Published, tmp_path: 
 
 
 def test_platform_whose_gate_failed_is_refused_and_nothing_is_sent(
-        stack: Stack, token_registry: RegistryServer, tmp_path: Path,
+        stack: Stack, auth_registry: RegistryServer, tmp_path: Path,
         docker_host: str) -> None:
     """The x86_64 build, changed by one label (its own content), gated against the arm64
     target: the real gate fails it. Published beside the arm64 build: refused, one line naming
@@ -266,7 +279,7 @@ def test_platform_whose_gate_failed_is_refused_and_nothing_is_sent(
                          FIXTURE, "--json", timeout=600)
     assert gate.returncode == 1, gate.stderr
     assert json.loads(gate.stdout)["overall"] == "fail"
-    proc = _publish(token_registry.host, stack, tmp_path, env=CREDS, prefix="verl-env-refused")
+    proc = _publish(auth_registry.host, stack, tmp_path, env=CREDS, prefix="verl-env-refused")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -275,11 +288,9 @@ def test_platform_whose_gate_failed_is_refused_and_nothing_is_sent(
     assert proc.stdout == ""
     assert not (tmp_path / "index.json").exists()
     assert not list(tmp_path.glob("index.incomplete*"))
-    assert token_registry.issuer.requests == []  # the registry was not even asked
+    assert NAME not in auth_registry.log()  # the registry was not even asked about it
     # nothing sent: the repository does not exist (no tag, no manifest, no blob)
-    token = requests.get(token_registry.issuer.realm, auth=(USER, PASSWORD), timeout=30, params={
-        "service": "verl-env-test-registry", "scope": f"repository:{NAME}:pull"}).json()["token"]
-    listed = requests.get(f"http://{token_registry.host}/v2/{NAME}/tags/list", timeout=30,
-                          headers={"Authorization": f"Bearer {token}"})
+    listed = requests.get(f"http://{auth_registry.host}/v2/{NAME}/tags/list", timeout=30,
+                          auth=(USER, PASSWORD))
     assert listed.status_code == 404, listed.text
-    assert not list((token_registry.root / "data").rglob("_manifests"))
+    assert not list((auth_registry.root / "data").rglob("_manifests"))
