@@ -220,7 +220,8 @@ def test_enroot_takes_the_host_platform(published: Published,
     host = published.registry.host
     (config / ".credentials").write_text(
         f"machine {host.split(':')[0]} login {USER} password {PASSWORD}\n")
-    env = {**os.environ, "ENROOT_ALLOW_HTTP": "y", "ENROOT_CONFIG_PATH": str(config)}
+    env = {**os.environ, "ENROOT_ALLOW_HTTP": "y", "ENROOT_CONFIG_PATH": str(config),
+           "PATH": f"{tools.prefix / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
     for kind in ("CACHE", "DATA", "RUNTIME", "TEMP"):
         (work / kind.lower()).mkdir()
         env[f"ENROOT_{kind}_PATH"] = str(work / kind.lower())
