@@ -357,9 +357,11 @@ def decide_dist(dist: str, results: list[ObjectResult]) -> Check:
     if unread:
         return Check(cid, PHASE, SKIP, value=value, required=True,
                      reason=f"{dist}: {text}{notes}")
+    but = ", but for the allowed objects below" if allowed else ""
     return Check(cid, PHASE, PASS, value=value,
                  reason=f"{dist}: {_n(len(results), 'shared object')}, "
-                        f"{_n(refs, 'undefined symbol')}, all defined where they load{notes}")
+                        f"{_n(refs, 'undefined symbol')}, all defined where they load{but}"
+                        f"{notes}")
 
 
 def _notes(allowed: list[ObjectResult], skipped: list[ObjectResult]) -> str:
@@ -421,6 +423,9 @@ def check_abi(run: Run, roots: list[str] | None = None) -> list[Check]:
         reason += "; torch loaded first"
     if found.loader.get("torch_preloaded"):
         reason += f" with {len(found.loader['torch_preloaded'])} CUDA libraries it preloads"
+    if found.loader.get("torch_preload_stop"):
+        reason += (f" (torch stops preloading at {found.loader['torch_preload_stop']}, which it "
+                   "does not find)")
     checks = [Check(f"{PHASE}.scan", PHASE, PASS if found.results else WARN, value=value,
                     duration_s=elapsed, reason=reason if found.results else
                     reason + f"; no shared object under {', '.join(roots) or 'no root'}")]
