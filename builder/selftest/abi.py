@@ -2,7 +2,13 @@
 imports nothing but the standard library: it reads the ELF files (:mod:`.elfdyn`), resolves
 each ``DT_NEEDED`` library as the dynamic loader will (:mod:`.ldsearch`) in the process
 ``python`` builds after ``import torch`` (:mod:`.abimodel`), and checks every undefined
-non-weak symbol, with its version, against the symbols the libraries it will see export.
+non-weak symbol a relocation names, with its version, against the symbols the libraries it
+will see export.
+
+What the image's packages load themselves (torch's CUDA preloads, a library a package loads
+before its extension, alternatives of which it loads one, modules for another interpreter) is
+:mod:`.abiload`'s; the matrix's reviewed ``abi_allow`` names objects that may not load (a system
+library the image does not ship, for an optional path), each reported with its reason.
 
 Checks: ``abi.scan`` (what was read, the loader's view, how long it took), ``abi.driver``
 (the driver's libraries, ``libcuda.so.1`` and ``libnvidia-ml.so.1`` on cuda, the ROCm runtime
