@@ -19,9 +19,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder import grammar
+from builder import grammar, overrides
 from builder.errors import SpecError
 from builder.families import FAMILIES
+from builder.overrides import Override
 
 RAY_FLOOR = Version("2.40")
 GLIBC_FLOOR = Version("2.34")
@@ -40,7 +41,7 @@ MAX_NODES = 20_000  # the reference matrix has about 150
 TARGET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _TARGET_KEYS = {"description", "accelerator", "arch", "base", "python", "cuda", "rocm",
                 "packages", "provided", "find_links", "apt", "gpus", "build_tools",
-                "coverage_allow"}
+                "coverage_allow", "overrides"}
 _BASE_KEYS = {"image", "digest", "glibc", "source_image", "vendor", "interpreter", "sources"}
 # A vendor base provides packages (torch, vLLM): the target installs into the base's own
 # interpreter. ``probe``: inspected with `build-env lock --probe` (locks/T.base.json);
@@ -150,6 +151,9 @@ class Target:
     # site directory, e.g. vllm/_flashmla_C*.so) -> why it may lack code for some declared GPUs
     # (arch-specific kernels the package loads only where they were built for).
     coverage_allow: tuple[tuple[str, str], ...] = ()
+    # Reviewed dependency overrides (builder.overrides): a version forced over what other
+    # packages declare, each with its reason; uv's --override in `build-env lock`.
+    overrides: tuple[Override, ...] = ()
 
     @property
     def platform(self) -> str:
@@ -207,6 +211,8 @@ class Target:
             **({"gpus": list(self.gpus)} if self.gpus else {}),
             **({"build_tools": list(self.build_tools)} if self.build_tools else {}),
             **({"coverage_allow": dict(self.coverage_allow)} if self.coverage_allow else {}),
+            **({"overrides": {o.name: o.to_value() for o in self.overrides}}
+               if self.overrides else {}),
         }
 
     @property
@@ -560,7 +566,9 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
                     gpus=_gpus(ctx, accel, t.get("gpus"), f"{key}.gpus", name),
                     build_tools=_build_tools(ctx, t.get("build_tools", []), f"{key}.build_tools"),
                     coverage_allow=_coverage_allow(ctx, accel, t.get("coverage_allow"),
-                                                   f"{key}.coverage_allow", name))
+                                                   f"{key}.coverage_allow", name),
+                    overrides=_overrides(ctx, t.get("overrides"), f"{key}.overrides", name,
+                                         packages))
     _rules(ctx, target, key)
     return target
 
@@ -601,6 +609,20 @@ def _coverage_allow(ctx: _Ctx, accel: str, value: Any, key: str, name: str
                                              "lack code for a declared GPU)", name)
         out.append((glob, why.strip()))
     return tuple(sorted(out))
+
+
+def _overrides(ctx: _Ctx, value: Any, key: str, name: str, packages: tuple[Package, ...]
+               ) -> tuple[Override, ...]:
+    """``overrides: {NAME: {version, reason}}`` (builder.overrides), each held to the grammars;
+    an override may not contradict the target's own pin of the same package."""
+    try:
+        found = overrides.parse(value, grammar.plain)
+    except overrides.OverrideError as exc:
+        raise ctx.error(f"{key}.{exc.subkey}" if exc.subkey else key, str(exc), name) from None
+    clash = overrides.pin_conflict(found, {p.name: p.version for p in packages if p.enabled})
+    if clash:
+        raise ctx.error(f"{key}.{clash[0]}", clash[1], name)
+    return found
 
 
 def _gpus(ctx: _Ctx, accel: str, value: Any, key: str, name: str) -> tuple[str, ...]:
