@@ -198,6 +198,8 @@ class Target:
                 d["source"] = p.source.to_value()
             if p.prebuilt:
                 d["prebuilt"] = [dict(e) for e in p.prebuilt]
+            if p.import_name:  # kept through --set (apply_overrides re-reads this form)
+                d["import"] = p.import_name
             return d
 
         return {

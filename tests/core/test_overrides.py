@@ -252,3 +252,5 @@ def test_a_set_build_keeps_the_override() -> None:
     t = load_matrix(REPO / "matrix.yaml").target(SGL)
     o = apply_overrides(t, ["python=3.11"])
     assert o.override and o.overrides == t.overrides
+    assert o.package("sglang-kernel").module == "sgl_kernel"  # the gate still imports it
+    assert manifest(o, "sha256:m", "sha256:l")["imports"]["sglang-kernel"] == "sgl_kernel"
