@@ -198,8 +198,6 @@ class Target:
                 d["source"] = p.source.to_value()
             if p.prebuilt:
                 d["prebuilt"] = [dict(e) for e in p.prebuilt]
-            if p.import_name:  # kept through --set (apply_overrides re-reads this form)
-                d["import"] = p.import_name
             return d
 
         return {
@@ -807,4 +805,8 @@ def apply_overrides(target: Target, assignments: list[str], *, base_image: str |
     ctx = _Ctx("--set", lines)
     body = {k: v for k, v in raw.items() if v not in (None, [], {}) or k in ("packages",)}
     t = _target(ctx, name, body, f"targets.{name}")
-    return replace(t, override=True, file=target.file, lines=target.lines)
+    # a package's `import:` is not in the canonical entry (to_dict): carry it over, so the gate
+    # of an override build imports what the matrix names (sglang-kernel: sgl_kernel)
+    named = {p.name: p.import_name for p in target.packages if p.import_name}
+    packages = tuple(replace(p, import_name=named.get(p.name, p.import_name)) for p in t.packages)
+    return replace(t, packages=packages, override=True, file=target.file, lines=target.lines)
