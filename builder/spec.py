@@ -19,9 +19,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder import grammar
+from builder import grammar, overrides
 from builder.errors import SpecError
 from builder.families import FAMILIES
+from builder.overrides import Override
 
 RAY_FLOOR = Version("2.40")
 GLIBC_FLOOR = Version("2.34")
@@ -40,7 +41,7 @@ MAX_NODES = 20_000  # the reference matrix has about 150
 TARGET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _TARGET_KEYS = {"description", "accelerator", "arch", "base", "python", "cuda", "rocm",
                 "packages", "provided", "find_links", "apt", "gpus", "build_tools",
-                "coverage_allow", "abi_allow"}
+                "coverage_allow", "abi_allow", "overrides"}
 _BASE_KEYS = {"image", "digest", "glibc", "source_image", "vendor", "interpreter", "sources"}
 # A vendor base provides packages (torch, vLLM): the target installs into the base's own
 # interpreter. ``probe``: inspected with `build-env lock --probe` (locks/T.base.json);
@@ -154,6 +155,9 @@ class Target:
     # (relative to the site directory) -> what is lost without the library it cannot load
     # (a system library the image does not ship, for an optional path of the package).
     abi_allow: tuple[tuple[str, str], ...] = ()
+    # Reviewed dependency overrides (builder.overrides): a version forced over what other
+    # packages declare, each with its reason; uv's --override in `build-env lock`.
+    overrides: tuple[Override, ...] = ()
 
     @property
     def platform(self) -> str:
@@ -212,6 +216,8 @@ class Target:
             **({"build_tools": list(self.build_tools)} if self.build_tools else {}),
             **({"coverage_allow": dict(self.coverage_allow)} if self.coverage_allow else {}),
             **({"abi_allow": dict(self.abi_allow)} if self.abi_allow else {}),
+            **({"overrides": {o.name: o.to_value() for o in self.overrides}}
+               if self.overrides else {}),
         }
 
     @property
@@ -566,7 +572,9 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
                     build_tools=_build_tools(ctx, t.get("build_tools", []), f"{key}.build_tools"),
                     coverage_allow=_coverage_allow(ctx, accel, t.get("coverage_allow"),
                                                    f"{key}.coverage_allow", name),
-                    abi_allow=_abi_allow(ctx, t.get("abi_allow"), f"{key}.abi_allow", name))
+                    abi_allow=_abi_allow(ctx, t.get("abi_allow"), f"{key}.abi_allow", name),
+                    overrides=_overrides(ctx, t.get("overrides"), f"{key}.overrides", name,
+                                         packages))
     _rules(ctx, target, key)
     return target
 
@@ -630,6 +638,20 @@ def _abi_allow(ctx: _Ctx, value: Any, key: str, name: str) -> tuple[tuple[str, s
                                              "that the image lacks, and what is lost)", name)
         out.append((glob, why.strip()))
     return tuple(sorted(out))
+
+
+def _overrides(ctx: _Ctx, value: Any, key: str, name: str, packages: tuple[Package, ...]
+               ) -> tuple[Override, ...]:
+    """``overrides: {NAME: {version, reason}}`` (builder.overrides), each held to the grammars;
+    an override may not contradict the target's own pin of the same package."""
+    try:
+        found = overrides.parse(value, grammar.plain)
+    except overrides.OverrideError as exc:
+        raise ctx.error(f"{key}.{exc.subkey}" if exc.subkey else key, str(exc), name) from None
+    clash = overrides.pin_conflict(found, {p.name: p.version for p in packages if p.enabled})
+    if clash:
+        raise ctx.error(f"{key}.{clash[0]}", clash[1], name)
+    return found
 
 
 def _gpus(ctx: _Ctx, accel: str, value: Any, key: str, name: str) -> tuple[str, ...]:
@@ -812,4 +834,8 @@ def apply_overrides(target: Target, assignments: list[str], *, base_image: str |
     ctx = _Ctx("--set", lines)
     body = {k: v for k, v in raw.items() if v not in (None, [], {}) or k in ("packages",)}
     t = _target(ctx, name, body, f"targets.{name}")
-    return replace(t, override=True, file=target.file, lines=target.lines)
+    # a package's `import:` is not in the canonical entry (to_dict): carry it over, so the gate
+    # of an override build imports what the matrix names (sglang-kernel: sgl_kernel)
+    named = {p.name: p.import_name for p in target.packages if p.import_name}
+    packages = tuple(replace(p, import_name=named.get(p.name, p.import_name)) for p in t.packages)
+    return replace(t, packages=packages, override=True, file=target.file, lines=target.lines)
