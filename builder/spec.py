@@ -19,7 +19,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder import grammar
+from builder import grammar, megatron
 from builder.errors import SpecError
 from builder.families import FAMILIES
 
@@ -40,7 +40,7 @@ MAX_NODES = 20_000  # the reference matrix has about 150
 TARGET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _TARGET_KEYS = {"description", "accelerator", "arch", "base", "python", "cuda", "rocm",
                 "packages", "provided", "find_links", "apt", "gpus", "build_tools",
-                "coverage_allow"}
+                "coverage_allow", "megatron"}
 _BASE_KEYS = {"image", "digest", "glibc", "source_image", "vendor", "interpreter", "sources"}
 # A vendor base provides packages (torch, vLLM): the target installs into the base's own
 # interpreter. ``probe``: inspected with `build-env lock --probe` (locks/T.base.json);
@@ -150,6 +150,9 @@ class Target:
     # site directory, e.g. vllm/_flashmla_C*.so) -> why it may lack code for some declared GPUs
     # (arch-specific kernels the package loads only where they were built for).
     coverage_allow: tuple[tuple[str, str], ...] = ()
+    # The Megatron layer the target switches on (builder.megatron); its packages are in
+    # ``packages`` already.
+    megatron: megatron.Layer | None = None
 
     @property
     def platform(self) -> str:
@@ -207,6 +210,7 @@ class Target:
             **({"gpus": list(self.gpus)} if self.gpus else {}),
             **({"build_tools": list(self.build_tools)} if self.build_tools else {}),
             **({"coverage_allow": dict(self.coverage_allow)} if self.coverage_allow else {}),
+            **({"megatron": dict(self.megatron.value)} if self.megatron else {}),
         }
 
     @property
@@ -543,7 +547,8 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
         raise ctx.error(f"{key}.python", f"invalid python version {python!r}") from None
     if len(pv.release) != 2 or not _PYTHON.fullmatch(python):
         raise ctx.error(f"{key}.python", f"give python as MAJOR.MINOR (got {python!r})")
-    packages = _packages(ctx, t["packages"], f"{key}.packages")
+    raw_packages, layer = _megatron_layer(ctx, t, key, name)
+    packages = _packages(ctx, raw_packages, f"{key}.packages")
     provided = _packages(ctx, t.get("provided"), f"{key}.provided")
     cuda = ctx.version(t["cuda"], f"{key}.cuda") if t.get("cuda") is not None else None
     rocm = ctx.version(t["rocm"], f"{key}.rocm") if t.get("rocm") is not None else None
@@ -560,9 +565,37 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
                     gpus=_gpus(ctx, accel, t.get("gpus"), f"{key}.gpus", name),
                     build_tools=_build_tools(ctx, t.get("build_tools", []), f"{key}.build_tools"),
                     coverage_allow=_coverage_allow(ctx, accel, t.get("coverage_allow"),
-                                                   f"{key}.coverage_allow", name))
+                                                   f"{key}.coverage_allow", name),
+                    megatron=layer)
     _rules(ctx, target, key)
     return target
+
+
+def _megatron_layer(ctx: _Ctx, t: dict[str, Any], key: str, name: str
+                    ) -> tuple[Any, megatron.Layer | None]:
+    """The target's packages with those of its Megatron layer added (builder.megatron): a
+    package the target pins itself wins; each added one reports the layer key's line."""
+    raw = t.get("megatron")
+    if raw is None:
+        return t["packages"], None
+    try:
+        layer = megatron.parse(raw)
+        added = megatron.packages(layer, None if t.get("cuda") is None
+                                  else ctx.string(t["cuda"], f"{key}.cuda"))
+    except megatron.LayerError as exc:
+        raise ctx.error(f"{key}.megatron" + (f".{exc.key}" if exc.key else ""), str(exc),
+                        name) from None
+    if not isinstance(t["packages"], dict):
+        return t["packages"], layer  # _packages names what is wrong with it
+    out = dict(t["packages"])
+    for pname, (sub, value) in added.items():
+        if pname not in out:
+            out[pname] = value
+            ctx.lines.setdefault(f"{key}.packages.{pname}",
+                                 ctx.line(f"{key}.megatron.{sub}") or 0)
+    if "verl" in out:
+        out["verl"] = megatron.verl_value(out["verl"], layer.extra)
+    return out, layer
 
 
 def _strings(ctx: _Ctx, t: dict[str, Any], key: str) -> None:

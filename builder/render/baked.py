@@ -25,9 +25,11 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
     from (git commit, tree or archive sha256, sdist hash)."""
     pins = {p.name: p.version for p in target.enabled_packages}
     provided = {p.name: p.version for p in target.provided}
+    # the stack's packages, and every package the matrix names a module for (`import:`, as
+    # the Megatron layer does: builder.megatron)
     imports = {p.name: p.module for p in (*target.enabled_packages, *target.provided)
                if p.name in {"verl", "vllm", "sglang", "torch", "ray", "transformers",
-                             "tensordict", "flash-attn", "hydra-core"}}
+                             "tensordict", "flash-attn", "hydra-core"} or p.import_name}
     return {
         "schema": MANIFEST_SCHEMA, "target": target.name, "accelerator": target.accelerator,
         "arch": target.arch, "python": target.python, "cuda": target.cuda, "rocm": target.rocm,
