@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from builder.lock import lock_path
 from builder.metadata import load_snapshot
 from builder.render import render_context
 from builder.render.blocks.transformer_engine import nccl_ep
-from builder.spec import apply_overrides, load_matrix
+from builder.spec import Package, Source, apply_overrides, load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 STAGE = "source-transformer-engine-torch"
@@ -131,3 +132,25 @@ def test_hadolint_finds_nothing_above_style(tmp_path: Path, name: str) -> None:
                           capture_output=True, text=True, check=True)
     findings = json.loads(proc.stdout)
     assert all(f["level"] in ("info", "style") for f in findings), findings
+
+
+def test_apex_builds_its_extensions_when_a_target_switches_it_on(tmp_path: Path) -> None:
+    """The layer's optional apex (docs/megatron.md): a source stage with apex's C++ and CUDA
+    extensions on (without them apex builds Python only). A local directory stands in for the
+    commit-pinned checkout (GitHub is not reachable here)."""
+    src = tmp_path / "apex-src"
+    src.mkdir()
+    (src / "setup.py").write_text("from setuptools import setup\nsetup(name='apex')\n")
+    m = load_matrix(REPO / "matrix.yaml")
+    t = m.target("cuda-x86_64-megatron")
+    apex = Package("apex", "0.1", build="source", source=Source("path", str(src)),
+                   import_name="apex")
+    lock = lock_path(m.path, t)
+    snap = load_snapshot(REPO / "metadata" / "pypi-snapshot.json")
+    ctx = render_context(replace(t, packages=(*t.packages, apex)), lock.read_text(), snap,
+                         tmp_path / "ctx", lock_file=lock, fetch_sources=False)
+    stage = _stage(ctx.dockerfile, "source-apex")
+    assert "    APEX_CPP_EXT=1 \\\n" in stage and "    APEX_CUDA_EXT=1 \\\n" in stage
+    assert 'TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0;10.3;12.0"' in stage
+    assert (ctx.path / "source" / "apex" / "setup.py").is_file()
+    assert json.loads((ctx.path / "manifest.json").read_text())["imports"]["apex"] == "apex"
