@@ -197,6 +197,8 @@ class Target:
                 d["source"] = p.source.to_value()
             if p.prebuilt:
                 d["prebuilt"] = [dict(e) for e in p.prebuilt]
+            if p.import_name:
+                d["import"] = p.import_name
             return d
 
         return {

@@ -161,6 +161,10 @@ def test_overrides_keep_the_layer_and_reach_its_packages() -> None:
                             "packages.transformer-engine-torch.enabled=false"])
     assert o.megatron == t.megatron and o.override
     assert o.package("megatron-core").version == "0.16.0"
+    # found in the acceptance run: an override build lost the gate's imports of the layer
+    assert {p.name: p.module for p in o.enabled_packages if p.import_name} == {
+        "megatron-core": "megatron.core", "mbridge": "mbridge",
+        "transformer-engine": "transformer_engine.pytorch"}
     assert not o.package("transformer-engine-torch").enabled
     assert o.package("verl").extras == ("mcore", "vllm")
 

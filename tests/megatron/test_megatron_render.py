@@ -94,8 +94,9 @@ def test_nccl_ep_needs_hopper_or_newer(gpus: tuple[str, ...], on: bool) -> None:
     assert nccl_ep(gpus) is on
 
 
-def test_the_gate_imports_the_layer(tmp_path: Path) -> None:
-    ctx = _render(tmp_path / "ctx")
+@pytest.mark.parametrize("sets", [(), ("python=3.11", "gpus=sm_90")], ids=["matrix", "override"])
+def test_the_gate_imports_the_layer(tmp_path: Path, sets: tuple[str, ...]) -> None:
+    ctx = _render(tmp_path / "ctx", sets=sets)
     manifest = json.loads((ctx.path / "manifest.json").read_text())
     assert {k: v for k, v in manifest["imports"].items()
             if k in ("megatron-core", "mbridge", "transformer-engine",
@@ -106,7 +107,8 @@ def test_the_gate_imports_the_layer(tmp_path: Path) -> None:
     assert "transformer-engine-cu13" not in manifest["imports"]  # a library: coverage's
     assert manifest["source_builds"] == ["flash-attn", "transformer-engine-torch"]
     assert manifest["pins"]["transformer-engine-cu13"] == "2.19.0"
-    assert manifest["gpus"] == ["sm_80", "sm_90", "sm_100", "sm_103", "sm_120"]
+    assert manifest["gpus"] == (["sm_90"] if sets else
+                                ["sm_80", "sm_90", "sm_100", "sm_103", "sm_120"])
     assert 'org.verl-env.pin.transformer-engine-torch="2.19.0 (source)"' in ctx.dockerfile
     assert 'org.verl-env.pin.megatron-core="0.19.2"' in ctx.dockerfile
 
