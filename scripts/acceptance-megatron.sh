@@ -48,9 +48,12 @@ status=$?
 set -e
 end=$(date +%s)
 python3 - "$out" "$status" "$((end - start))" "$work" "$gpus" <<'PY'
-import json, sys, docker
+import json, os, sys, docker
 out, status, seconds, work, gpus = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:]
 report = json.load(open(f"{work}/report.json"))
+render = report["stages"].get("render") or {}
+if render.get("context"):  # the repository-relative path, not this machine's checkout
+    render["context"] = os.path.relpath(render["context"])
 size = None
 if report.get("image_id"):
     try:
