@@ -21,6 +21,7 @@ rules, so every error still names file:line:key.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,6 +136,12 @@ def packages(layer: Layer, cuda: str | None) -> dict[str, tuple[str, Any]]:
     if "apex" in v:
         out["apex"] = ("apex", {**v["apex"], "build": "source", "import": IMPORTS["apex"]})
     return out
+
+
+def imports(packages: Iterable[Any]) -> dict[str, str]:
+    """What the gate imports of the layer's packages (distribution -> module; ``packages``: the
+    target's enabled :class:`builder.spec.Package` objects)."""
+    return {p.name: p.module for p in packages if p.name in IMPORTS}
 
 
 def verl_value(value: Any, extra: str) -> Any:

@@ -197,8 +197,6 @@ class Target:
                 d["source"] = p.source.to_value()
             if p.prebuilt:
                 d["prebuilt"] = [dict(e) for e in p.prebuilt]
-            if p.import_name:
-                d["import"] = p.import_name
             return d
 
         return {
@@ -595,6 +593,12 @@ def _megatron_layer(ctx: _Ctx, t: dict[str, Any], key: str, name: str
             out[pname] = value
             ctx.lines.setdefault(f"{key}.packages.{pname}",
                                  ctx.line(f"{key}.megatron.{sub}") or 0)
+        elif isinstance(value, dict) and "import" in value:
+            # the target's own pin (or an override's restatement of the layer's packages,
+            # which carries no `import:`): the gate still imports what the layer names
+            mine = out[pname]
+            out[pname] = {"import": value["import"],
+                          **(mine if isinstance(mine, dict) else {"version": mine})}
     if "verl" in out:
         out["verl"] = megatron.verl_value(out["verl"], layer.extra)
     return out, layer
