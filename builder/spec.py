@@ -40,7 +40,7 @@ MAX_NODES = 20_000  # the reference matrix has about 150
 TARGET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _TARGET_KEYS = {"description", "accelerator", "arch", "base", "python", "cuda", "rocm",
                 "packages", "provided", "find_links", "apt", "gpus", "build_tools",
-                "coverage_allow", "megatron"}
+                "coverage_allow", "abi_allow", "megatron"}
 _BASE_KEYS = {"image", "digest", "glibc", "source_image", "vendor", "interpreter", "sources"}
 # A vendor base provides packages (torch, vLLM): the target installs into the base's own
 # interpreter. ``probe``: inspected with `build-env lock --probe` (locks/T.base.json);
@@ -150,6 +150,10 @@ class Target:
     # site directory, e.g. vllm/_flashmla_C*.so) -> why it may lack code for some declared GPUs
     # (arch-specific kernels the package loads only where they were built for).
     coverage_allow: tuple[tuple[str, str], ...] = ()
+    # Reviewed exceptions to the gate's symbol-level ABI phase: a shared-object path glob
+    # (relative to the site directory) -> what is lost without the library it cannot load
+    # (a system library the image does not ship, for an optional path of the package).
+    abi_allow: tuple[tuple[str, str], ...] = ()
     # The Megatron layer the target switches on (builder.megatron); its packages are in
     # ``packages`` already.
     megatron: megatron.Layer | None = None
@@ -210,6 +214,7 @@ class Target:
             **({"gpus": list(self.gpus)} if self.gpus else {}),
             **({"build_tools": list(self.build_tools)} if self.build_tools else {}),
             **({"coverage_allow": dict(self.coverage_allow)} if self.coverage_allow else {}),
+            **({"abi_allow": dict(self.abi_allow)} if self.abi_allow else {}),
             **({"megatron": dict(self.megatron.value)} if self.megatron else {}),
         }
 
@@ -566,6 +571,7 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
                     build_tools=_build_tools(ctx, t.get("build_tools", []), f"{key}.build_tools"),
                     coverage_allow=_coverage_allow(ctx, accel, t.get("coverage_allow"),
                                                    f"{key}.coverage_allow", name),
+                    abi_allow=_abi_allow(ctx, t.get("abi_allow"), f"{key}.abi_allow", name),
                     megatron=layer)
     _rules(ctx, target, key)
     return target
@@ -638,6 +644,29 @@ def _coverage_allow(ctx: _Ctx, accel: str, value: Any, key: str, name: str
         if not isinstance(why, str) or len(why.strip()) < 10:
             raise ctx.error(f"{key}.{glob}", "give the reason in words (why this library may "
                                              "lack code for a declared GPU)", name)
+        out.append((glob, why.strip()))
+    return tuple(sorted(out))
+
+
+def _abi_allow(ctx: _Ctx, value: Any, key: str, name: str) -> tuple[tuple[str, str], ...]:
+    """``abi_allow: {GLOB: REASON}``: shared objects the ABI phase may find unloadable (a
+    library the image does not ship), each named and with the reason (what is lost)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not value:
+        raise ctx.error(key, "expected a mapping of shared-object globs to the reason each may "
+                             "not load in the image", name)
+    out = []
+    for glob, why in value.items():
+        if not isinstance(glob, str) or not glob.strip() or glob.strip("*/. ") == "":
+            raise ctx.error(f"{key}.{glob}", "a glob must name shared objects (not match "
+                                             "everything)", name)
+        ctx.checked(grammar.path, glob, f"{key}.{glob}")
+        if isinstance(why, str):
+            ctx.checked(grammar.plain, why, f"{key}.{glob}")
+        if not isinstance(why, str) or len(why.strip()) < 10:
+            raise ctx.error(f"{key}.{glob}", "give the reason in words (what the object needs "
+                                             "that the image lacks, and what is lost)", name)
         out.append((glob, why.strip()))
     return tuple(sorted(out))
 

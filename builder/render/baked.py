@@ -37,6 +37,7 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
         "source_builds": sorted(p.name for p in target.enabled_packages if p.build == "source"),
         "gpus": list(target.gpus),
         **({"coverage_allow": dict(target.coverage_allow)} if target.coverage_allow else {}),
+        **({"abi_allow": dict(target.abi_allow)} if target.abi_allow else {}),
         **({"source_pins": describe(sources)} if sources else {}),
         # prebuilt first: per package with prebuilt wheels, what `lock` chose and why
         **({"prebuilt": {n: {k: v for k, v in e.items() if k != "entries"}
