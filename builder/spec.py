@@ -19,7 +19,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder import grammar, overrides
+from builder import grammar, megatron, overrides
 from builder.errors import SpecError
 from builder.families import FAMILIES
 from builder.overrides import Override
@@ -41,7 +41,7 @@ MAX_NODES = 20_000  # the reference matrix has about 150
 TARGET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _TARGET_KEYS = {"description", "accelerator", "arch", "base", "python", "cuda", "rocm",
                 "packages", "provided", "find_links", "apt", "gpus", "build_tools",
-                "coverage_allow", "abi_allow", "overrides"}
+                "coverage_allow", "abi_allow", "overrides", "megatron"}
 _BASE_KEYS = {"image", "digest", "glibc", "source_image", "vendor", "interpreter", "sources"}
 # A vendor base provides packages (torch, vLLM): the target installs into the base's own
 # interpreter. ``probe``: inspected with `build-env lock --probe` (locks/T.base.json);
@@ -158,6 +158,9 @@ class Target:
     # Reviewed dependency overrides (builder.overrides): a version forced over what other
     # packages declare, each with its reason; uv's --override in `build-env lock`.
     overrides: tuple[Override, ...] = ()
+    # The Megatron layer the target switches on (builder.megatron); its packages are in
+    # ``packages`` already.
+    megatron: megatron.Layer | None = None
 
     @property
     def platform(self) -> str:
@@ -218,6 +221,7 @@ class Target:
             **({"abi_allow": dict(self.abi_allow)} if self.abi_allow else {}),
             **({"overrides": {o.name: o.to_value() for o in self.overrides}}
                if self.overrides else {}),
+            **({"megatron": dict(self.megatron.value)} if self.megatron else {}),
         }
 
     @property
@@ -554,7 +558,8 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
         raise ctx.error(f"{key}.python", f"invalid python version {python!r}") from None
     if len(pv.release) != 2 or not _PYTHON.fullmatch(python):
         raise ctx.error(f"{key}.python", f"give python as MAJOR.MINOR (got {python!r})")
-    packages = _packages(ctx, t["packages"], f"{key}.packages")
+    raw_packages, layer = _megatron_layer(ctx, t, key, name)
+    packages = _packages(ctx, raw_packages, f"{key}.packages")
     provided = _packages(ctx, t.get("provided"), f"{key}.provided")
     cuda = ctx.version(t["cuda"], f"{key}.cuda") if t.get("cuda") is not None else None
     rocm = ctx.version(t["rocm"], f"{key}.rocm") if t.get("rocm") is not None else None
@@ -574,9 +579,43 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
                                                    f"{key}.coverage_allow", name),
                     abi_allow=_abi_allow(ctx, t.get("abi_allow"), f"{key}.abi_allow", name),
                     overrides=_overrides(ctx, t.get("overrides"), f"{key}.overrides", name,
-                                         packages))
+                                         packages),
+                    megatron=layer)
     _rules(ctx, target, key)
     return target
+
+
+def _megatron_layer(ctx: _Ctx, t: dict[str, Any], key: str, name: str
+                    ) -> tuple[Any, megatron.Layer | None]:
+    """The target's packages with those of its Megatron layer added (builder.megatron): a
+    package the target pins itself wins; each added one reports the layer key's line."""
+    raw = t.get("megatron")
+    if raw is None:
+        return t["packages"], None
+    try:
+        layer = megatron.parse(raw)
+        added = megatron.packages(layer, None if t.get("cuda") is None
+                                  else ctx.string(t["cuda"], f"{key}.cuda"))
+    except megatron.LayerError as exc:
+        raise ctx.error(f"{key}.megatron" + (f".{exc.key}" if exc.key else ""), str(exc),
+                        name) from None
+    if not isinstance(t["packages"], dict):
+        return t["packages"], layer  # _packages names what is wrong with it
+    out = dict(t["packages"])
+    for pname, (sub, value) in added.items():
+        if pname not in out:
+            out[pname] = value
+            ctx.lines.setdefault(f"{key}.packages.{pname}",
+                                 ctx.line(f"{key}.megatron.{sub}") or 0)
+        elif isinstance(value, dict) and "import" in value:
+            # the target's own pin (or an override's restatement of the layer's packages,
+            # which carries no `import:`): the gate still imports what the layer names
+            mine = out[pname]
+            out[pname] = {"import": value["import"],
+                          **(mine if isinstance(mine, dict) else {"version": mine})}
+    if "verl" in out:
+        out["verl"] = megatron.verl_value(out["verl"], layer.extra)
+    return out, layer
 
 
 def _strings(ctx: _Ctx, t: dict[str, Any], key: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from builder import __version__
+from builder import __version__, megatron
 from builder import overrides
 from builder import vendor as vendor_base
 from builder.sources import Pin, describe
@@ -30,6 +30,7 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
     imports = {p.name: p.module for p in (*target.enabled_packages, *target.provided)
                if p.name in {"verl", "vllm", "sglang", "torch", "ray", "transformers",
                              "tensordict", "flash-attn", "hydra-core"} or p.import_name}
+    imports.update(megatron.imports(target.enabled_packages) if target.megatron else {})
     return {
         "schema": MANIFEST_SCHEMA, "target": target.name, "accelerator": target.accelerator,
         "arch": target.arch, "python": target.python, "cuda": target.cuda, "rocm": target.rocm,
