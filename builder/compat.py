@@ -18,6 +18,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from builder import overrides
 from builder.families import SOURCE_ARCHS
 from builder.grammar import GrammarError, parse_oci_reference
 from builder.metadata import Snapshot
@@ -93,7 +94,8 @@ def check_target(target: Target, snapshot: Snapshot) -> list[Problem]:
                                     f"python {target.python} is outside {p.name} {p.version}'s "
                                     f"Requires-Python {rel.requires_python}"))
         for req in rel.requirements():
-            if _applies(req, target, p.extras):
+            if _applies(req, target, p.extras) and not overrides.replaced(
+                    target.overrides, p.name, req):
                 constraints.setdefault(canonicalize_name(req.name), []).append((p, req))
 
     for dep, cons in sorted(constraints.items()):
@@ -122,6 +124,26 @@ def check_target(target: Target, snapshot: Snapshot) -> list[Problem]:
                 f"{dep} {pin.version} does not satisfy {p.name} {p.version}'s requirement "
                 f"{dep}{_fmt(req.specifier)}"))
     return problems
+
+
+def overridden(target: Target, snapshot: Snapshot) -> list[tuple[str, str]]:
+    """``(override name, what it replaces)`` for every declared requirement of the target's
+    pins that a reviewed override replaces (builder.overrides), e.g. ``sglang 0.5.12 requires
+    transformers==5.6.0``; an override that replaces none of them is listed with ``None`` said
+    in words (it may still replace a requirement deeper in the graph)."""
+    out: list[tuple[str, str]] = []
+    for o in target.overrides:
+        hits = []
+        for p in target.enabled_packages:
+            rel = snapshot.release(p.name, p.version)
+            for req in rel.requirements() if rel is not None else ():
+                if (_applies(req, target, p.extras)
+                        and overrides.replaced(target.overrides, p.name, req) == o
+                        and not req.specifier.contains(o.version, prereleases=True)):
+                    hits.append(f"{p.name} {p.version} requires {req.name}{_fmt(req.specifier)}")
+        out += [(o.name, h) for h in hits] or [
+            (o.name, "no pinned package's declared requirement (a deeper one, if any)")]
+    return out
 
 
 def index_pins(target: Target) -> list[tuple[str, str]]:

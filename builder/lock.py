@@ -35,7 +35,7 @@ from builder.compat import check_target, local_sources, marker_env
 from builder.errors import CompatError, LockError, NetworkError
 from builder.metadata import INDEX_WAY_OUT, Snapshot, network_timeout
 from builder.spec import Package, Target
-from builder import lockbody, prebuilt, sources, vendor
+from builder import lockbody, overrides, prebuilt, sources, vendor
 
 # antlr4-python3-runtime 4.9.3 (hydra-core 1.3's dependency) is sdist-only and pure python:
 # without this exception, binary-only resolution silently downgrades hydra-core to 0.11.3.
@@ -137,6 +137,8 @@ def input_hash(target: Target, snapshot: Snapshot, record: dict | None = None) -
         "args": uv_args(target)}
     if target.build_tools:  # only then: the locks of targets without them keep their hash
         inputs["build_tools"] = sorted(target.build_tools)
+    if target.overrides:  # likewise: reviewed overrides (builder.overrides), uv's --override
+        inputs["overrides"] = [o.requirement for o in target.overrides]
     if record is not None:
         constraints, excludes = vendor.resolution(target, record)
         inputs.update(excludes=excludes, constraints=constraints,
@@ -159,7 +161,8 @@ def _uv() -> str:
 
 def _uv_compile(target: Target, requirements: list[str], *, constraints: list[str],
                 excludes: list[str], offline: bool, prefer: str | None = None,
-                upgrade_packages: tuple[str, ...] = ()) -> tuple[str, float]:
+                upgrade_packages: tuple[str, ...] = (),
+                forced: tuple[str, ...] = ()) -> tuple[str, float]:
     with tempfile.TemporaryDirectory(prefix="verl-env-lock-") as tmp:
         tmpdir = Path(tmp)
         (tmpdir / "requirements.in").write_text("\n".join(requirements) + "\n")
@@ -175,6 +178,9 @@ def _uv_compile(target: Target, requirements: list[str], *, constraints: list[st
         if constraints:
             (tmpdir / "constraints.txt").write_text("".join(f"{c}\n" for c in constraints))
             cmd += ["-c", "constraints.txt"]
+        if forced:  # the target's reviewed overrides, and nothing else (builder.overrides)
+            (tmpdir / "overrides.txt").write_text("".join(f"{r}\n" for r in forced))
+            cmd += ["--override", "overrides.txt"]
         if offline:
             cmd.append("--offline")
         for name in upgrade_packages:  # uv moves these past the preferred versions
@@ -260,7 +266,8 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
         target, requirements_in(target, snapshot),
         constraints=constraints, excludes=excludes, offline=offline,
         prefer=prefer.read_text() if prefer is not None and prefer.is_file() else None,
-        upgrade_packages=upgrade_packages)
+        upgrade_packages=upgrade_packages,
+        forced=tuple(o.requirement for o in target.overrides))
     text = header(target, ihash, body) + body
     build_text = None
     if any(p.build == "source" for p in target.enabled_packages):
@@ -297,9 +304,10 @@ def moved_pins(before: str | None, after: str) -> list[tuple[str, str | None, st
 def header(target: Target, ihash: str, body: str) -> str:
     """The lock's header: the input hash, and what its body is (:mod:`builder.lockbody`: a
     digest of the body and of each entry), so an edit is found without resolving again."""
+    forced = overrides.lock_lines(target.overrides)
     return (f"# verl-env lock for target {target.name}: {target.platform}, python "
             f"{target.python}, {python_platform(target)}\n"
-            f"# input-hash: {ihash}\n" + lockbody.record(body) +
+            f"# input-hash: {ihash}\n" + forced + lockbody.record(body, forced) +
             f"# regenerate: build-env lock --target {target.name}\n")
 
 
@@ -333,7 +341,8 @@ def stale_reason(target: Target, snapshot: Snapshot, path: Path) -> str | None:
         return (f"{path} was locked from different inputs than targets.{target.name} now has: "
                 f"run `build-env lock --target {target.name}`")
     edited = lock_edits(target, path) + lockbody.pin_problems(
-        path, lock.text, locked_pins(target, snapshot))
+        path, lock.text, locked_pins(target, snapshot)
+        + [(o.name, o.version) for o in target.overrides])
     if edited:
         more = f" (and {len(edited) - 3} more)" if len(edited) > 3 else ""
         return "; ".join(edited[:3]) + more

@@ -26,12 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BODY_KEY = "# body-sha256: "
+# Header lines the body digest covers as well (a lock resolved with a reviewed override,
+# builder.overrides.LOCK_KEY: the same text): editing one is an edit of what was resolved.
+COVERED_KEY = "# override: "
 ENTRIES_KEY = "# entries: "
 _REGENERATE = "# regenerate: "
 _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s\\]+)\s*(\\)?$")
 _HASH = re.compile(r"^    --hash=(\S+?)\s*(\\)?$")
 _SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
-_NOT_PACKAGES = ("-r ", "-c ")  # "# via -r requirements.in", "-c constraints.txt"
+# "# via -r requirements.in", "-c constraints.txt", "--override overrides.txt"
+_NOT_PACKAGES = ("-r ", "-c ", "--override ")
 
 
 def _canonical(name: str) -> str:
@@ -70,8 +74,15 @@ def split(text: str) -> tuple[str, str, int]:
     return "".join(lines[:end]), "".join(lines[end:]), end + 1
 
 
-def body_digest(body: str) -> str:
-    return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+def body_digest(body: str, covered: str = "") -> str:
+    """sha256 over the covered header lines (none: the body alone) and the body."""
+    return "sha256:" + hashlib.sha256((covered + body).encode()).hexdigest()
+
+
+def covered_lines(header: str) -> str:
+    """The header's lines that the body digest covers (``# override: ...``), in order."""
+    return "".join(ln for ln in header.splitlines(keepends=True)
+                   if ln.startswith(COVERED_KEY))
 
 
 def parse(body: str, first: int = 1) -> tuple[list[Entry], list[tuple[int, int, str]]]:
@@ -118,10 +129,11 @@ def parse(body: str, first: int = 1) -> tuple[list[Entry], list[tuple[int, int, 
     return entries, strays
 
 
-def record(body: str) -> str:
-    """The header lines ``build-env lock`` writes for ``body``."""
+def record(body: str, covered: str = "") -> str:
+    """The header lines ``build-env lock`` writes for ``body`` (``covered``: the header lines
+    written above them that the digest covers too)."""
     entries, _ = parse(body)
-    return (f"{BODY_KEY}{body_digest(body)}\n"
+    return (f"{BODY_KEY}{body_digest(body, covered)}\n"
             f"{ENTRIES_KEY}{' '.join(f'{e.key}:{e.digest}' for e in entries)}\n")
 
 
@@ -149,7 +161,14 @@ def problems(path: Path, text: str, regenerate: str) -> list[str]:
         out += [f"{path}:{n}: {e.name}=={e.version}: {h!r} is not a sha256 hash"
                 for n, h in e.hashes if not _SHA256.fullmatch(h)]
     digest, recorded = _recorded(header)
-    if digest is not None and recorded is not None and digest == body_digest(body):
+    covered = covered_lines(header)
+    if digest is not None and recorded is not None and digest == body_digest(body, covered):
+        return out
+    if (covered and digest is not None and recorded is not None
+            and all(recorded.get(e.key) == e.digest for e in entries)
+            and set(recorded) == {e.key for e in entries}):
+        out.append(f"{path}: its `# override:` lines are not the ones `build-env lock` wrote "
+                   f"(the body digest covers them): run `{regenerate}`, or undo the edit")
         return out
     if digest is None or recorded is None:
         out.append(f"{path}: its header records no body digest (written before build-env "

@@ -19,9 +19,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder import grammar
+from builder import grammar, megatron, overrides
 from builder.errors import SpecError
 from builder.families import FAMILIES
+from builder.overrides import Override
 
 RAY_FLOOR = Version("2.40")
 GLIBC_FLOOR = Version("2.34")
@@ -40,7 +41,7 @@ MAX_NODES = 20_000  # the reference matrix has about 150
 TARGET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _TARGET_KEYS = {"description", "accelerator", "arch", "base", "python", "cuda", "rocm",
                 "packages", "provided", "find_links", "apt", "gpus", "build_tools",
-                "coverage_allow"}
+                "coverage_allow", "abi_allow", "overrides", "megatron"}
 _BASE_KEYS = {"image", "digest", "glibc", "source_image", "vendor", "interpreter", "sources"}
 # A vendor base provides packages (torch, vLLM): the target installs into the base's own
 # interpreter. ``probe``: inspected with `build-env lock --probe` (locks/T.base.json);
@@ -150,6 +151,16 @@ class Target:
     # site directory, e.g. vllm/_flashmla_C*.so) -> why it may lack code for some declared GPUs
     # (arch-specific kernels the package loads only where they were built for).
     coverage_allow: tuple[tuple[str, str], ...] = ()
+    # Reviewed exceptions to the gate's symbol-level ABI phase: a shared-object path glob
+    # (relative to the site directory) -> what is lost without the library it cannot load
+    # (a system library the image does not ship, for an optional path of the package).
+    abi_allow: tuple[tuple[str, str], ...] = ()
+    # Reviewed dependency overrides (builder.overrides): a version forced over what other
+    # packages declare, each with its reason; uv's --override in `build-env lock`.
+    overrides: tuple[Override, ...] = ()
+    # The Megatron layer the target switches on (builder.megatron); its packages are in
+    # ``packages`` already.
+    megatron: megatron.Layer | None = None
 
     @property
     def platform(self) -> str:
@@ -207,6 +218,10 @@ class Target:
             **({"gpus": list(self.gpus)} if self.gpus else {}),
             **({"build_tools": list(self.build_tools)} if self.build_tools else {}),
             **({"coverage_allow": dict(self.coverage_allow)} if self.coverage_allow else {}),
+            **({"abi_allow": dict(self.abi_allow)} if self.abi_allow else {}),
+            **({"overrides": {o.name: o.to_value() for o in self.overrides}}
+               if self.overrides else {}),
+            **({"megatron": dict(self.megatron.value)} if self.megatron else {}),
         }
 
     @property
@@ -543,7 +558,8 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
         raise ctx.error(f"{key}.python", f"invalid python version {python!r}") from None
     if len(pv.release) != 2 or not _PYTHON.fullmatch(python):
         raise ctx.error(f"{key}.python", f"give python as MAJOR.MINOR (got {python!r})")
-    packages = _packages(ctx, t["packages"], f"{key}.packages")
+    raw_packages, layer = _megatron_layer(ctx, t, key, name)
+    packages = _packages(ctx, raw_packages, f"{key}.packages")
     provided = _packages(ctx, t.get("provided"), f"{key}.provided")
     cuda = ctx.version(t["cuda"], f"{key}.cuda") if t.get("cuda") is not None else None
     rocm = ctx.version(t["rocm"], f"{key}.rocm") if t.get("rocm") is not None else None
@@ -560,9 +576,46 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
                     gpus=_gpus(ctx, accel, t.get("gpus"), f"{key}.gpus", name),
                     build_tools=_build_tools(ctx, t.get("build_tools", []), f"{key}.build_tools"),
                     coverage_allow=_coverage_allow(ctx, accel, t.get("coverage_allow"),
-                                                   f"{key}.coverage_allow", name))
+                                                   f"{key}.coverage_allow", name),
+                    abi_allow=_abi_allow(ctx, t.get("abi_allow"), f"{key}.abi_allow", name),
+                    overrides=_overrides(ctx, t.get("overrides"), f"{key}.overrides", name,
+                                         packages),
+                    megatron=layer)
     _rules(ctx, target, key)
     return target
+
+
+def _megatron_layer(ctx: _Ctx, t: dict[str, Any], key: str, name: str
+                    ) -> tuple[Any, megatron.Layer | None]:
+    """The target's packages with those of its Megatron layer added (builder.megatron): a
+    package the target pins itself wins; each added one reports the layer key's line."""
+    raw = t.get("megatron")
+    if raw is None:
+        return t["packages"], None
+    try:
+        layer = megatron.parse(raw)
+        added = megatron.packages(layer, None if t.get("cuda") is None
+                                  else ctx.string(t["cuda"], f"{key}.cuda"))
+    except megatron.LayerError as exc:
+        raise ctx.error(f"{key}.megatron" + (f".{exc.key}" if exc.key else ""), str(exc),
+                        name) from None
+    if not isinstance(t["packages"], dict):
+        return t["packages"], layer  # _packages names what is wrong with it
+    out = dict(t["packages"])
+    for pname, (sub, value) in added.items():
+        if pname not in out:
+            out[pname] = value
+            ctx.lines.setdefault(f"{key}.packages.{pname}",
+                                 ctx.line(f"{key}.megatron.{sub}") or 0)
+        elif isinstance(value, dict) and "import" in value:
+            # the target's own pin (or an override's restatement of the layer's packages,
+            # which carries no `import:`): the gate still imports what the layer names
+            mine = out[pname]
+            out[pname] = {"import": value["import"],
+                          **(mine if isinstance(mine, dict) else {"version": mine})}
+    if "verl" in out:
+        out["verl"] = megatron.verl_value(out["verl"], layer.extra)
+    return out, layer
 
 
 def _strings(ctx: _Ctx, t: dict[str, Any], key: str) -> None:
@@ -601,6 +654,43 @@ def _coverage_allow(ctx: _Ctx, accel: str, value: Any, key: str, name: str
                                              "lack code for a declared GPU)", name)
         out.append((glob, why.strip()))
     return tuple(sorted(out))
+
+
+def _abi_allow(ctx: _Ctx, value: Any, key: str, name: str) -> tuple[tuple[str, str], ...]:
+    """``abi_allow: {GLOB: REASON}``: shared objects the ABI phase may find unloadable (a
+    library the image does not ship), each named and with the reason (what is lost)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not value:
+        raise ctx.error(key, "expected a mapping of shared-object globs to the reason each may "
+                             "not load in the image", name)
+    out = []
+    for glob, why in value.items():
+        if not isinstance(glob, str) or not glob.strip() or glob.strip("*/. ") == "":
+            raise ctx.error(f"{key}.{glob}", "a glob must name shared objects (not match "
+                                             "everything)", name)
+        ctx.checked(grammar.path, glob, f"{key}.{glob}")
+        if isinstance(why, str):
+            ctx.checked(grammar.plain, why, f"{key}.{glob}")
+        if not isinstance(why, str) or len(why.strip()) < 10:
+            raise ctx.error(f"{key}.{glob}", "give the reason in words (what the object needs "
+                                             "that the image lacks, and what is lost)", name)
+        out.append((glob, why.strip()))
+    return tuple(sorted(out))
+
+
+def _overrides(ctx: _Ctx, value: Any, key: str, name: str, packages: tuple[Package, ...]
+               ) -> tuple[Override, ...]:
+    """``overrides: {NAME: {version, reason}}`` (builder.overrides), each held to the grammars;
+    an override may not contradict the target's own pin of the same package."""
+    try:
+        found = overrides.parse(value, grammar.plain)
+    except overrides.OverrideError as exc:
+        raise ctx.error(f"{key}.{exc.subkey}" if exc.subkey else key, str(exc), name) from None
+    clash = overrides.pin_conflict(found, {p.name: p.version for p in packages if p.enabled})
+    if clash:
+        raise ctx.error(f"{key}.{clash[0]}", clash[1], name)
+    return found
 
 
 def _gpus(ctx: _Ctx, accel: str, value: Any, key: str, name: str) -> tuple[str, ...]:
@@ -783,4 +873,8 @@ def apply_overrides(target: Target, assignments: list[str], *, base_image: str |
     ctx = _Ctx("--set", lines)
     body = {k: v for k, v in raw.items() if v not in (None, [], {}) or k in ("packages",)}
     t = _target(ctx, name, body, f"targets.{name}")
-    return replace(t, override=True, file=target.file, lines=target.lines)
+    # a package's `import:` is not in the canonical entry (to_dict): carry it over, so the gate
+    # of an override build imports what the matrix names (sglang-kernel: sgl_kernel)
+    named = {p.name: p.import_name for p in target.packages if p.import_name}
+    packages = tuple(replace(p, import_name=named.get(p.name, p.import_name)) for p in t.packages)
+    return replace(t, packages=packages, override=True, file=target.file, lines=target.lines)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from builder import sources
 from builder.commands import _shared
-from builder.compat import check_target, index_pins, local_sources
+from builder.compat import check_target, index_pins, local_sources, overridden
 from builder.lock import lock_edits, lock_path, stale_reason
 from builder.metadata import IndexClient, load_snapshot, refresh, save_snapshot
 
@@ -29,6 +30,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _shared.index_url(p)
     _shared.json_flag(p, "each target's result")
     _shared.quiet(p)
+
+
+def forced_json(t: Any, snapshot: Any) -> list[dict[str, Any]]:
+    """The target's reviewed dependency overrides (builder.overrides), each with its reason and
+    the declared requirements it replaces."""
+    replaces = overridden(t, snapshot)
+    return [{"name": o.name, "version": o.version, "reason": o.reason,
+             "replaces": [what for n, what in replaces if n == o.name]}
+            for o in t.overrides]
+
+
+def forced_lines(name: str, forced: list[dict[str, Any]]) -> list[str]:
+    return [f"override: {name}: {o['name']}=={o['version']} replaces "
+            f"{'; '.join(o['replaces'])} ({o['reason']})" for o in forced]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,9 +93,14 @@ def run(args: argparse.Namespace) -> int:
                     print(f"warning: {t.name}: {w}", file=sys.stderr)
         for p in problems:
             print(f"error: {p}", file=sys.stderr)
+        forced = forced_json(t, snapshot)
+        if not args.quiet:
+            for line in forced_lines(t.name, forced):
+                print(line, file=sys.stderr)
         status = "fail" if problems else ("unlocked" if stale else "ok")
         results.append({"target": t.name, "status": status, "problems": problems,
-                        "next": stale if stale and not problems else None})
+                        "next": stale if stale and not problems else None,
+                        **({"overrides": forced} if forced else {})})
         if problems:
             _shared.info(args, f"{t.name}: FAIL")
         elif stale:  # the pins fit together; the lock is the next step, not a failure

@@ -96,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     print("verdict: the newest local one for this site's matrix entry and lock (build: every "
           "phase that runs without a GPU passed; gpu: the GPU phases too)")
     for t in matrix.targets.values():
+        for o in t.overrides:  # reviewed dependency overrides (builder.overrides)
+            print(f"{t.name}: override {o.name}=={o.version} ({o.reason})")
         for name, c in prebuilt_choices(site, t).items():
             what = (f"prebuilt wheel {c['filename']}" if c["choice"] == "wheel"
                     else "source build" if c["choice"] == "source" else "undecided")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from builder import __version__
+from builder import __version__, megatron
+from builder import overrides
 from builder import vendor as vendor_base
 from builder.sources import Pin, describe
 from builder.spec import Target
@@ -25,9 +26,11 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
     from (git commit, tree or archive sha256, sdist hash)."""
     pins = {p.name: p.version for p in target.enabled_packages}
     provided = {p.name: p.version for p in target.provided}
+    # and every package whose import the matrix names (sglang-kernel: sgl_kernel)
     imports = {p.name: p.module for p in (*target.enabled_packages, *target.provided)
                if p.name in {"verl", "vllm", "sglang", "torch", "ray", "transformers",
-                             "tensordict", "flash-attn", "hydra-core"}}
+                             "tensordict", "flash-attn", "hydra-core"} or p.import_name}
+    imports.update(megatron.imports(target.enabled_packages) if target.megatron else {})
     return {
         "schema": MANIFEST_SCHEMA, "target": target.name, "accelerator": target.accelerator,
         "arch": target.arch, "python": target.python, "cuda": target.cuda, "rocm": target.rocm,
@@ -36,6 +39,11 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
         "source_builds": sorted(p.name for p in target.enabled_packages if p.build == "source"),
         "gpus": list(target.gpus),
         **({"coverage_allow": dict(target.coverage_allow)} if target.coverage_allow else {}),
+        **({"abi_allow": dict(target.abi_allow)} if target.abi_allow else {}),
+        # reviewed dependency overrides (builder.overrides): the gate's requirement check
+        # accepts exactly the requirements each one replaces
+        **({"overrides": {o.name: o.to_value() for o in target.overrides}}
+           if target.overrides else {}),
         **({"source_pins": describe(sources)} if sources else {}),
         # prebuilt first: per package with prebuilt wheels, what `lock` chose and why
         **({"prebuilt": {n: {k: v for k, v in e.items() if k != "entries"}
@@ -69,6 +77,7 @@ def labels(target: Target, matrix_hash: str, lock_hash: str, ca_hash: str | None
         out[f"{LABEL_NS}.provided.{p.name}"] = p.version
     if target.gpus:
         out[f"{LABEL_NS}.gpus"] = ",".join(target.gpus)
+    out.update(overrides.labels(target.overrides, LABEL_NS))
     for name, pin in (sources or {}).items():
         out[f"{LABEL_NS}.source.{name}"] = pin.label()
     for name, entry in (decided or {}).items():

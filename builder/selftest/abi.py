@@ -2,7 +2,13 @@
 imports nothing but the standard library: it reads the ELF files (:mod:`.elfdyn`), resolves
 each ``DT_NEEDED`` library as the dynamic loader will (:mod:`.ldsearch`) in the process
 ``python`` builds after ``import torch`` (:mod:`.abimodel`), and checks every undefined
-non-weak symbol, with its version, against the symbols the libraries it will see export.
+non-weak symbol a relocation names, with its version, against the symbols the libraries it
+will see export.
+
+What the image's packages load themselves (torch's CUDA preloads, a library a package loads
+before its extension, alternatives of which it loads one, modules for another interpreter) is
+:mod:`.abiload`'s; the matrix's reviewed ``abi_allow`` names objects that may not load (a system
+library the image does not ship, for an optional path), each reported with its reason.
 
 Checks: ``abi.scan`` (what was read, the loader's view, how long it took), ``abi.driver``
 (the driver's libraries, ``libcuda.so.1`` and ``libnvidia-ml.so.1`` on cuda, the ROCm runtime
@@ -14,18 +20,21 @@ expected to provide it, a library the loader cannot find, or a version a library
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import struct
 import subprocess
 import sys
+import sysconfig
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
+from . import abiload
 from .abimodel import Process, Unbound, bind, expected_provider, scope_name
 from .coverage import UNOWNED, owners, shared_objects, site_dirs
-from .elfdyn import SEP, DynInfo
+from .elfdyn import SEP, DynInfo, relocated
 from .elfread import DevcodeError, elf_header
 from .ldsearch import Searcher, default_dirs, env_paths, load_cache
 from .phase import Run, Step
@@ -44,11 +53,6 @@ DRIVER_LIBS = {
              "librocm_smi64.so.5", "librocm_smi64.so.6", "librocm_smi64.so.7"),
 }
 SHOWN = 8  # problems named in a check's reason (all of them are in its value)
-# Families on which a finding is reported as ``warn``, not ``fail``, until the phase has been run
-# against a real stack of theirs (docs/selftest.md, "Where the abi phase is advisory"): it is
-# proven on CPU torch stacks only, and the shipped CUDA stacks carry extensions it has not yet
-# been held against (torchcodec's FFmpeg-version variants, which that stack does not ship).
-ADVISORY = ("cuda", "rocm")
 
 
 @dataclass
@@ -92,6 +96,8 @@ class ObjectResult:
     refs: int = 0
     problems: list[Problem] = field(default_factory=list)
     driver: dict[str, int] = field(default_factory=dict)  # driver library -> symbols it owes
+    allowed: str | None = None  # the matrix's reason when abi_allow names this object
+    not_taken: str | None = None  # an alternative the package does not load here, and why
 
 
 @dataclass
@@ -104,6 +110,8 @@ class Scan:
     foreign: list[str] = field(default_factory=list)
     elf_files: int = 0
     loader: dict[str, Any] = field(default_factory=dict)
+    # extension modules for another CPython (``.cpython-313-…so`` under 3.11): never imported
+    other_interpreter: list[str] = field(default_factory=list)
 
 
 def interpreter_header(executable: str) -> Any:
@@ -129,10 +137,11 @@ def torch_libs(roots: list[str]) -> tuple[str | None, list[str]]:
     return None, []
 
 
-def make_process(executable: str, roots: list[str], env: dict[str, str]) -> \
-        tuple[Process, str]:
+def make_process(executable: str, roots: list[str], env: dict[str, str],
+                 search: list[str] | None = None) -> tuple[Process, str]:
     """The interpreter's process after ``import torch`` (when torch is installed), and where
-    the loader's cache came from."""
+    the loader's cache came from. ``search``: the interpreter's ``sys.path``, along which torch
+    looks for the CUDA libraries it preloads (default: ``roots`` then this ``sys.path``)."""
     header = interpreter_header(executable)
     if header is None:
         raise DevcodeError(f"{executable}: the interpreter is not an ELF file")
@@ -141,7 +150,21 @@ def make_process(executable: str, roots: list[str], env: dict[str, str]) -> \
                         default_dirs(header.machine, header.cls64), lambda p: False)
     proc = Process(searcher, header)
     searcher.accept = proc.fits
-    proc.start(executable, *torch_libs(roots))
+    proc.start(executable)
+    global_deps, local = torch_libs(roots)
+    proc.torch_global, proc.torch_local = global_deps, list(local)
+    if global_deps:
+        proc.load(os.path.realpath(global_deps), True)
+        # torch/__init__.py: preload only when libtorch_global_deps brought in libcudart
+        if proc.mapped("libcudart.so"):
+            paths = search if search is not None else roots + [
+                p for p in sys.path if p not in roots]
+            proc.preloaded, proc.preload_stop = abiload.torch_preloads(
+                os.path.join(os.path.dirname(os.path.dirname(global_deps))), paths)
+            for lib in proc.preloaded:
+                proc.load(lib, False)
+    for path in local:
+        proc.load(os.path.realpath(path), False)
     return proc, source
 
 
@@ -155,12 +178,15 @@ def driver_owes(key: bytes, missing: list[str], info: DynInfo) -> str | None:
     return missing[0] if missing and name.startswith(DRIVER_PREFIXES) else None
 
 
-def check_object(proc: Process, path: str, res: ObjectResult, drivers: tuple[str, ...]) -> \
-        None:
-    """Fill ``res`` for the shared object at ``path`` (a realpath)."""
+def check_object(proc: Process, path: str, res: ObjectResult, drivers: tuple[str, ...],
+                 loads: list[tuple[str, bool]] | None = None) -> None:
+    """Fill ``res`` for the shared object at ``path`` (a realpath). ``loads``: what its package
+    loads itself first (:data:`.abiload.PACKAGE_LOADS`). An object already loaded (torch's
+    own libraries) is judged in the scope of the load that brought it in."""
     info = proc.dyn(path)
     res.refs = len(info.refs)
-    c = proc.closure(path, proc.loaded)
+    names, extra = proc.extra_scope(loads) if loads else (proc.loaded, [])
+    c = proc.closure(path, names)
     missing_driver = []
     for name, _requester in c.missing:
         if name in drivers:
@@ -168,8 +194,12 @@ def check_object(proc: Process, path: str, res: ObjectResult, drivers: tuple[str
             res.driver[name] = res.driver.get(name, 0)
         elif not any(p.kind == "missing" and p.what == name for p in res.problems):
             res.problems.append(Problem(res.library, "missing", name))
-    in_global = set(proc.global_order)
-    order = proc.global_order + [p for p in c.order if p not in in_global]
+    order: list[str] = []
+    seen: set[str] = set()
+    for p in (*proc.global_order, *extra, *proc.group.get(path, ()), *c.order):
+        if p not in seen:
+            seen.add(p)
+            order.append(p)
     scope = [(p, proc.dyn(p)) for p in order]
     for need in info.verneed:
         lib_path = c.names.get(need.file)
@@ -179,7 +209,7 @@ def check_object(proc: Process, path: str, res: ObjectResult, drivers: tuple[str
         if lib.verdefs and need.version not in lib.verdefs:
             res.problems.append(Problem(res.library, "version", need.version,
                                         expected=need.file, expected_path=lib_path))
-    for key in sorted(bind(info.refs, [lib for _p, lib in scope])):
+    for key in sorted(looked_up(path, bind(info.refs, [lib for _p, lib in scope]))):
         owed = driver_owes(key, missing_driver, info)
         if owed:
             res.driver[owed] = res.driver.get(owed, 0) + 1
@@ -189,10 +219,21 @@ def check_object(proc: Process, path: str, res: ObjectResult, drivers: tuple[str
                                     u.expected_path))
 
 
+def looked_up(path: str, unbound: set[bytes]) -> set[bytes]:
+    """The unbound references the loader will look up: those a relocation names."""
+    if not unbound:
+        return unbound
+    names = relocated(path, {k.split(SEP, 1)[0] for k in unbound})
+    return {k for k in unbound if k.split(SEP, 1)[0] in names}
+
+
 def scan(roots: list[str], accelerator: str, executable: str = sys.executable,
-         env: dict[str, str] | None = None) -> Scan:
-    """Check every ELF shared object under ``roots``."""
+         env: dict[str, str] | None = None, allow: dict[str, str] | None = None,
+         soabi: str | None = None) -> Scan:
+    """Check every ELF shared object under ``roots``. ``allow``: the matrix's ``abi_allow``
+    (object glob -> reason); ``soabi``: the interpreter's ``SOABI`` (default: this one's)."""
     env = dict(os.environ) if env is None else env
+    soabi = soabi or sysconfig.get_config_var("SOABI")
     proc, source = make_process(executable, roots, env)
     out = Scan(roots, loader=loader_facts(proc, env, source))
     drivers = DRIVER_LIBS.get(accelerator, ())
@@ -214,12 +255,47 @@ def scan(roots: list[str], accelerator: str, executable: str = sys.executable,
                 if not proc.fits(real) or proc.dyn(real).header.type != ET_DYN:
                     out.foreign.append(rel)
                     continue
-                check_object(proc, real, res, drivers)
+                if abiload.other_interpreter(os.path.basename(rel), soabi):
+                    out.other_interpreter.append(rel)
+                    continue
+                check_object(proc, real, res, drivers, abiload.package_loads(rel, roots))
             except (OSError, DevcodeError, struct.error, ValueError) as e:
                 res.problems.append(Problem(rel, "unreadable", str(e) or type(e).__name__))
             out.results.append(res)
+    settle_alternatives(out.results, proc.torch_global)
+    for r in out.results:
+        r.allowed = allowance(r.library, allow or {}) if r.problems else None
     demangle([p for r in out.results for p in r.problems if p.kind == "symbol"])
     return out
+
+
+def allowance(path: str, allow: dict[str, str]) -> str | None:
+    """The reason of the first ``abi_allow`` glob that matches the object's path."""
+    return next((why for pattern, why in sorted(allow.items())
+                 if fnmatch.fnmatchcase(path, pattern)), None)
+
+
+def settle_alternatives(results: list[ObjectResult], torch_global: str | None) -> None:
+    """Of each set of alternatives (:data:`.abiload.ALTERNATIVES`), only what the package
+    loads here is judged: the variant(s) it picks (from torch's version), or, when it takes the
+    first that loads, every variant that loads; the others are named as not taken. When no
+    variant loads, every variant keeps its problems."""
+    torch_dir = os.path.dirname(os.path.dirname(torch_global)) if torch_global else None
+    groups: dict[abiload.Alternatives, dict[str, list[ObjectResult]]] = {}
+    for r in results:
+        hit = abiload.alternative(r.library)
+        if hit:
+            groups.setdefault(hit[0], {}).setdefault(hit[1], []).append(r)
+    for alt, variants in groups.items():
+        loads = {v for v, rs in variants.items() if not any(r.problems for r in rs)}
+        taken = alt.pick(torch_dir) if alt.pick else (loads or set(variants))
+        for v, rs in variants.items():
+            if v in taken:
+                continue
+            why = (f"alternative not taken ({alt.how}; this image takes "
+                   f"{', '.join(sorted(taken & set(variants))) or 'none of them'})")
+            for r in rs:
+                r.not_taken, r.problems, r.driver = why, [], {}
 
 
 def _is_elf(path: str) -> bool:
@@ -233,7 +309,9 @@ def loader_facts(proc: Process, env: dict[str, str], source: str) -> dict[str, A
             "ld_library_path": env_paths(env.get("LD_LIBRARY_PATH")),
             "default_dirs": proc.searcher.defaults,
             "global": [scope_name(p, proc.loaded) for p in proc.global_order],
-            "torch_global": proc.torch_global, "torch_local": proc.torch_local}
+            "torch_global": proc.torch_global, "torch_local": proc.torch_local,
+            "torch_preloaded": [scope_name(p, proc.loaded) for p in proc.preloaded],
+            "torch_preload_stop": proc.preload_stop}
 
 
 def demangle(problems: list[Problem]) -> None:
@@ -257,25 +335,56 @@ def demangle(problems: list[Problem]) -> None:
 
 def decide_dist(dist: str, results: list[ObjectResult]) -> Check:
     """One distribution's check: fail naming every problem (the first few in the reason),
-    a required skip when a file could not be read and nothing failed, else pass."""
+    a required skip when a file could not be read and nothing failed, else pass. An object the
+    matrix allows (``abi_allow``) is named with its reason, not failed; an alternative the
+    package does not load here is named, not judged."""
     cid = f"{PHASE}.{dist}"
-    problems = [p for r in results for p in r.problems]
+    judged = [r for r in results if not r.allowed]
+    problems = [p for r in judged for p in r.problems]
     broken = [p for p in problems if p.kind != "unreadable"]
     unread = [p for p in problems if p.kind == "unreadable"]
     refs = sum(r.refs for r in results)
-    value = {"objects": len(results), "symbols": refs,
-             "problems": [p.to_dict() for p in problems]}
+    value: dict[str, Any] = {"objects": len(results), "symbols": refs,
+                             "problems": [p.to_dict() for p in problems]}
+    allowed = [r for r in results if r.allowed]
+    if allowed:
+        value["allowed"] = {r.library: {"reason": r.allowed, "problems": [
+            p.to_dict() for p in r.problems]} for r in allowed}
+    skipped = [r for r in results if r.not_taken]
+    if skipped:
+        value["not_taken"] = {r.library: r.not_taken for r in skipped}
+    notes = _notes(allowed, skipped)
     shown = broken or unread
     text = "; ".join(p.text() for p in shown[:SHOWN])
     if len(shown) > SHOWN:
         text += f"; and {len(shown) - SHOWN} more (in the value)"
     if broken:
-        return Check(cid, PHASE, FAIL, value=value, reason=f"{dist}: {text}")
+        return Check(cid, PHASE, FAIL, value=value, reason=f"{dist}: {text}{notes}")
     if unread:
-        return Check(cid, PHASE, SKIP, value=value, required=True, reason=f"{dist}: {text}")
+        return Check(cid, PHASE, SKIP, value=value, required=True,
+                     reason=f"{dist}: {text}{notes}")
+    but = ", but for the allowed objects below" if allowed else ""
     return Check(cid, PHASE, PASS, value=value,
                  reason=f"{dist}: {_n(len(results), 'shared object')}, "
-                        f"{_n(refs, 'undefined symbol')}, all defined where they load")
+                        f"{_n(refs, 'undefined symbol')}, all defined where they load{but}"
+                        f"{notes}")
+
+
+def _notes(allowed: list[ObjectResult], skipped: list[ObjectResult]) -> str:
+    """The allowed objects (first problem and the matrix's reason) and the alternatives not
+    taken, for a check's reason."""
+    out = ""
+    for r in allowed[:SHOWN]:
+        more = f" (+{len(r.problems) - 1} more)" if len(r.problems) > 1 else ""
+        out += f"; (allowed) {r.problems[0].text()}{more} (matrix abi_allow: {r.allowed})"
+    if len(allowed) > SHOWN:
+        out += f"; and {len(allowed) - SHOWN} more allowed (in the value)"
+    by_why: dict[str, list[str]] = {}
+    for r in skipped:
+        by_why.setdefault(r.not_taken or "", []).append(os.path.basename(r.library))
+    for why, libs in sorted(by_why.items()):
+        out += f"; {', '.join(sorted(libs))}: {why}"
+    return out
 
 
 def decide_driver(results: list[ObjectResult]) -> Check | None:
@@ -300,37 +409,36 @@ def check_abi(run: Run, roots: list[str] | None = None) -> list[Check]:
     """The phase's one step: scan, then one check per distribution."""
     roots = roots if roots is not None else (run.options.get("abi_roots") or site_dirs())
     t0 = time.monotonic()
-    found = scan(roots, run.accelerator)
+    found = scan(roots, run.accelerator, allow=run.manifest.get("abi_allow") or {})
     elapsed = time.monotonic() - t0
     dists = sorted({r.dist for r in found.results})
     refs = sum(r.refs for r in found.results)
     value = {"roots": roots, "elf_files": found.elf_files, "objects": len(found.results),
              "symbols": refs, "foreign": found.foreign, "seconds": round(elapsed, 3),
-             "loader": found.loader}
+             "other_interpreter": found.other_interpreter, "loader": found.loader}
     reason = (f"{_n(found.elf_files, 'ELF file')}, {len(found.results)} shared objects of "
               f"{_n(len(dists), 'distribution')} checked, {_n(refs, 'undefined symbol')}, "
               f"in {elapsed:.2f} s")
     if found.foreign:
         reason += (f"; {len(found.foreign)} not loadable here (another machine, or not a "
                    "shared object) and not checked")
+    if found.other_interpreter:
+        reason += (f"; {len(found.other_interpreter)} built for another Python, never "
+                   f"imported by this one, not checked: {', '.join(found.other_interpreter)}")
     if found.loader.get("torch_local"):
         reason += "; torch loaded first"
+    if found.loader.get("torch_preloaded"):
+        reason += f" with {len(found.loader['torch_preloaded'])} CUDA libraries it preloads"
+    if found.loader.get("torch_preload_stop"):
+        reason += (f" (torch stops preloading at {found.loader['torch_preload_stop']}, which it "
+                   "does not find)")
     checks = [Check(f"{PHASE}.scan", PHASE, PASS if found.results else WARN, value=value,
                     duration_s=elapsed, reason=reason if found.results else
                     reason + f"; no shared object under {', '.join(roots) or 'no root'}")]
     driver = decide_driver(found.results)
     checks += [driver] if driver else []
     checks += [decide_dist(d, [r for r in found.results if r.dist == d]) for d in dists]
-    return [advisory(c, run.accelerator) for c in checks]
-
-
-def advisory(check: Check, accelerator: str) -> Check:
-    """A failure on an :data:`ADVISORY` family, as ``warn`` saying why; else ``check``."""
-    if check.status != FAIL or accelerator not in ADVISORY:
-        return check
-    return replace(check, status=WARN,
-                   reason=f"advisory on {accelerator} (the phase is not yet proven against a "
-                          f"real {accelerator} stack, docs/selftest.md): {check.reason}")
+    return checks
 
 
 def _n(count: int, noun: str) -> str:

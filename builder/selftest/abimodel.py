@@ -22,12 +22,13 @@ The model follows glibc's loader (``elf/dl-load.c``, ``elf/dl-deps.c``, ``elf/dl
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from .elfdyn import SEP, DynInfo, read_dynamic
+from .elfdyn import SEP, DynInfo, read_dynamic, relocated
 from .elfread import DevcodeError, ElfHeader, elf_header
 from .ldsearch import Searcher, expand
 
@@ -72,6 +73,10 @@ class Process:
         self.base_rpaths: list[list[str]] = []  # the executable's DT_RPATH (all lookups)
         self.torch_global: str | None = None  # libtorch_global_deps.so, when torch is there
         self.torch_local: list[str] = []  # torch/_C*.so
+        self.preloaded: list[str] = []  # what torch preloads (nvidia/*/lib), in its order
+        self.preload_stop: str | None = None  # the required preload torch did not find
+        # realpath -> the load order (scope) of the dlopen that first brought it in
+        self.group: dict[str, list[str]] = {}
 
     def fits(self, path: str) -> bool:
         """The file is an ELF file of the process's class and machine."""
@@ -127,23 +132,39 @@ class Process:
                     queue.append((dep, rchain))
         return out
 
-    def start(self, executable: str, global_deps: str | None, local: list[str]) -> None:
-        """The process before any extension: the executable's closure (global), torch's
-        ``RTLD_GLOBAL`` library's closure (global) and ``torch._C``'s (loaded, local)."""
+    def start(self, executable: str) -> None:
+        """The process before anything is imported: the executable's closure (global)."""
         exe = os.path.realpath(executable)
         info = self.dyn(exe)
         if info.runpath is None and info.rpath:
             self.base_rpaths = [[expand(p, os.path.dirname(exe)) for p in info.rpath]]
-        c = self.closure(exe, {})
-        self.global_order, self.loaded = list(c.order), c.names
-        self.torch_global, self.torch_local = global_deps, list(local)
-        if global_deps:
-            c = self.closure(os.path.realpath(global_deps), self.loaded)
-            self.global_order += [p for p in c.order if p not in self.global_order]
-            self.loaded = c.names
-        for path in local:
-            self.loaded = self.closure(os.path.realpath(path), self.loaded).names
+        self.load(exe, True)
 
+    def load(self, path: str, global_: bool) -> Closure:
+        """``dlopen(path)`` (a realpath): its closure joins what is loaded, and the global
+        scope with ``RTLD_GLOBAL``. Every object it brings in first is checked later in this
+        load's scope (:attr:`group`): the loader bound its symbols then, in that scope."""
+        c = self.closure(path, self.loaded)
+        for p in c.order:
+            self.group.setdefault(p, c.order)
+        if global_:
+            self.global_order += [p for p in c.order if p not in self.global_order]
+        self.loaded = c.names
+        return c
+
+    def mapped(self, fragment: str) -> bool:
+        """A loaded object's file name contains ``fragment`` (``/proc/self/maps``)."""
+        return any(fragment in os.path.basename(p) for p in set(self.loaded.values()))
+
+    def extra_scope(self, loads: list[tuple[str, bool]]) -> tuple[dict[str, str], list[str]]:
+        """What a package loads itself before its extension (``loads``: realpath, global):
+        the names then loaded, and what joins the global scope; the process is unchanged."""
+        names, extra = dict(self.loaded), []
+        for path, global_ in loads:
+            c = self.closure(path, names)
+            names = c.names
+            extra += [p for p in c.order if global_ and p not in extra]
+        return names, extra
 
 def bind(refs: set[bytes], scope: list[DynInfo]) -> set[bytes]:
     """The references no library of ``scope`` defines (the loader's rules, module doc)."""
@@ -184,13 +205,20 @@ def expected_provider(key: bytes, info: DynInfo, scope: list[tuple[str, DynInfo]
     for path, lib in scope:
         if lib is info or len(fam) < 3:
             continue
-        n = sum(1 for s in lib.names if s.startswith(fam))
+        n = prefix_count(lib, fam)
         if n > count:
             best, count = path, n
     if best is None:
         return None, None
     soname = scope_name(best, names)
     return soname, best
+
+
+def prefix_count(lib: DynInfo, prefix: bytes) -> int:
+    """How many names ``lib`` exports that start with ``prefix`` (bisect in its sorted names,
+    sorted once per library: a failing object's symbols ask every library in its scope)."""
+    names = lib.sorted_names()
+    return bisect.bisect_left(names, prefix + b"\xff\xff") - bisect.bisect_left(names, prefix)
 
 
 def scope_name(path: str, names: dict[str, str]) -> str:
@@ -205,5 +233,8 @@ def unbound_alone(proc: Process, path: str) -> tuple[set[str], list[str]]:
     closure defines, and the libraries the loader cannot find."""
     c = proc.closure(path, {})
     left = bind(proc.dyn(path).refs, [proc.dyn(p) for p in c.order])
+    if left:  # only what a relocation names is ever looked up (elfdyn.relocated)
+        named = relocated(path, {k.split(SEP, 1)[0] for k in left})
+        left = {k for k in left if k.split(SEP, 1)[0] in named}
     return {k.split(SEP, 1)[0].decode("utf-8", "surrogateescape") for k in left}, \
         sorted({name for name, _req in c.missing})

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from .elfread import DevcodeError, ElfHeader, Section, elf_header, elf_sections, pread_exact
 
-SHT_DYNAMIC, SHT_DYNSYM = 6, 11
+SHT_RELA, SHT_DYNAMIC, SHT_REL, SHT_DYNSYM = 4, 6, 9, 11
 SHT_VERDEF, SHT_VERNEED, SHT_VERSYM = 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
 DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH = 1, 14, 15, 29
 STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE = 1, 2, 10
@@ -63,6 +63,14 @@ class DynInfo:
     names: set[bytes] = field(default_factory=set)
     refs: set[bytes] = field(default_factory=set)
     ref_file: dict[bytes, str] = field(default_factory=dict)
+
+    _sorted: list[bytes] | None = field(default=None, repr=False, compare=False)
+
+    def sorted_names(self) -> list[bytes]:
+        """:attr:`names` sorted (once)."""
+        if self._sorted is None:
+            self._sorted = sorted(self.names)
+        return self._sorted
 
     @property
     def versioned(self) -> bool:
@@ -214,5 +222,44 @@ def read_dynamic(path: str) -> DynInfo | None:
             _symbols(info, _read(fd, sec), _strings(fd, secs, sec, strings), versym, defs,
                      needs)
         return info
+    finally:
+        os.close(fd)
+
+
+def relocated(path: str, names: set[bytes]) -> set[bytes]:
+    """Which of ``names`` (undefined symbols of the file at ``path``) a dynamic relocation
+    refers to. The loader looks a symbol up only to apply a relocation (``elf/dl-reloc.c``): an
+    undefined ``.dynsym`` entry no relocation names (GCC 13's ``.globl
+    _ZSt21ios_base_library_initv``, a link-time marker) is never looked up, and ``ldd -r`` does
+    not report it either. Read only for a file with unbound symbols."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        header = elf_header(fd)
+        secs = elf_sections(fd) or []
+        dynsym = next((s for s in secs if s.type == SHT_DYNSYM), None)
+        if header is None or dynsym is None:
+            return set()
+        fmt = "<IBBHQQ" if header.cls64 else "<IIIBBH"
+        size = struct.calcsize(fmt)
+        wide = 8 if header.cls64 else 4
+        indices: set[int] = set()
+        for sec in secs:
+            if sec.type not in (SHT_RELA, SHT_REL) or sec.link != dynsym.index:
+                continue
+            step = (3 if sec.type == SHT_RELA else 2)
+            data = _read(fd, sec)
+            words = memoryview(data[:len(data) - len(data) % (wide * step)]).cast(
+                "Q" if header.cls64 else "I")
+            shift = 32 if header.cls64 else 8
+            indices |= {info >> shift for info in set(words[1::step])}
+        table = _read(fd, dynsym)
+        strtab = _strings(fd, secs, dynsym, {})
+        out = set()
+        for i in indices:
+            if 0 < i and (i + 1) * size <= len(table):
+                name = _cstr(strtab, struct.unpack_from("<I", table, i * size)[0])
+                if name in names:
+                    out.add(name)
+        return out
     finally:
         os.close(fd)

@@ -55,6 +55,11 @@ def parse_manifest(data: Any, path: str = "manifest.json") -> dict[str, Any]:
                                               for k, v in allow.items()):
         raise ManifestError(f"{path}: 'coverage_allow' must map library globs to reasons")
     out["coverage_allow"] = dict(allow)
+    abi_allow = data.get("abi_allow") or {}
+    if not isinstance(abi_allow, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                  for k, v in abi_allow.items()):
+        raise ManifestError(f"{path}: 'abi_allow' must map shared-object globs to reasons")
+    out["abi_allow"] = dict(abi_allow)
     return out
 
 

@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-x86_64 (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-x86_64`.
-# matrix entry sha256:5f573ca0117ce028748e3b7a914cd48a9aee2b8520177323fb034eb05754e6c1, lock sha256:df3c3c1e492008f6074bf91b775a914dd52de786f8744379c895165dbe0f7c4f
+# matrix entry sha256:caae90223f59f9a2a0f05b0b6f2f2d1c870427e271ade048eb005f6b748c07e2, lock sha256:df3c3c1e492008f6074bf91b775a914dd52de786f8744379c895165dbe0f7c4f
 
 # ---------------------------------------------------------------------------- source builds
 # Built in their own stage (compilers stay here); the final stage mounts only the wheels. Only
@@ -110,7 +110,7 @@ LABEL org.opencontainers.image.description="NVIDIA x86_64 (H100/H200/B200), CUDA
       org.verl-env.cuda="13.0" \
       org.verl-env.gpus="sm_80,sm_90,sm_100,sm_103,sm_120" \
       org.verl-env.lock-hash="sha256:df3c3c1e492008f6074bf91b775a914dd52de786f8744379c895165dbe0f7c4f" \
-      org.verl-env.matrix-hash="sha256:5f573ca0117ce028748e3b7a914cd48a9aee2b8520177323fb034eb05754e6c1" \
+      org.verl-env.matrix-hash="sha256:caae90223f59f9a2a0f05b0b6f2f2d1c870427e271ade048eb005f6b748c07e2" \
       org.verl-env.override="false" \
       org.verl-env.pin.flash-attn="2.8.3 (source)" \
       org.verl-env.pin.hydra-core="1.3.2" \

@@ -48,6 +48,15 @@ void torchCheckFail(const char*, const char*, unsigned, const std::string&);
 extern "C" int PyInit__C(void) { c10::detail::torchCheckFail("f", "x.cc", 1, "m");
                                  return c10::Warning::warn(); }
 """
+# The same, using only what every torch release since 1.x exports from libc10.so
+# (c10::detail::torchCheckFail with a std::string message): loads beside a real torch.
+GOOD_EXT = """
+#include <string>
+namespace c10 { namespace detail {
+void torchCheckFail(const char*, const char*, unsigned, const std::string&);
+} }
+extern "C" int PyInit__C(void) { c10::detail::torchCheckFail("f", "x.cc", 1, "m"); return 0; }
+"""
 # A torch symbol no torch release defines: an extension "built against a newer torch".
 NEWER = """
 namespace c10 { namespace impl { int verl_env_newer_torch_only(int); } }
@@ -56,6 +65,7 @@ extern "C" int PyInit__C(void) { return c10::impl::verl_env_newer_torch_only(1);
 NEWER_STUB = "namespace c10 { namespace impl { int verl_env_newer_torch_only(int x) " \
              "{ return x; } } }\n"
 NEWER_SYMBOL = "_ZN3c104impl25verl_env_newer_torch_onlyEi"
+NEWER_DEMANGLED = "c10::impl::verl_env_newer_torch_only(int)"
 STUB_GLIBC = "void gnu_get_libc_version(void) {}\n"
 NEEDS_GLIBC = "extern void gnu_get_libc_version(void);\nint PyInit__C(void) " \
               "{ gnu_get_libc_version(); return 0; }\n"
@@ -105,6 +115,7 @@ def build(build_dir: Path) -> dict[str, Path]:
                           f"-L{b / 'v1'}", "-Wl,--no-as-needed", "-lc10",
                           "-Wl,--enable-new-dtags,-rpath,$ORIGIN/lib")
     objs["ext"] = _cc("g++", EXT, b / "ext" / "_C.so", f"-L{b / 'v1'}", "-lc10")
+    objs["good"] = _cc("g++", GOOD_EXT, b / "good" / "_C.so", f"-L{b / 'v1'}", "-lc10")
     objs["ext_rpath"] = _cc("g++", EXT, b / "ext" / "_rp.so", f"-L{b / 'v1'}", "-lc10",
                             "-Wl,--disable-new-dtags,-rpath,$ORIGIN/../torch/lib")
     glibc = _stub(STUB_GLIBC, b, "libc.so.6", "GLIBC_2.99")
@@ -142,4 +153,87 @@ def site(objs: dict[str, Path], root: Path, c10: str, versioned: bool = True,
         info.mkdir(parents=True, exist_ok=True)
         (info / "RECORD").write_text("".join(f"{rel},sha256=x,1\n" for rel in members)
                                      + f"{dist}-1.0.dist-info/RECORD,,\n")
+    return root
+
+
+# ------------------------------------------------ what the process loads before an extension
+# A CUDA torch as the real one loads: libtorch_global_deps.so needs libcudart.so.13 (found by its
+# RUNPATH in nvidia/cu13/lib), so torch/__init__.py's _preload_cuda_deps loads nvrtc from there.
+TORCH_INIT = '''
+def _preload_cuda_deps(err=None):
+    cuda_libs: list[tuple[str, str]] = [
+        ("cuda_nvrtc", "libnvrtc.so.*[0-9]"),
+        ("cufile", "libcufile.so.*[0-9]"),
+    ]
+    for lib_folder, lib_name in cuda_libs:
+        _preload_cuda_lib(lib_folder, lib_name)
+    _preload_cuda_lib("nvtx", "libnvToolsExt.so.*[0-9]", required=False)
+'''
+TORCH_VERSION = "__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\n"
+NEEDS_NVRTC = "extern int nvrtcVersion(int*, int*);\nint PyInit__C(void) " \
+              "{ return nvrtcVersion(0, 0); }\n"
+# c10::cuda as libtorch_nvshmem.so uses it: named by torch/_C's closure, not by the object
+NEEDS_C10_CUDA = "extern int c10_cuda_device_count(void);\nint nvshm_entry(void) " \
+                 "{ return c10_cuda_device_count(); }\n"
+NEEDS_TVM = "extern int TVMFFIGetTypeInfo(int);\nint PyInit__C(void) " \
+            "{ return TVMFFIGetTypeInfo(0); }\n"
+# an undefined symbol no relocation names (GCC 13's ios_base_library_init marker): never looked up
+MARKER = '__asm__(".globl verl_env_marker_never_looked_up");\n' \
+         "int PyInit__C(void) { return 0; }\n"
+NEEDS_MISSING = "extern int libabsent_fn(void);\nint PyInit__C(void) { return libabsent_fn(); }\n"
+
+
+def build_loading(b: Path) -> dict[str, Path]:
+    """The objects of :func:`loading_site` (compiled once into ``b``)."""
+    o: dict[str, Path] = {}
+    o["cudart"] = _cc("gcc", "int cudaRuntimeGetVersion(int* v) { return 0; }\n",
+                      b / "cu13" / "libcudart.so.13", "-Wl,-soname,libcudart.so.13")
+    o["nvrtc"] = _cc("gcc", "int nvrtcVersion(int* a, int* b) { return 0; }\n",
+                     b / "cu13" / "libnvrtc.so.13", "-Wl,-soname,libnvrtc.so.13")
+    o["cufile"] = _cc("gcc", "int cuFileDriverOpen(void) { return 0; }\n",
+                      b / "cu13" / "libcufile.so.0", "-Wl,-soname,libcufile.so.0")
+    o["global_deps"] = _cc("gcc", "int torch_global_deps_marker(void) { return 0; }\n",
+                           b / "cuda" / "libtorch_global_deps.so", f"-L{b / 'cu13'}",
+                           "-Wl,--no-as-needed", "-l:libcudart.so.13",
+                           "-Wl,--enable-new-dtags,-rpath,$ORIGIN/../../nvidia/cu13/lib")
+    o["c10_cuda"] = _cc("gcc", "int c10_cuda_device_count(void) { return 1; }\n",
+                        b / "cuda" / "libc10_cuda.so", "-Wl,-soname,libc10_cuda.so")
+    o["nvshm"] = _cc("gcc", NEEDS_C10_CUDA, b / "cuda" / "libnvshm.so", "-Wl,-soname,libnvshm.so")
+    o["torch_C"] = _cc("gcc", "int PyInit__C(void) { return 0; }\n", b / "cuda" / "torch_C.so",
+                       f"-L{b / 'cuda'}", "-Wl,--no-as-needed", "-lc10_cuda", "-lnvshm",
+                       "-Wl,--enable-new-dtags,-rpath,$ORIGIN/lib")
+    o["needs_nvrtc"] = _cc("gcc", NEEDS_NVRTC, b / "ext" / "nvrtc_ext.so", f"-L{b / 'cu13'}",
+                           "-l:libnvrtc.so.13")
+    o["tvm"] = _cc("gcc", "int TVMFFIGetTypeInfo(int i) { return i; }\n",
+                   b / "tvm" / "libtvm_ffi.so", "-Wl,-soname,libtvm_ffi.so")
+    o["needs_tvm"] = _cc("gcc", NEEDS_TVM, b / "ext" / "bindings.so", f"-L{b / 'tvm'}",
+                         "-ltvm_ffi")
+    o["marker"] = _cc("gcc", MARKER, b / "ext" / "marker.so")
+    absent = _cc("gcc", "int libabsent_fn(void) { return 0; }\n", b / "absent" / "libabsent.so",
+                 "-Wl,-soname,libabsent.so.1")
+    o["needs_absent"] = _cc("gcc", NEEDS_MISSING, b / "ext" / "absent.so", str(absent))
+    o["plain"] = _cc("gcc", "int PyInit__C(void) { return 0; }\n", b / "ext" / "plain.so")
+    return o
+
+
+def loading_site(o: dict[str, Path], root: Path, members: dict[str, dict[str, str]],
+                 cuda: bool = True) -> Path:
+    """A site directory with a CUDA torch (``cuda``: its global deps need libcudart, so
+    torch preloads nvrtc) and ``members``: distribution -> {path in the site: object key}."""
+    tag = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    torch = {"torch/lib/libtorch_global_deps.so": "global_deps" if cuda else "plain",
+             "torch/lib/libc10_cuda.so": "c10_cuda", "torch/lib/libnvshm.so": "nvshm",
+             f"torch/_C{tag}": "torch_C"}
+    cu = {"nvidia/cu13/lib/libcudart.so.13": "cudart", "nvidia/cu13/lib/libnvrtc.so.13": "nvrtc",
+          "nvidia/cu13/lib/libcufile.so.0": "cufile"}
+    for dist, files in {"torch": torch, "nvidia-cu13": cu, **members}.items():
+        for rel, key in files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(o[key], root / rel)
+        info = root / f"{dist}-1.0.dist-info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "RECORD").write_text("".join(f"{rel},sha256=x,1\n" for rel in files)
+                                     + f"{dist}-1.0.dist-info/RECORD,,\n")
+    (root / "torch" / "__init__.py").write_text(TORCH_INIT)
+    (root / "torch" / "version.py").write_text(TORCH_VERSION)
     return root

@@ -20,7 +20,7 @@ import pytest
 from builder.selftest import abi, abimodel, ldsearch
 from builder.selftest.elfdyn import SEP, DynInfo, read_dynamic
 from builder.selftest.elfread import ElfHeader
-from builder.selftest.report import FAIL, PASS, SKIP, WARN
+from builder.selftest.report import FAIL, PASS, SKIP
 
 from . import abifixture as fx
 from . import elfbytes
@@ -184,15 +184,14 @@ def test_extension_built_against_another_torch_fails(objs: dict[str, Path],
 
 
 @needs_cc
-def test_a_gpu_familys_finding_is_advisory_and_says_so(objs: dict[str, Path],
-                                                      tmp_path: Path) -> None:
-    """On cuda and rocm the phase is not yet proven against a real stack: the same finding is a
-    warn naming why, never a pass (abi.ADVISORY, docs/selftest.md)."""
+def test_a_gpu_familys_finding_fails_too(objs: dict[str, Path], tmp_path: Path) -> None:
+    """The phase blocks on every family: on cuda and rocm the same finding fails, as on cpu
+    (it was advisory there until the real cuda-x86_64 stack passed: docs/abi-real-stack.md)."""
+    assert not hasattr(abi, "ADVISORY")
     for acc in ("cuda", "rocm"):
         c = phase(fx.site(objs, tmp_path / acc, "v2", versioned=False), acc)["abi.fakeext"]
-        assert c.status == WARN and c.required
-        assert c.reason.startswith(f"advisory on {acc} (the phase is not yet proven against "
-                                   f"a real {acc} stack, docs/selftest.md): fakeext: ")
+        assert c.status == FAIL and c.required
+        assert c.reason.startswith("fakeext: fakeext/_C.so: undefined symbol ")
 
 
 @needs_cc

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from builder.selftest.coverage import scan
-from builder.selftest import devcode, offload
+from builder.selftest import offload
 from builder.selftest.devcode import CudaImage, read_device_code
 from tests.support import wheels
 

@@ -1,0 +1,194 @@
+"""What the image's packages load themselves, which the ABI phase must know to judge a shared
+object as the process will meet it (stdlib only):
+
+* **torch's CUDA preloads.** ``import torch`` loads ``libtorch_global_deps.so``
+  (``RTLD_GLOBAL``); when that brought in ``libcudart``, ``_load_global_deps`` then
+  ``ctypes.CDLL``-s (``RTLD_LOCAL``) each library of ``_preload_cuda_deps``'s ``cuda_libs``
+  list, the first match of ``nvidia/<folder>/lib/<glob>``, ``nvidia/cu<major>/lib/<glob>`` or
+  ``<folder>/lib/<glob>`` along ``sys.path``, stopping at the first required one it cannot find
+  (torch 2.11: cuBLASLt, cuBLAS, cuDNN, NVRTC, …, cuFile, then nvToolsExt if present). An
+  extension naming ``libnvrtc.so.13`` without a search path gets that loaded copy. The list is
+  read from the image's own ``torch/__init__.py`` (``ast``), not copied here.
+* **Libraries a package loads before its extensions** (:data:`PACKAGE_LOADS`, each verified in
+  the real image by the package's own loader): ``import tvm_ffi`` loads
+  ``tvm_ffi/lib/libtvm_ffi.so`` ``RTLD_GLOBAL`` (``tvm_ffi/__init__.py``) before xgrammar's
+  bindings; CuTe DSL's ``cute.runtime.load_module`` loads ``libcute_dsl_runtime.so``
+  (``ctypes.CDLL``) before the module tokenspeed-mla ships.
+* **Alternatives** (:data:`ALTERNATIVES`): files of which a package loads one, chosen at run
+  time; only the one(s) this image takes must load, the others are named as not taken.
+* **Files for another interpreter**: ``X.cpython-313-x86_64-linux-gnu.so`` is never imported by
+  a Python 3.11 (its ``EXT_SUFFIX`` differs): not loadable here, reported, never checked.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import glob
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+PRELOAD_FUNCTION = "_preload_cuda_deps"
+PRELOAD_LIST = "cuda_libs"
+PRELOAD_ONE = "_preload_cuda_lib"
+
+
+def torch_preload_list(init_py: str) -> list[tuple[str, str, bool]]:
+    """(folder, glob, required) in the order torch preloads them, read from ``init_py``
+    (``torch/__init__.py``); [] when it has no such function (a CPU-only or older torch)."""
+    try:
+        with open(init_py, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    fn = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+               and n.name == PRELOAD_FUNCTION), None)
+    if fn is None:
+        return []
+    out: list[tuple[str, str, bool]] = []
+    for node in ast.walk(fn):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.List):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == PRELOAD_LIST for t in targets):
+                out += [(e.elts[0].value, e.elts[1].value, True) for e in node.value.elts
+                        if isinstance(e, ast.Tuple) and len(e.elts) == 2
+                        and all(isinstance(x, ast.Constant) and isinstance(x.value, str)
+                                for x in e.elts)]
+    for node in ast.walk(fn):  # the optional ones, called after the list's loop
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == PRELOAD_ONE and \
+                len(node.args) == 2 and all(isinstance(a, ast.Constant) for a in node.args):
+            required = next((bool(k.value.value) for k in node.keywords
+                             if k.arg == "required" and isinstance(k.value, ast.Constant)), True)
+            out.append((node.args[0].value, node.args[1].value, required))
+    return out
+
+
+def torch_cuda_major(torch_dir: str) -> str | None:
+    """The CUDA major torch was built for, from ``torch/version.py`` (not imported)."""
+    try:
+        with open(os.path.join(torch_dir, "version.py"), encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None
+    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"](\d+)\.", text, re.M)
+    return m.group(1) if m else None
+
+
+def torch_version(torch_dir: str) -> tuple[int, int] | None:
+    """torch's (major, minor) from ``torch/version.py``."""
+    try:
+        with open(os.path.join(torch_dir, "version.py"), encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None
+    m = re.search(r"^__version__\s*(?::[^=]*)?=\s*['\"](\d+)\.(\d+)", text, re.M)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def torch_preloads(torch_dir: str, search: list[str]) -> tuple[list[str], str | None]:
+    """The files torch's ``_preload_cuda_deps`` loads, in order, searching ``search`` (the
+    interpreter's ``sys.path``) as torch does; and the required one it stopped at, if any
+    (torch swallows that error: what came before it stays loaded)."""
+    major = torch_cuda_major(torch_dir)
+    out = []
+    for folder, pattern, required in torch_preload_list(os.path.join(torch_dir, "__init__.py")):
+        found = None
+        for path in search:
+            cands = sorted(glob.glob(os.path.join(path, "nvidia", folder, "lib", pattern)))
+            if major:
+                cands += sorted(glob.glob(os.path.join(path, "nvidia", f"cu{major}", "lib",
+                                                       pattern)))
+            cands += sorted(glob.glob(os.path.join(path, folder, "lib", pattern)))
+            if cands:
+                found = cands[0]
+                break
+        if found:
+            out.append(os.path.realpath(found))
+        elif required:
+            return out, pattern
+    return out, None
+
+
+# consumer glob (relative to its site directory) -> (library glob relative to a site directory,
+# loaded RTLD_GLOBAL) the package loads first, in order. Each was checked in the real
+# cuda-x86_64 image by the package's own loader (docs/abi-real-stack.md).
+PACKAGE_LOADS: dict[str, tuple[tuple[str, bool], ...]] = {
+    # xgrammar/base.py imports tvm_ffi, whose __init__ loads libtvm_ffi.so RTLD_GLOBAL
+    "xgrammar/*.so": (("tvm_ffi/lib/libtvm_ffi.so", True),),
+    # tokenspeed_mla/fmha_binary.py: cute.runtime.load_module(..., enable_tvm_ffi=True) imports
+    # tvm_ffi, CDLL-s the CuTe DSL runtime (find_runtime_libraries), then loads the module
+    "tokenspeed_mla/objs/*.so": (("tvm_ffi/lib/libtvm_ffi.so", True),
+                                 ("nvidia_cutlass_dsl/lib/libcute_dsl_runtime.so", False)),
+    # cuda-core's tensor bridge takes the AOTI C ABI from libtorch: cuda.core._memoryview
+    # (_get_tensor_bridge) CDLL-s torch._C RTLD_GLOBAL first (cuda/core/_include/aoti_shim.h)
+    "cuda/core/*/_tensor_bridge*.so": (("torch/_C.*.so", True),),
+}
+
+
+def package_loads(rel: str, roots: list[str]) -> list[tuple[str, bool]]:
+    """What the package of ``rel`` loads before it (realpaths that exist, global flag)."""
+    out = []
+    for pattern, loads in PACKAGE_LOADS.items():
+        if not fnmatch.fnmatchcase(rel, pattern):
+            continue
+        for lib, global_ in loads:
+            path = next((p for r in roots for p in sorted(glob.glob(os.path.join(r, lib)))
+                         if os.path.isfile(p)), None)
+            if path:
+                out.append((os.path.realpath(path), global_))
+    return out
+
+
+@dataclass(frozen=True)
+class Alternatives:
+    """Files of one package of which it loads one set at run time (``v``: the variant)."""
+
+    package: str
+    pattern: str  # regex on the path relative to the site directory, group ``v``
+    how: str  # how the package picks, for the report
+    # the variants this image takes (from torch's version); None: the first that loads
+    pick: Callable[[str | None], set[str]] | None = None
+
+
+def _torch_variant(torch_dir: str | None) -> set[str]:
+    ver = torch_version(torch_dir) if torch_dir else None
+    return {f"{ver[0]}{ver[1]}"} if ver else set()
+
+
+ALTERNATIVES = (
+    Alternatives("torchcodec", r"torchcodec/libtorchcodec_(?:core|custom_ops)(?P<v>\d+)\.so",
+                 "one per FFmpeg major version; torchcodec tries 9, 8, 7, 6, 5, 4 and keeps the "
+                 "first that loads (torchcodec/_internally_replaced_utils.py)"),
+    Alternatives("torch-c-dlpack-ext",
+                 r"torch_c_dlpack_ext/libtorch_c_dlpack_addon_torch(?P<v>\d+)-(?:cpu|cuda)\.so",
+                 "one per torch minor; torch_c_dlpack_ext/core.py loads the one for the "
+                 "installed torch and raises ImportError without one, which tvm_ffi catches",
+                 _torch_variant),
+    Alternatives("numba", r"numba/np/ufunc/(?P<v>tbbpool|omppool|workqueue)\.[^/]*so",
+                 "numba's threading layers; it takes the first that loads (tbb, omp, "
+                 "workqueue) unless NUMBA_THREADING_LAYER names one"),
+)
+
+
+def alternative(rel: str) -> tuple[Alternatives, str] | None:
+    """The alternatives entry ``rel`` belongs to and its variant."""
+    for alt in ALTERNATIVES:
+        m = re.fullmatch(alt.pattern, rel)
+        if m:
+            return alt, m.group("v")
+    return None
+
+
+_TAGGED = re.compile(r"\.(cpython-\d+[a-z]*-[^./]+)\.so$")
+
+
+def other_interpreter(name: str, soabi: str | None) -> str | None:
+    """The ABI tag of an extension module built for another CPython than ``soabi`` (this
+    interpreter's ``SOABI``, e.g. ``cpython-311-x86_64-linux-gnu``); None when it is this
+    interpreter's, ``abi3`` or untagged."""
+    m = _TAGGED.search(name)
+    if m is None or soabi is None or m.group(1) == soabi:
+        return None
+    return m.group(1)

@@ -1,0 +1,72 @@
+# Rendered by build-env for target cuda-x86_64-sglang (linux/amd64). Do not edit by hand:
+# change matrix.yaml and run `build-env render --target cuda-x86_64-sglang`.
+# matrix entry sha256:846a2549d49831ac73c3898537a057ee58c8b8ba20b7d236aa1e1fc55d34561d, lock sha256:b3f17dca637e3f9c17c1926b1c52ef58c059a748c975bb84f174fc0937204d83
+
+# ---------------------------------------------------------------------------- runtime image
+FROM nvidia/cuda:13.0.2-base-ubuntu24.04
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive \
+    PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1
+# System packages: the interpreter and the RDMA user-space NCCL needs (libibverbs/librdmacm);
+# without them NCCL silently falls back to sockets. Versions: those of the base image's suite
+# (the base is pinned by tag only: its suite moves with the tag; add its digest to the matrix).
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps \
+    && rm -rf /var/lib/apt/lists/*
+
+COPY layers/00-tools.txt /opt/verl-env/layers/
+RUN python3.12 -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt \
+    && /opt/venv/bin/python -m pip uninstall -y -q setuptools
+
+# torch: 29 packages
+COPY layers/10-torch.txt /opt/verl-env/layers/
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/10-torch.txt
+
+# engine: 160 packages
+COPY layers/20-engine.txt /opt/verl-env/layers/
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt
+
+# deps: 60 packages
+COPY layers/30-deps.txt /opt/verl-env/layers/
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
+
+# verl: 1 packages
+COPY layers/40-verl.txt /opt/verl-env/layers/
+RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt
+
+# The gate: the self-test that verify, apptainer exec and srun run inside this image.
+COPY selftest/ /opt/verl-env/verl_env_selftest/
+COPY manifest.json /opt/verl-env/manifest.json
+RUN echo /opt/verl-env > "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/verl-env.pth" \
+    && /opt/venv/bin/python -m compileall -q /opt/verl-env
+
+LABEL org.opencontainers.image.description="NVIDIA x86_64 with SGLang rollout (verl[sglang]), CUDA 13.0 wheels from the index" \
+      org.opencontainers.image.title="verl-env cuda-x86_64-sglang" \
+      org.verl-env.accelerator="cuda" \
+      org.verl-env.arch="x86_64" \
+      org.verl-env.base="nvidia/cuda:13.0.2-base-ubuntu24.04" \
+      org.verl-env.builder="0.1.0" \
+      org.verl-env.cuda="13.0" \
+      org.verl-env.dep-override.transformers="5.9.0 (sglang 0.5.12 pins transformers==5.6.0, which verl 0.9.1 excludes (!=5.6.0) while its sglang extra pins 5.9.0; verl's own lock forces 5.9.0 with a project-wide override, as this does)" \
+      org.verl-env.gpus="sm_80,sm_90,sm_100,sm_103,sm_120" \
+      org.verl-env.lock-hash="sha256:b3f17dca637e3f9c17c1926b1c52ef58c059a748c975bb84f174fc0937204d83" \
+      org.verl-env.matrix-hash="sha256:846a2549d49831ac73c3898537a057ee58c8b8ba20b7d236aa1e1fc55d34561d" \
+      org.verl-env.override="false" \
+      org.verl-env.pin.hydra-core="1.3.2" \
+      org.verl-env.pin.kernels="0.12.3" \
+      org.verl-env.pin.ray="2.60.0" \
+      org.verl-env.pin.sglang="0.5.12" \
+      org.verl-env.pin.sglang-kernel="0.4.2.post2" \
+      org.verl-env.pin.tensordict="0.10.0" \
+      org.verl-env.pin.torch="2.11.0" \
+      org.verl-env.pin.transformers="5.9.0" \
+      org.verl-env.pin.verl="0.9.1" \
+      org.verl-env.python="3.12" \
+      org.verl-env.target="cuda-x86_64-sglang"

@@ -1,0 +1,214 @@
+"""The ABI phase's model of what the process loads before an extension, each on objects
+compiled here (``abifixture.build_loading``) or on synthetic text, each found on the real
+cuda-x86_64 stack (docs/abi-real-stack.md): torch's CUDA preloads, the scope of the load that
+brought an object in, libraries a package loads itself first, alternatives a package chooses
+between, modules for another interpreter, undefined symbols no relocation names, and the
+matrix's reviewed ``abi_allow``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder.selftest import abi, abiload, abimodel
+from builder.selftest.report import FAIL, PASS
+
+from . import abifixture as fx
+
+needs_cc = pytest.mark.skipif(fx.compilers() is not None, reason=str(fx.compilers()))
+EXT = {"ext": {"ext/_C.so": "needs_nvrtc"}}
+
+
+@pytest.fixture(scope="module")
+def objs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    if fx.compilers():
+        pytest.skip(str(fx.compilers()))
+    return fx.build_loading(tmp_path_factory.mktemp("abi-loading"))
+
+
+def phase(root: Path, allow: dict[str, str] | None = None, accelerator: str = "cuda") -> dict:
+    run = abi.Run({"manifest": {"accelerator": accelerator, "abi_allow": allow or {}},
+                   "options": {}})
+    return {c.id: c for c in abi.check_abi(run, [str(root)])}
+
+
+# ---------------------------------------------------------------- torch's CUDA preloads
+
+
+def test_the_preload_list_is_read_from_torchs_own_source(tmp_path: Path) -> None:
+    init = tmp_path / "__init__.py"
+    init.write_text(fx.TORCH_INIT)
+    assert abiload.torch_preload_list(str(init)) == [
+        ("cuda_nvrtc", "libnvrtc.so.*[0-9]", True), ("cufile", "libcufile.so.*[0-9]", True),
+        ("nvtx", "libnvToolsExt.so.*[0-9]", False)]
+    (tmp_path / "version.py").write_text(fx.TORCH_VERSION)
+    assert abiload.torch_cuda_major(str(tmp_path)) == "13"
+    assert abiload.torch_version(str(tmp_path)) == (2, 11)
+    init.write_text("def other():\n    pass\n")
+    assert abiload.torch_preload_list(str(init)) == []
+
+
+def test_preloads_are_searched_as_torch_does_and_stop_at_a_missing_required_one(
+        tmp_path: Path) -> None:
+    torch = tmp_path / "site" / "torch"
+    torch.mkdir(parents=True)
+    (torch / "__init__.py").write_text(fx.TORCH_INIT)
+    (torch / "version.py").write_text(fx.TORCH_VERSION)
+    lib = tmp_path / "site" / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libnvrtc.so.13").write_bytes(b"x")
+    # nvrtc from nvidia/cu13/lib, then cufile is required and absent: torch stops there
+    assert abiload.torch_preloads(str(torch), [str(tmp_path / "site")]) == \
+        ([str(lib / "libnvrtc.so.13")], "libcufile.so.*[0-9]")
+    (lib / "libcufile.so.0").write_bytes(b"x")
+    assert abiload.torch_preloads(str(torch), [str(tmp_path / "site")]) == \
+        ([str(lib / "libnvrtc.so.13"), str(lib / "libcufile.so.0")], None)
+
+
+@needs_cc
+def test_an_extension_gets_the_nvrtc_torch_preloaded(objs: dict[str, Path],
+                                                     tmp_path: Path) -> None:
+    """vLLM's and torchcodec's extensions name libnvrtc.so.13 with no search path: the copy
+    torch preloaded from nvidia/cu13/lib (because its global deps brought in libcudart)."""
+    checks = phase(fx.loading_site(objs, tmp_path / "cuda", EXT))
+    assert checks["abi.ext"].status == PASS, checks["abi.ext"].reason
+    loader = checks["abi.scan"].value["loader"]
+    assert loader["torch_preloaded"] == ["libnvrtc.so.13", "libcufile.so.0"]
+    assert "with 2 CUDA libraries it preloads" in checks["abi.scan"].reason
+    # a torch whose global deps do not bring in libcudart preloads nothing
+    cpu = phase(fx.loading_site(objs, tmp_path / "cpu", EXT, cuda=False))
+    assert cpu["abi.ext"].status == FAIL
+    assert "ext/_C.so: needs libnvrtc.so.13, which the loader cannot find" in \
+        cpu["abi.ext"].reason
+
+
+@needs_cc
+def test_an_object_torch_loaded_is_judged_in_that_loads_scope(objs: dict[str, Path],
+                                                              tmp_path: Path) -> None:
+    """libtorch_nvshmem.so uses c10::cuda without naming libc10_cuda.so: torch._C's load
+    brings both in, so the loader bound it in that scope. The same object loaded alone fails."""
+    root = fx.loading_site(objs, tmp_path / "t", {"alone": {"alone/libnvshm.so": "nvshm"}})
+    checks = phase(root)
+    assert checks["abi.torch"].status == PASS, checks["abi.torch"].reason
+    assert checks["abi.alone"].status == FAIL
+    assert "alone/libnvshm.so: undefined symbol c10_cuda_device_count" in \
+        checks["abi.alone"].reason
+
+
+# ------------------------------------------------------------- what a package loads first
+
+
+@needs_cc
+def test_a_library_the_package_loads_first_is_in_scope(objs: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    """xgrammar's bindings name libtvm_ffi.so, which ``import tvm_ffi`` loads RTLD_GLOBAL
+    from its own wheel first (abiload.PACKAGE_LOADS); without tvm_ffi they fail."""
+    members = {"xgrammar": {"xgrammar/libxgrammar_bindings.so": "needs_tvm"},
+               "apache-tvm-ffi": {"tvm_ffi/lib/libtvm_ffi.so": "tvm"}}
+    assert phase(fx.loading_site(objs, tmp_path / "a", members))["abi.xgrammar"].status == PASS
+    del members["apache-tvm-ffi"]
+    c = phase(fx.loading_site(objs, tmp_path / "b", members))["abi.xgrammar"]
+    assert c.status == FAIL and "needs libtvm_ffi.so, which the loader cannot find" in c.reason
+    # the same object anywhere else gets no such help
+    other = {"other": {"other/libxgrammar_bindings.so": "needs_tvm"},
+             "apache-tvm-ffi": {"tvm_ffi/lib/libtvm_ffi.so": "tvm"}}
+    assert phase(fx.loading_site(objs, tmp_path / "c", other))["abi.other"].status == FAIL
+
+
+# ------------------------------------------------------------------------- alternatives
+
+
+@needs_cc
+def test_alternatives_pass_when_the_one_taken_loads(objs: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    """numba's threading layers: tbb needs a library the image lacks, workqueue loads:
+    numba takes workqueue, tbb is named as not taken, never failed."""
+    tag = "cpython-311-x86_64-linux-gnu"
+    members = {"numba": {f"numba/np/ufunc/tbbpool.{tag}.so": "needs_absent",
+                         f"numba/np/ufunc/workqueue.{tag}.so": "plain"}}
+    c = phase(fx.loading_site(objs, tmp_path / "a", members))["abi.numba"]
+    assert c.status == PASS, c.reason
+    assert f"tbbpool.{tag}.so: alternative not taken (numba's threading layers" in c.reason
+    assert "this image takes workqueue" in c.reason
+    assert list(c.value["not_taken"]) == [f"numba/np/ufunc/tbbpool.{tag}.so"]
+    # when none loads, every variant keeps its problems
+    members["numba"][f"numba/np/ufunc/workqueue.{tag}.so"] = "needs_absent"
+    c = phase(fx.loading_site(objs, tmp_path / "b", members))["abi.numba"]
+    assert c.status == FAIL and "needs libabsent.so.1" in c.reason
+
+
+@needs_cc
+def test_alternatives_picked_by_torch_version(objs: dict[str, Path], tmp_path: Path) -> None:
+    """torch_c_dlpack_ext ships an addon per torch minor: only the one for this torch (2.11)
+    is judged; those for other torch releases are not taken whatever they need."""
+    d = "torch_c_dlpack_ext/libtorch_c_dlpack_addon_torch"
+    members = {"torch_c_dlpack_ext": {f"{d}29-cuda.so": "needs_absent",
+                                      f"{d}211-cuda.so": "plain"}}
+    c = phase(fx.loading_site(objs, tmp_path / "a", members))["abi.torch-c-dlpack-ext"]
+    assert c.status == PASS and "this image takes 211" in c.reason, c.reason
+    members["torch_c_dlpack_ext"][f"{d}211-cuda.so"] = "needs_absent"
+    c = phase(fx.loading_site(objs, tmp_path / "b", members))["abi.torch-c-dlpack-ext"]
+    assert c.status == FAIL and "torch211-cuda.so: needs libabsent.so.1" in c.reason
+
+
+# ------------------------------------------------- another interpreter, unrelocated symbols
+
+
+@needs_cc
+def test_a_module_for_another_python_is_reported_not_checked(objs: dict[str, Path],
+                                                             tmp_path: Path) -> None:
+    members = {"ext": {"ext/_C.cpython-399-x86_64-linux-gnu.so": "needs_absent",
+                       "ext/_C.abi3.so": "plain"}}
+    checks = phase(fx.loading_site(objs, tmp_path, members))
+    scan = checks["abi.scan"]
+    assert scan.value["other_interpreter"] == ["ext/_C.cpython-399-x86_64-linux-gnu.so"]
+    assert "1 built for another Python, never imported by this one, not checked" in scan.reason
+    assert checks["abi.ext"].status == PASS and checks["abi.ext"].value["objects"] == 1
+    assert abiload.other_interpreter("_C.cpython-311-x86_64-linux-gnu.so",
+                                     "cpython-311-x86_64-linux-gnu") is None
+    assert abiload.other_interpreter("x.abi3.so", "cpython-311-x86_64-linux-gnu") is None
+
+
+@needs_cc
+def test_an_undefined_symbol_no_relocation_names_is_never_looked_up(
+        objs: dict[str, Path], tmp_path: Path) -> None:
+    """GCC 13 leaves ``.globl _ZSt21ios_base_library_initv`` undefined in every C++ object
+    it builds, with no relocation: the loader never looks it up, ``ldd -r`` does not report it;
+    an older libstdc++ (Debian bookworm's) does not define it and every such object loads."""
+    path = str(objs["marker"])
+    info = abimodel.read_dynamic(path)
+    assert info is not None and b"verl_env_marker_never_looked_up" in info.refs
+    checks = phase(fx.loading_site(objs, tmp_path, {"mk": {"mk/_C.so": "marker"}}))
+    assert checks["abi.mk"].status == PASS, checks["abi.mk"].reason
+    proc, _src = abi.make_process(sys.executable, [], {})
+    assert abimodel.unbound_alone(proc, os.path.realpath(path)) == (set(), [])
+
+
+# --------------------------------------------------------------------------- abi_allow
+
+
+@needs_cc
+def test_a_reviewed_allowance_names_the_object_and_why(objs: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    members = {"tc": {"tc/libheic.so": "needs_absent", "tc/libother.so": "needs_absent"}}
+    root = fx.loading_site(objs, tmp_path, members)
+    why = "HEIC decoding needs the system libheif, which the image does not ship"
+    c = phase(root, {"tc/libheic.so": why})["abi.tc"]
+    assert c.status == FAIL  # the other object is not allowed
+    assert "(allowed) tc/libheic.so: needs libabsent.so.1, which the loader cannot find " \
+           f"(+1 more) (matrix abi_allow: {why})" in c.reason
+    assert c.reason.startswith("tc: tc/libother.so: needs libabsent.so.1")
+    ok = phase(root, {"tc/lib*.so": why})["abi.tc"]
+    assert ok.status == PASS and ok.reason.count("(allowed)") == 2
+    assert set(ok.value["allowed"]) == {"tc/libheic.so", "tc/libother.so"}
+    assert ok.value["problems"] == []
+
+
+def test_nothing_is_allowed_without_a_problem() -> None:
+    r = abi.ObjectResult("x", "x/a.so")
+    assert abi.allowance("x/a.so", {"x/*.so": "a reason long enough"}) == "a reason long enough"
+    assert abi.decide_dist("x", [r]).status == PASS and "(allowed)" not in \
+        abi.decide_dist("x", [r]).reason
