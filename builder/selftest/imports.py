@@ -5,7 +5,9 @@ imported explicitly (vLLM's ``_C``: ``import vllm`` only warns when it fails to 
 A compiled GPU extension links the driver's user-space library (``libcuda.so.1``, ROCm's
 ``libamdhip64``/``libhsa-runtime64``), which exists only where a driver is installed. On a build
 host without GPUs that import cannot run: it is reported as ``skip`` with the reason (required
-only when GPUs are expected), never as a pass.
+only when GPUs are expected), never as a pass. The same holds for a package whose top-level
+import loads such an extension (``import sgl_kernel`` loads ``libcuda.so.1``): the manifest's
+imports go through :func:`decide_extension` too.
 """
 
 from __future__ import annotations
@@ -91,16 +93,21 @@ def plan(run: Run) -> list[Step]:
     """One step per manifest import, plus the extra compiled modules."""
     steps: list[Step] = []
     failed: set[str] = set()
+    driverless: set[str] = set()  # skipped at the driver boundary (no GPU expected)
     for dist, module in sorted(run.manifest.get("imports", {}).items()):
 
         def main(r: Run, dist: str = dist, module: str = module) -> Check:
             mod, err = try_import(module)
-            if err is not None:
-                failed.add(dist)
             version = module_version(dist, mod) if mod is not None else None
             if version:
                 r.fact(f"versions.{dist}", version)
-            return decide_import(f"imports.{dist}", module, err, version)
+            # a package whose top-level import loads its GPU extension (``import sgl_kernel``
+            # needs libcuda.so.1) stops at the same driver boundary as an extension does
+            check = decide_extension(f"imports.{dist}", module, err, version,
+                                     r.expect.expected)
+            if err is not None:
+                (driverless if check.status == "skip" else failed).add(dist)
+            return check
 
         steps.append(Step((f"imports.{dist}",), main))
         for candidates in EXTRA_MODULES.get(dist, ()):
@@ -110,6 +117,9 @@ def plan(run: Run) -> list[Step]:
                     cid: str = cid) -> Check:
                 if dist in failed:
                     return skip(cid, PHASE, f"not tried: import of {dist} failed", required=True)
+                if dist in driverless:
+                    return skip(cid, PHASE, f"not tried: import of {dist} needs the GPU "
+                                "driver, absent on this host (no GPU expected)", required=False)
                 extra = first_existing(candidates)
                 mod, err = try_import(extra)
                 return decide_extension(cid, extra, err, None if err else

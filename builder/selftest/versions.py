@@ -1,6 +1,8 @@
 """Versions: the manifest's pins and provided packages against what is installed, verl's own
 declared requirements (``importlib.metadata.requires('verl')``, evaluated with the image's
-``packaging``), Ray >= 2.40, and torch's build against the target's accelerator."""
+``packaging``), Ray >= 2.40, and torch's build against the target's accelerator. A manifest
+with reviewed dependency ``overrides`` adds ``versions.requires`` (:mod:`.requires`): every
+installed distribution's requirements hold, the overrides the only accepted exceptions."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import re
 from typing import Any, Callable, Iterable
 
+from . import requires
 from .manifest import declared, pin_matches
 from .phase import Run, Step, skip
 from .report import FAIL, PASS, WARN, Check, threshold
@@ -76,7 +79,8 @@ def decide_base_files(name: str, expected: dict[str, Any], inspected: bool,
     """A provided distribution's files must be the base's: the same dist-info location and the
     same RECORD (the list of its files with their hashes) as the probe of the base recorded;
     anything moved, reinstalled or shadowing it fails. The files themselves are not re-hashed
-    against the RECORD (a file edited in place keeps the RECORD). A declared base (not inspected) cannot pass: required skip."""
+    against the RECORD (a file edited in place keeps the RECORD). A declared base (not
+    inspected) cannot pass: required skip."""
     cid = f"versions.base_files.{name}"
     if not inspected or not expected.get("path"):
         return skip(cid, PHASE, "declared base, not yet inspected: run `build-env lock --probe` "
@@ -203,7 +207,8 @@ def torch_build_info() -> dict[str, str | None]:
 
 
 def plan(run: Run) -> list[Step]:
-    """Pins, provided packages, verl's requirements, Ray minimum, torch build."""
+    """Pins, provided packages, verl's requirements, every requirement under reviewed overrides,
+    Ray minimum, torch build."""
     m = run.manifest
     parts = packaging_parts()
     parse = parts[1] if parts else None
@@ -236,6 +241,8 @@ def plan(run: Run) -> list[Step]:
             return decide_verl_requires(v, True, applied, bad)
 
         steps.append(Step(("versions.verl_requires",), verl_step))
+    if m.get("overrides"):
+        steps.append(Step((requires.CHECK_ID,), lambda r: requires.check(r.manifest)))
     if declared(m, "ray"):
         steps.append(Step(("versions.ray_min",),
                           lambda r: decide_ray_min(installed_version("ray"))))

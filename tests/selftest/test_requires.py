@@ -59,3 +59,36 @@ def test_the_override_must_be_what_is_installed(tmp_path: Path) -> None:
     assert c.status == "fail"
     assert "the reviewed override transformers==5.9.0 is not what is installed (5.8.0)" in c.reason
     assert "sglang 0.5.12 requires transformers==5.6.0, 5.8.0 installed" in c.reason
+
+
+def _versions_checks(manifest: dict, site: Path, monkeypatch) -> dict:
+    from builder.selftest import versions
+    from builder.selftest.phase import Run
+
+    # the versions phase reads this interpreter's distributions: point it at the test site
+    real = requires.installed_dists
+    monkeypatch.setattr(requires, "installed_dists", lambda path=None: real([str(site)]))
+    run = Run(ctx={"manifest": manifest})
+    return {s.id: (lambda s=s: s.fn(run)) for s in versions.plan(run)}
+
+
+def test_the_versions_phase_runs_the_check_when_the_manifest_has_overrides(
+        tmp_path: Path, monkeypatch) -> None:
+    steps = _versions_checks({"overrides": OVERRIDE, "pins": {}}, _site(tmp_path), monkeypatch)
+    assert "versions.requires" in steps
+    c = steps["versions.requires"]()
+    assert c.status == "pass" and "replaced by the reviewed override" in c.reason
+
+
+def test_the_versions_phase_fails_an_unmet_requirement_beside_the_override(
+        tmp_path: Path, monkeypatch) -> None:
+    site = _site(tmp_path, extra=("torch>=2.12",))
+    steps = _versions_checks({"overrides": OVERRIDE, "pins": {}}, site, monkeypatch)
+    c = steps["versions.requires"]()
+    assert c.status == "fail" and "sglang 0.5.12 requires torch>=2.12" in c.reason
+
+
+def test_without_overrides_the_versions_phase_has_no_requires_check(
+        tmp_path: Path, monkeypatch) -> None:
+    assert "versions.requires" not in _versions_checks({"pins": {}}, _site(tmp_path),
+                                                       monkeypatch)
