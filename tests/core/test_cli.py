@@ -37,7 +37,8 @@ def test_list_table_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path,
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == "verl-env/list/v1"
     data = doc["targets"]
-    assert set(data) == {"cuda-x86_64", "cuda-arm64", "rocm-mi300"}
+    assert set(data) == {"cuda-x86_64", "cuda-arm64", "rocm-mi300", "cuda-x86_64-sglang",
+                         "cuda-x86_64-megatron", "cuda-arm64-megatron"}
     assert data["rocm-mi300"]["provided"] == {"torch": "2.9.1.dev20251204+rocm7.0.2",
                                               "vllm": "0.20.2rc1"}
     assert data["rocm-mi300"]["base_status"] == "declared, not yet verified"
@@ -124,7 +125,8 @@ def test_build_print_is_the_plan_without_an_engine(
 
     assert main(["build", "--matrix", MATRIX, "--all", "--print"]) == 0
     plans = json.loads(capsys.readouterr().out)
-    assert set(plans) == {"cuda-x86_64", "cuda-arm64", "rocm-mi300"}
+    assert set(plans) == {"cuda-x86_64", "cuda-arm64", "rocm-mi300", "cuda-x86_64-sglang",
+                          "cuda-x86_64-megatron", "cuda-arm64-megatron"}
     assert all(p["schema"] == "verl-env/build-plan/v1" for p in plans.values())
     # a declared vendor base: the run inspects it first (with the engine) and stops there
     assert plans["rocm-mi300"]["base"]["inspect_first"] is True

@@ -167,4 +167,4 @@ def test_repository_matrix_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["check", "--matrix", str(REPO / "matrix.yaml")])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert out.count(": ok") == 3
+    assert out.count(": ok") == 6

@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-arm64 (linux/arm64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-arm64`.
-# matrix entry sha256:9d1b413ce5ec51e12a54e4c4ed9d09e2f96cb43d8784411f35c5bb75be3ec7d8, lock sha256:36ebbeecfddf266444cbb7bfaac768db1e2267c5043333f54038f2e5c0d3af4e
+# matrix entry sha256:4e2052f0d3fd46c45c89c18a26523a103afe2ce5c23bd8b80cb4b268586e84c8, lock sha256:36ebbeecfddf266444cbb7bfaac768db1e2267c5043333f54038f2e5c0d3af4e
 
 # ---------------------------------------------------------------------------- source builds
 # Built in their own stage (compilers stay here); the final stage mounts only the wheels. Only
@@ -119,7 +119,7 @@ LABEL org.opencontainers.image.description="NVIDIA Grace (GH200/GB200), aarch64,
       org.verl-env.cuda="13.0" \
       org.verl-env.gpus="sm_90,sm_100,sm_103" \
       org.verl-env.lock-hash="sha256:36ebbeecfddf266444cbb7bfaac768db1e2267c5043333f54038f2e5c0d3af4e" \
-      org.verl-env.matrix-hash="sha256:9d1b413ce5ec51e12a54e4c4ed9d09e2f96cb43d8784411f35c5bb75be3ec7d8" \
+      org.verl-env.matrix-hash="sha256:4e2052f0d3fd46c45c89c18a26523a103afe2ce5c23bd8b80cb4b268586e84c8" \
       org.verl-env.override="false" \
       org.verl-env.pin.flash-attn="2.8.3 (source)" \
       org.verl-env.pin.hydra-core="1.3.2" \

@@ -28,7 +28,10 @@ class Dockerd:
     bridge: str = ""
     data_root: Path | None = None  # None: root/data; else a path the caller owns (a test fs)
 
-    def stop(self) -> None:
+    def stop(self, *, keep_data: bool = False) -> None:
+        """Stop the daemon and remove its directories; ``keep_data``: leave a caller-owned
+        ``data_root`` (its images and build cache) for a later daemon, e.g. an acceptance image
+        another step reads."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -43,7 +46,7 @@ class Dockerd:
         for m in sorted(mounts, reverse=True):
             subprocess.run(["umount", "-l", m], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
-        if self.data_root is not None:
+        if self.data_root is not None and not keep_data:
             shutil.rmtree(self.data_root, ignore_errors=True)
         if self.bridge:
             subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
