@@ -14,13 +14,16 @@ grep -q "sha256:$sha" "$repo/locks/cuda-x86_64-megatron.txt" || {
     echo "error: $name: sha256 $sha is not in locks/cuda-x86_64-megatron.txt" >&2; exit 2; }
 mkdir -p "$out/w"
 cp "$wheel" "$out/w/"
-echo "nvidia-cublas==${name#nvidia_cublas-} --hash=sha256:$sha" | sed 's/-py3[^ ]*//' > "$out/w/req.txt"
-docker run --name megatron-derive --network none -v "$out/w:/w:ro" --entrypoint /bin/sh "$image" \
-    -c '/opt/venv/bin/python -m pip install --no-deps --no-index --require-hashes --find-links /w -r /w/req.txt'
+version=${name#nvidia_cublas-}
+echo "nvidia-cublas==${version%%-py3*} --hash=sha256:$sha" > "$out/w/req.txt"
+docker run --name megatron-derive --network none -v "$out/w:/w:ro" \
+    --entrypoint /opt/venv/bin/python \
+    "$image" -m pip install --no-deps --no-index --require-hashes --find-links /w -r /w/req.txt
 docker commit megatron-derive "$derived" >/dev/null
 docker rm megatron-derive >/dev/null
 # the image's manifest, with the current matrix's abi_allow and overrides of the target
-docker run --rm --network none --entrypoint cat "$image" /opt/verl-env/manifest.json > "$out/image-manifest.json"
+docker run --rm --network none --entrypoint cat "$image" /opt/verl-env/manifest.json \
+    > "$out/image-manifest.json"
 python3 - "$repo/matrix.yaml" "$out/image-manifest.json" "$out/manifest.json" <<'PY'
 import json, sys, yaml
 m = json.load(open(sys.argv[2]))
@@ -34,9 +37,10 @@ for img in "$image" "$derived"; do
     tag=${img##*:}
     docker run --rm --network none -v "$repo/builder/selftest:/opt/verl-env/verl_env_selftest:ro" \
         -v "$out:/r" --entrypoint /opt/venv/bin/python "$img" -c \
-        "import sys; sys.path.insert(0, '/opt/verl-env'); from verl_env_selftest.cli import main; sys.exit(main())" \
+        "import sys; sys.path.insert(0, '/opt/verl-env'); from verl_env_selftest.cli import main
+sys.exit(main())" \
         --manifest /r/manifest.json --json "/r/report-$tag.json" > "$out/selftest-$tag.txt" 2>&1 \
         && echo "$tag: self-test pass" || echo "$tag: self-test rc=$?"
-    docker run --rm --network none -v "$repo/scripts:/x:ro" --entrypoint /opt/venv/bin/python "$img" \
-        /x/te-core-dlopen.py || true
+    docker run --rm --network none -v "$repo/scripts:/x:ro" --entrypoint /opt/venv/bin/python \
+        "$img" /x/te-core-dlopen.py || true
 done
