@@ -13,7 +13,12 @@ object as the process will meet it (stdlib only):
   the real image by the package's own loader): ``import tvm_ffi`` loads
   ``tvm_ffi/lib/libtvm_ffi.so`` ``RTLD_GLOBAL`` (``tvm_ffi/__init__.py``) before xgrammar's
   bindings; CuTe DSL's ``cute.runtime.load_module`` loads ``libcute_dsl_runtime.so``
-  (``ctypes.CDLL``) before the module tokenspeed-mla ships.
+  (``ctypes.CDLL``) before the module tokenspeed-mla ships; ``import transformer_engine``
+  (``transformer_engine/common/__init__.py``) loads, each ``RTLD_GLOBAL``, every cuDNN
+  library, NVRTC, cuRAND, cuBLAS(Lt) and the CUDA runtime from the nvidia wheels, then its core
+  ``libtransformer_engine.so``, before its torch extension (whose ``nvte_*`` symbols the core
+  library defines). A load names globs tried in order, as TE's loader does; every file of the
+  first that matches is loaded.
 * **Alternatives** (:data:`ALTERNATIVES`): files of which a package loads one, chosen at run
   time; only the one(s) this image takes must load, the others are named as not taken.
 * **Files for another interpreter**: ``X.cpython-313-x86_64-linux-gnu.so`` is never imported by
@@ -111,10 +116,31 @@ def torch_preloads(torch_dir: str, search: list[str]) -> tuple[list[str], str | 
     return out, None
 
 
+# TransformerEngine 2.19's loader (transformer_engine/common/__init__.py): for each CUDA library,
+# the first of these layouts under <purelib>/nvidia that has one, every file of it
+# (``_load_cuda_library_from_python``: cu13/NAME/lib/lib*, cu13/lib/libNAME*,
+# NAME/lib/lib*, cuda_NAME/lib/lib*; TE hard-codes its CUDA major, read here as cu<N>).
+# A toolkit under CUDA_HOME or /usr/local/cuda would be taken first for cuDNN, NVRTC and cuRAND;
+# the images ship none.
+def _te_cuda(name: str) -> tuple[str, ...]:
+    so = ".so.*[0-9]"
+    return (f"nvidia/cu[0-9]*/{name}/lib/lib*{so}", f"nvidia/cu[0-9]*/lib/lib{name}*{so}",
+            f"nvidia/{name}/lib/lib*{so}", f"nvidia/cuda_{name}/lib/lib*{so}")
+
+
+# cudnn, nvrtc, curand (_load_cuda_library); then, without a toolkit's nvrtc and curand, cublas,
+# cudart and cudnn again (strict); then the core library, RTLD_GLOBAL | RTLD_LAZY.
+TE_CORE = "transformer_engine/wheel_lib/libtransformer_engine.so"
+TE_CUDA_LOADS: tuple[tuple[tuple[str, ...], bool], ...] = tuple(
+    (_te_cuda(n), True) for n in ("cudnn", "nvrtc", "curand", "cublas", "cudart"))
+
+Load = tuple[str | tuple[str, ...], bool]
+
 # consumer glob (relative to its site directory) -> (library glob relative to a site directory,
-# loaded RTLD_GLOBAL) the package loads first, in order. Each was checked in the real
-# cuda-x86_64 image by the package's own loader (docs/abi-real-stack.md).
-PACKAGE_LOADS: dict[str, tuple[tuple[str, bool], ...]] = {
+# or globs tried in order; loaded RTLD_GLOBAL) the package loads first, in order. Each was
+# checked in the real image by the package's own loader (docs/abi-real-stack.md,
+# docs/megatron.md).
+PACKAGE_LOADS: dict[str, tuple[Load, ...]] = {
     # xgrammar/base.py imports tvm_ffi, whose __init__ loads libtvm_ffi.so RTLD_GLOBAL
     "xgrammar/*.so": (("tvm_ffi/lib/libtvm_ffi.so", True),),
     # tokenspeed_mla/fmha_binary.py: cute.runtime.load_module(..., enable_tvm_ffi=True) imports
@@ -124,7 +150,22 @@ PACKAGE_LOADS: dict[str, tuple[tuple[str, bool], ...]] = {
     # cuda-core's tensor bridge takes the AOTI C ABI from libtorch: cuda.core._memoryview
     # (_get_tensor_bridge) CDLL-s torch._C RTLD_GLOBAL first (cuda/core/_include/aoti_shim.h)
     "cuda/core/*/_tensor_bridge*.so": (("torch/_C.*.so", True),),
+    # TransformerEngine: its core library after the CUDA libraries its loader opens; its torch
+    # extension (load_framework_extension) after both
+    TE_CORE: TE_CUDA_LOADS,
+    "transformer_engine/wheel_lib/transformer_engine_torch*.so": (*TE_CUDA_LOADS,
+                                                                   (TE_CORE, True)),
 }
+
+
+def _first_match(lib: str | tuple[str, ...], roots: list[str]) -> list[str]:
+    """Every file of the first glob (of ``lib``'s, in order) that matches under a root."""
+    for pattern in (lib,) if isinstance(lib, str) else lib:
+        for r in roots:
+            found = [p for p in sorted(glob.glob(os.path.join(r, pattern))) if os.path.isfile(p)]
+            if found:
+                return found
+    return []
 
 
 def package_loads(rel: str, roots: list[str]) -> list[tuple[str, bool]]:
@@ -134,10 +175,10 @@ def package_loads(rel: str, roots: list[str]) -> list[tuple[str, bool]]:
         if not fnmatch.fnmatchcase(rel, pattern):
             continue
         for lib, global_ in loads:
-            path = next((p for r in roots for p in sorted(glob.glob(os.path.join(r, lib)))
-                         if os.path.isfile(p)), None)
-            if path:
-                out.append((os.path.realpath(path), global_))
+            for path in _first_match(lib, roots):
+                real = os.path.realpath(path)
+                if (real, global_) not in out:
+                    out.append((real, global_))
     return out
 
 

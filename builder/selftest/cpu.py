@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import platform
 import struct
+import sys
 
 from .manifest import declared
 from .phase import Run, Step, rank_timeout
@@ -83,6 +85,31 @@ def _module_of(rel: str) -> str:
     return ".".join(parts)
 
 
+def _loaded_as(path: str) -> str | None:
+    """The name under which ``sys.modules`` already holds the file ``path`` (None if none)."""
+    real = os.path.realpath(path)
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str) and os.path.realpath(file) == real:
+            return name
+    return None
+
+
+def import_compiled(mod: str, path: str) -> str:
+    """Import the compiled module ``mod`` (file ``path``) once: its package first (whose
+    loader may load the very file under another name, as TransformerEngine's does with
+    ``transformer_engine_torch``), then the module only if no name holds that file yet: a
+    pybind11 module imported twice under two names fails ("DType is already registered").
+    Returns the name it is loaded under."""
+    if "." in mod:
+        importlib.import_module(mod.rsplit(".", 1)[0])
+    held = _loaded_as(path)
+    if held is not None:
+        return held
+    importlib.import_module(mod)
+    return mod
+
+
 def decide_source_build(name: str, arch: str | None, modules: dict[str, int | None],
                         errors: list[str], smoke: object, smoke_error: str | None,
                         version: str | None) -> Check:
@@ -132,8 +159,9 @@ def source_build_step(name: str) -> "Step":
                 continue
             mod = _module_of(rel)
             try:
-                modules[mod] = elf_machine(str(dist.locate_file(f)))
-                importlib.import_module(mod)
+                path = str(dist.locate_file(f))
+                modules[mod] = elf_machine(path)
+                import_compiled(mod, path)
             except BaseException as e:  # noqa: BLE001
                 errors.append(f"import {mod} failed: {type(e).__name__}: {e}")
         smoke, smoke_error = None, None
