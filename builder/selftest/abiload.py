@@ -150,6 +150,15 @@ PACKAGE_LOADS: dict[str, tuple[Load, ...]] = {
     # cuda-core's tensor bridge takes the AOTI C ABI from libtorch: cuda.core._memoryview
     # (_get_tensor_bridge) CDLL-s torch._C RTLD_GLOBAL first (cuda/core/_include/aoti_shim.h)
     "cuda/core/*/_tensor_bridge*.so": (("torch/_C.*.so", True),),
+    # sgl-deep-gemm: deep_gemm/__init__.py imports tvm_ffi (libtvm_ffi.so RTLD_GLOBAL) before
+    # its _C module (checked by dlopen in the real cuda-x86_64-sglang image:
+    # docs/acceptance-sglang.md)
+    "deep_gemm/_C*.so": (("tvm_ffi/lib/libtvm_ffi.so", True),),
+    # scipy's auditwheel-vendored libgfortran has no RUNPATH: it is only ever loaded as a
+    # dependency of scipy's Fortran extensions (interpolate/_fitpack, linalg/_fblas ...), whose
+    # RPATH reaches scipy.libs/ and brings its sibling libquadmath into the same load (each of
+    # them dlopen-s in the real image: docs/acceptance-sglang.md)
+    "scipy.libs/libgfortran-*.so*": (("scipy.libs/libquadmath-*.so*", False),),
     # TransformerEngine: its core library after the CUDA libraries its loader opens; its torch
     # extension (load_framework_extension) after both
     TE_CORE: TE_CUDA_LOADS,

@@ -118,6 +118,25 @@ def test_a_library_the_package_loads_first_is_in_scope(objs: dict[str, Path],
     assert phase(fx.loading_site(objs, tmp_path / "c", other))["abi.other"].status == FAIL
 
 
+def test_sglangs_package_loads_deep_gemm_and_scipys_vendored_gfortran(objs: dict[str, Path],
+                                                                    tmp_path: Path) -> None:
+    """Found on the real cuda-x86_64-sglang image: deep_gemm's _C after ``import tvm_ffi``, and
+    scipy's vendored libgfortran (no RUNPATH) in the load of its sibling libquadmath."""
+    members = {"sgl_deep_gemm": {"deep_gemm/_C.so": "needs_tvm"},
+               "apache-tvm-ffi": {"tvm_ffi/lib/libtvm_ffi.so": "tvm"}}
+    assert phase(fx.loading_site(objs, tmp_path / "a", members))["abi.sgl-deep-gemm"].status \
+        == PASS
+    del members["apache-tvm-ffi"]
+    assert phase(fx.loading_site(objs, tmp_path / "b", members))["abi.sgl-deep-gemm"].status \
+        == FAIL
+    # libquadmath stands in as the object whose soname the vendored library needs
+    scipy = {"scipy": {"scipy.libs/libgfortran-8f1e9814.so.5.0.0": "needs_tvm",
+                       "scipy.libs/libquadmath-828275a7.so.0.0.0": "tvm"}}
+    assert phase(fx.loading_site(objs, tmp_path / "c", scipy))["abi.scipy"].status == PASS
+    alone = {"scipy": {"scipy.libs/libgfortran-8f1e9814.so.5.0.0": "needs_tvm"}}
+    assert phase(fx.loading_site(objs, tmp_path / "d", alone))["abi.scipy"].status == FAIL
+
+
 # ------------------------------------------------------------------------- alternatives
 
 
