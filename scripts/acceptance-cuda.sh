@@ -24,24 +24,5 @@ build-env --target cuda-x86_64 --base-image "$base" --set python=3.11 \
 status=$?
 set -e
 end=$(date +%s)
-python3 - "$out" "$status" "$((end - start))" <<'PY'
-import json, sys, docker
-out, status, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-report = json.load(open("build/acceptance/report.json"))
-size = None
-if report.get("image_id"):
-    try:
-        size = docker.from_env().images.get(report["image_id"]).attrs["Size"]
-    except docker.errors.ImageNotFound:
-        pass
-checks = (report.get("verification") or {}).get("checks", [])
-summary = {
-    "target": report["target"], "exit_code": status, "result": report["result"],
-    "wall_seconds": seconds, "stages": report["stages"], "image_size_bytes": size,
-    "tags": report["tags"], "pins": report["pins"],
-    "checks": {c["id"]: {"status": c["status"], "reason": c.get("reason")} for c in checks},
-}
-json.dump(summary, open(out, "w"), indent=2, sort_keys=True)
-print(json.dumps({k: summary[k] for k in ("result", "wall_seconds", "image_size_bytes")}))
-PY
+scripts/acceptance-summary.py "$out" "$status" "$((end - start))" build/acceptance/report.json
 exit "$status"

@@ -47,33 +47,7 @@ build-env --target cuda-x86_64-megatron --base-image "$base" --set python=3.11 \
 status=$?
 set -e
 end=$(date +%s)
-python3 - "$out" "$status" "$((end - start))" "$work" "$gpus" <<'PY'
-import json, os, sys, docker
-out, status, seconds, work, gpus = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:]
-report = json.load(open(f"{work}/report.json"))
-render = report["stages"].get("render") or {}
-if render.get("context"):  # the repository-relative path, not this machine's checkout
-    render["context"] = os.path.relpath(render["context"])
-size = None
-if report.get("image_id"):
-    try:
-        size = docker.from_env().images.get(report["image_id"]).attrs["Size"]
-    except docker.errors.ImageNotFound:
-        pass
-checks = (report.get("verification") or {}).get("checks", [])
-steps = (report.get("stages", {}).get("build") or {}).get("step_times", [])
-te = [s for s in steps if s.get("stage") == "source-transformer-engine-torch"
-      and str(s.get("instruction", "")).startswith("RUN")]
-summary = {
-    "target": report["target"], "exit_code": status, "result": report["result"],
-    "wall_seconds": seconds, "stages": report["stages"], "image_size_bytes": size,
-    "tags": report["tags"], "pins": report["pins"], "gpus": gpus.split(","),
-    "moved_for_python_3_11": {"megatron-core": report["pins"].get("megatron-core")},
-    "transformer_engine_torch_build_seconds": sum(s.get("seconds") or 0 for s in te) or None,
-    "checks": {c["id"]: {"status": c["status"], "reason": c.get("reason")} for c in checks},
-}
-json.dump(summary, open(out, "w"), indent=2, sort_keys=True)
-print(json.dumps({k: summary[k] for k in ("result", "wall_seconds", "image_size_bytes",
-                                         "transformer_engine_torch_build_seconds")}))
-PY
+scripts/acceptance-summary.py "$out" "$status" "$((end - start))" "$work/report.json" \
+  --stage-seconds transformer_engine_torch_build_seconds=source-transformer-engine-torch \
+  --field gpus="[\"${gpus//,/\",\"}\"]" --pin moved_for_python_3_11=megatron-core
 exit "$status"
