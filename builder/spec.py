@@ -630,51 +630,55 @@ def _strings(ctx: _Ctx, t: dict[str, Any], key: str) -> None:
         ctx.checked(grammar.plain, t["description"], f"{key}.description")
 
 
+@dataclass(frozen=True)
+class _Allowance:
+    """What one kind of reviewed gate exception covers, in its error messages."""
+    globs: str    # "library globs"
+    each: str     # what each listed glob may do: "may lack code for a declared GPU"
+    objects: str  # what a glob must name: "libraries"
+    reason: str   # what the reason must say
+
+
+_COVERAGE = _Allowance("library globs", "may lack code for a declared GPU", "libraries",
+                       "why this library may lack code for a declared GPU")
+_ABI = _Allowance("shared-object globs", "may not load in the image", "shared objects",
+                  "what the object needs that the image lacks, and what is lost")
+
+
 def _coverage_allow(ctx: _Ctx, accel: str, value: Any, key: str, name: str
                     ) -> tuple[tuple[str, str], ...]:
     """``coverage_allow: {GLOB: REASON}``: every exception names the libraries it covers and
     says why; only for families with GPUs."""
-    if value is None:
-        return ()
-    if FAMILIES[accel].gpu_pattern is None:
+    if value is not None and FAMILIES[accel].gpu_pattern is None:
         raise ctx.error(key, f"a {accel} target has no device code to allow", name)
-    if not isinstance(value, dict) or not value:
-        raise ctx.error(key, "expected a mapping of library globs to the reason each may lack "
-                             "code for a declared GPU", name)
-    out = []
-    for glob, why in value.items():
-        if not isinstance(glob, str) or not glob.strip() or glob.strip("*/. ") == "":
-            raise ctx.error(f"{key}.{glob}", "a glob must name libraries (not match everything)",
-                            name)
-        ctx.checked(grammar.path, glob, f"{key}.{glob}")
-        if isinstance(why, str):
-            ctx.checked(grammar.plain, why, f"{key}.{glob}")
-        if not isinstance(why, str) or len(why.strip()) < 10:
-            raise ctx.error(f"{key}.{glob}", "give the reason in words (why this library may "
-                                             "lack code for a declared GPU)", name)
-        out.append((glob, why.strip()))
-    return tuple(sorted(out))
+    return _allowances(ctx, value, key, name, _COVERAGE)
 
 
 def _abi_allow(ctx: _Ctx, value: Any, key: str, name: str) -> tuple[tuple[str, str], ...]:
     """``abi_allow: {GLOB: REASON}``: shared objects the ABI phase may find unloadable (a
     library the image does not ship), each named and with the reason (what is lost)."""
+    return _allowances(ctx, value, key, name, _ABI)
+
+
+def _allowances(ctx: _Ctx, value: Any, key: str, name: str, kind: _Allowance
+                ) -> tuple[tuple[str, str], ...]:
+    """A reviewed exception list ``{GLOB: REASON}``: each glob names objects (not everything),
+    each reason is words on one line; both held to their grammars."""
     if value is None:
         return ()
     if not isinstance(value, dict) or not value:
-        raise ctx.error(key, "expected a mapping of shared-object globs to the reason each may "
-                             "not load in the image", name)
+        raise ctx.error(key, f"expected a mapping of {kind.globs} to the reason each "
+                             f"{kind.each}", name)
     out = []
     for glob, why in value.items():
         if not isinstance(glob, str) or not glob.strip() or glob.strip("*/. ") == "":
-            raise ctx.error(f"{key}.{glob}", "a glob must name shared objects (not match "
+            raise ctx.error(f"{key}.{glob}", f"a glob must name {kind.objects} (not match "
                                              "everything)", name)
         ctx.checked(grammar.path, glob, f"{key}.{glob}")
         if isinstance(why, str):
             ctx.checked(grammar.plain, why, f"{key}.{glob}")
         if not isinstance(why, str) or len(why.strip()) < 10:
-            raise ctx.error(f"{key}.{glob}", "give the reason in words (what the object needs "
-                                             "that the image lacks, and what is lost)", name)
+            raise ctx.error(f"{key}.{glob}", f"give the reason in words ({kind.reason})", name)
         out.append((glob, why.strip()))
     return tuple(sorted(out))
 
