@@ -70,25 +70,26 @@ def torch_preload_list(init_py: str) -> list[tuple[str, str, bool]]:
     return out
 
 
-def torch_cuda_major(torch_dir: str) -> str | None:
-    """The CUDA major torch was built for, from ``torch/version.py`` (not imported)."""
+def _version_py(torch_dir: str, name: str, value: str) -> re.Match[str] | None:
+    """``name = "value..."`` in ``torch/version.py`` (read, not imported), ``value`` a regular
+    expression for the start of the string."""
     try:
         with open(os.path.join(torch_dir, "version.py"), encoding="utf-8") as f:
             text = f.read()
     except OSError:
         return None
-    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"](\d+)\.", text, re.M)
+    return re.search(rf"^{name}\s*(?::[^=]*)?=\s*['\"]{value}", text, re.M)
+
+
+def torch_cuda_major(torch_dir: str) -> str | None:
+    """The CUDA major torch was built for, from ``torch/version.py`` (not imported)."""
+    m = _version_py(torch_dir, "cuda", r"(\d+)\.")
     return m.group(1) if m else None
 
 
 def torch_version(torch_dir: str) -> tuple[int, int] | None:
     """torch's (major, minor) from ``torch/version.py``."""
-    try:
-        with open(os.path.join(torch_dir, "version.py"), encoding="utf-8") as f:
-            text = f.read()
-    except OSError:
-        return None
-    m = re.search(r"^__version__\s*(?::[^=]*)?=\s*['\"](\d+)\.(\d+)", text, re.M)
+    m = _version_py(torch_dir, "__version__", r"(\d+)\.(\d+)")
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
