@@ -11,11 +11,8 @@ cannot be reached, or on a machine the x86_64 tools cannot run on.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import re
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -37,34 +34,13 @@ LIBS = ("transformer_engine/wheel_lib/libtransformer_engine.so",
         "transformer_engine/wheel_lib/libnccl_ep.so")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _te_wheel() -> Path:
     name, version, filename, sha = TE
-    wheels.CACHE.mkdir(parents=True, exist_ok=True)
-    wheel = wheels.CACHE / filename
-    with open(wheels.CACHE / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not wheel.exists():
-            proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
-                                   "--only-binary", ":all:", "--platform",
-                                   "manylinux_2_28_x86_64", "-d", str(wheels.CACHE),
-                                   f"{name}=={version}"], capture_output=True, text=True)
-            out = proc.stdout + proc.stderr
-            if proc.returncode != 0 and any(s in out for s in wheels._OFFLINE):
-                pytest.skip(f"pip download {name}=={version}: package index unreachable")
-            assert proc.returncode == 0, out[-1500:]
-        got = _sha256(wheel)
-        if got != sha:
-            wheel.unlink()
-            pytest.fail(f"{filename}: sha256 {got}, expected {sha}")
-    return wheel
+    try:
+        return wheels.download(name, version, {sha}, pattern=filename,
+                               platform_tag="manylinux_2_28_x86_64")
+    except wheels.IndexUnreachable as e:
+        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,7 @@ Also the matrix data behind it: the override and NCCL EP's reviewed ``abi_allow`
 
 from __future__ import annotations
 
-import fcntl
 import re
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -23,7 +20,7 @@ import pytest
 from builder.selftest.abimodel import bind
 from builder.selftest.elfdyn import read_dynamic
 from builder.spec import load_matrix
-from tests.megatron.test_te_coverage_real import _sha256, _te_wheel
+from tests.megatron.test_te_coverage_real import _te_wheel
 from tests.support import wheels
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,23 +38,13 @@ def locked(target: str, name: str) -> tuple[str, set[str]]:
 
 
 def _cublas_wheel(version: str, hashes: set[str]) -> Path:
-    wheels.CACHE.mkdir(parents=True, exist_ok=True)
-    with open(wheels.CACHE / ".nvidia-cublas.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = sorted(wheels.CACHE.glob(f"nvidia_cublas-{version}-*x86_64.whl"))
-        if not found:
-            proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
-                                   "--only-binary", ":all:", "--platform",
-                                   "manylinux_2_27_x86_64", "-d", str(wheels.CACHE),
-                                   f"nvidia-cublas=={version}"], capture_output=True, text=True)
-            out = proc.stdout + proc.stderr
-            if proc.returncode != 0 and any(s in out for s in wheels._OFFLINE):
-                pytest.skip(f"pip download nvidia-cublas=={version}: package index unreachable")
-            assert proc.returncode == 0, out[-1500:]
-            found = sorted(wheels.CACHE.glob(f"nvidia_cublas-{version}-*x86_64.whl"))
-        wheel = found[0]
-        assert _sha256(wheel) in hashes, f"{wheel.name}: not a hash the lock records"
-    return wheel
+    """The locked cuBLAS wheel, checked against the lock's hashes."""
+    try:
+        return wheels.download("nvidia-cublas", version, hashes,
+                               pattern=f"nvidia_cublas-{version}-*x86_64.whl",
+                               platform_tag="manylinux_2_27_x86_64")
+    except wheels.IndexUnreachable as e:
+        pytest.skip(str(e))
 
 
 def _extract(wheel: Path, suffix: str, into: Path) -> Path:

@@ -15,6 +15,7 @@ import platform
 import subprocess
 import sys
 import zipfile
+from collections.abc import Collection
 from pathlib import Path
 
 CACHE = Path(os.environ.get("VERL_ENV_WHEEL_CACHE", "/var/tmp/verl-env-wheels"))
@@ -71,13 +72,22 @@ def _sha256(path: Path) -> str:
 def fetch(name: str) -> Path:
     """The wheel file, downloaded into the cache on first use and checked against its hash."""
     version, filename, sha = WHEELS[name]
+    return download(name, version, {sha}, pattern=filename)
+
+
+def download(name: str, version: str, hashes: Collection[str], *, pattern: str,
+             platform_tag: str | None = None) -> Path:
+    """``name==version`` as a wheel in the cache (pip, once, under a lock; ``platform_tag``:
+    pip's ``--platform``), the file matching ``pattern``, whose sha256 must be one of
+    ``hashes`` (a wrong file is removed). :class:`IndexUnreachable` only when pip could not
+    reach the index."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    wheel = CACHE / filename
     with open(CACHE / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not wheel.exists():
+        if not sorted(CACHE.glob(pattern)):
+            plat = ["--platform", platform_tag] if platform_tag else []
             proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
-                                   "--only-binary", ":all:", "-d", str(CACHE),
+                                   "--only-binary", ":all:", *plat, "-d", str(CACHE),
                                    f"{name}=={version}"], capture_output=True, text=True)
             if proc.returncode != 0:
                 out = proc.stdout + proc.stderr
@@ -85,12 +95,14 @@ def fetch(name: str) -> Path:
                     raise IndexUnreachable(f"pip download {name}=={version}: package index "
                                            f"unreachable ({out.strip().splitlines()[-1]})")
                 raise RuntimeError(f"pip download {name}=={version} failed: {out[-1500:]}")
-        if not wheel.exists():
-            raise RuntimeError(f"pip download {name}=={version} did not produce {filename}")
+        found = sorted(CACHE.glob(pattern))
+        if not found:
+            raise RuntimeError(f"pip download {name}=={version} did not produce {pattern}")
+        wheel = found[0]
         got = _sha256(wheel)
-        if got != sha:
+        if got not in hashes:
             wheel.unlink()
-            raise RuntimeError(f"{filename}: sha256 {got}, expected {sha}")
+            raise RuntimeError(f"{wheel.name}: sha256 {got}, expected one of {sorted(hashes)}")
     return wheel
 
 
