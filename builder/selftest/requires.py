@@ -50,6 +50,19 @@ def installed_dists(path: list[str] | None = None) -> list[tuple[str, str, list[
     return sorted(seen.values())
 
 
+def applies(req: Any) -> bool:
+    """The requirement's marker holds for this interpreter with no extra (what ``pip check``
+    evaluates)."""
+    return req.marker is None or req.marker.evaluate({"extra": ""})
+
+
+def holds(req: Any, have: str | None) -> bool:
+    """``have`` (None: not installed) satisfies the requirement's specifier, pre-releases
+    included."""
+    return have is not None and (not req.specifier
+                                 or req.specifier.contains(have, prereleases=True))
+
+
 def judge(dists: Iterable[tuple[str, str, list[str]]], overrides: Mapping[str, str],
           requirement_cls: Any) -> tuple[int, list[str], list[str]]:
     """(requirements that applied, violations, accepted by an override). Markers are
@@ -59,13 +72,12 @@ def judge(dists: Iterable[tuple[str, str, list[str]]], overrides: Mapping[str, s
     for name, version, reqs in dists:
         for text in reqs:
             req = requirement_cls(text)
-            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            if not applies(req):
                 continue
             applied += 1
             dep = normalize(req.name)
             have = versions.get(dep)
-            if have is not None and (not req.specifier
-                                     or req.specifier.contains(have, prereleases=True)):
+            if holds(req, have):
                 continue
             what = (f"{name} {version} requires {req.name}{req.specifier}, "
                     + (f"{have} installed" if have is not None else "not installed"))

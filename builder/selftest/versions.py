@@ -107,14 +107,14 @@ def evaluate_requirements(reqs: Iterable[str], installed: Callable[[str], str | 
     applied, bad = 0, []
     for text in reqs:
         req = requirement_cls(text)
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        if not requires.applies(req):
             continue
         applied += 1
         have = installed(req.name)
-        if have is None:
-            bad.append(f"{req.name} missing (needs {req.specifier or 'any'})")
-        elif req.specifier and not req.specifier.contains(have, prereleases=True):
-            bad.append(f"{req.name} {have} not in {req.specifier}")
+        if requires.holds(req, have):
+            continue
+        bad.append(f"{req.name} missing (needs {req.specifier or 'any'})" if have is None
+                   else f"{req.name} {have} not in {req.specifier}")
     return applied, bad
 
 
