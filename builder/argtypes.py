@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from builder import grammar
+from builder.matrix import grammar
 
 
 def _number(kind: Callable[[str], float], what: str, minimum: float
@@ -33,7 +33,7 @@ positive_float = _number(float, "a number > 0", 1e-9)
 
 
 # --- strings that reach the Dockerfile or the build's configuration: each against its grammar
-# (builder.grammar), refused by the parser in one line (exit 2) before anything is read.
+# (builder.matrix.grammar), refused by the parser in one line (exit 2) before anything is read.
 
 
 def _grammar(check: Callable[[str], str], what: str) -> Callable[[str], str]:

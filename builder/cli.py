@@ -26,7 +26,7 @@ from builder import __version__, argtypes
 from builder.commands import BY_NAME, COMMANDS, _config, completion
 from builder.engine import signals
 from builder.errors import BuildEnvError, NetworkError, UsageError, redact
-from builder.targets import default_matrix
+from builder.resolve.targets import default_matrix
 
 SUBCOMMANDS = tuple(BY_NAME)
 

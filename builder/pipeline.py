@@ -31,16 +31,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import __version__, publish, runlock, sif, vendor, verdicts
+from builder import __version__, sif
+from builder.publish import push as publish
+from builder import exclusive as runlock
+from builder.resolve import vendor
+from builder.gate import verdicts
 from builder.engine import BuildProgress, ContainerEngine, Engine, faults, interrupts_raise
 from builder.errors import BuildEnvError
 from builder.files import atomic_write_text
-from builder.lock import lock_path
-from builder.naming import Names, content_hash, names
+from builder.resolve.lock import lock_path
+from builder.matrix.naming import Names, content_hash, names
 from builder.plan import BuildPlan, BuildRequest, EngineFacts, open_target, plan_build
-from builder.spec import Target
+from builder.matrix.spec import Target
 from builder.trust import keys, sign
-from builder.verdicts import Verdict
+from builder.gate.verdicts import Verdict
 from builder.gate.image import verify_image
 from builder.gate.summary import summary_lines
 
@@ -178,7 +182,7 @@ def preflight(req: BuildRequest, target: Target) -> ContainerEngine:
 
 
 def build_lock_key(matrix: Path, target: str) -> str:
-    """The run lock of one target's build (:mod:`builder.runlock`): two ``build-env --target T``
+    """The run lock of one target's build (:mod:`builder.exclusive`): two ``build-env --target T``
     of one matrix take turns, so the second finds the first's verified image instead of building
     a second one under the same content tag."""
     return f"target:{Path(matrix).resolve()}:{target}"

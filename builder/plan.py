@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import vendor
-from builder.lock import lock_for, lock_path
-from builder.metadata import Snapshot
-from builder.naming import Names, context_digest, names
+from builder.resolve import vendor
+from builder.resolve.lock import lock_for, lock_path
+from builder.resolve.metadata import Snapshot
+from builder.matrix.naming import Names, context_digest, names
 from builder.render import BuildContext, render_context
-from builder.spec import Target
-from builder.targets import Site, open_site, resolve_target
+from builder.matrix.spec import Target
+from builder.resolve.targets import Site, open_site, resolve_target
 
 PLAN_SCHEMA = "verl-env/build-plan/v1"
 ENGINE = "the engine"

@@ -32,7 +32,7 @@ mkdir -p "$work"
 python3 - "$work/snapshot.json" "$mcore" <<'PY'
 import sys
 from pathlib import Path
-from builder.metadata import IndexClient, load_snapshot, refresh, save_snapshot
+from builder.resolve.metadata import IndexClient, load_snapshot, refresh, save_snapshot
 snapshot = load_snapshot(Path("metadata/pypi-snapshot.json"))
 save_snapshot(refresh(snapshot, [("megatron-core", sys.argv[2])], IndexClient()), Path(sys.argv[1]))
 PY

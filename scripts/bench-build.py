@@ -111,10 +111,10 @@ def main() -> int:
     try:
         import_debian_base(os.environ["DOCKER_HOST"])
         from builder.engine import Engine, find_buildkit_cli
-        from builder.lock import lock_for
-        from builder.metadata import load_snapshot
+        from builder.resolve.lock import lock_for
+        from builder.resolve.metadata import load_snapshot
         from builder.render import render_context
-        from builder.spec import apply_overrides, load_matrix
+        from builder.matrix.spec import apply_overrides, load_matrix
 
         matrix = load_matrix(REPO / args.matrix)
         target = apply_overrides(matrix.target(args.target), args.set,

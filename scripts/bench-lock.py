@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from builder.lock import compile_lock, parse_lock, python_platform  # noqa: E402
-from builder.metadata import load_snapshot, snapshot_path  # noqa: E402
-from builder.spec import load_matrix  # noqa: E402
+from builder.resolve.lock import compile_lock, parse_lock, python_platform  # noqa: E402
+from builder.resolve.metadata import load_snapshot, snapshot_path  # noqa: E402
+from builder.matrix.spec import load_matrix  # noqa: E402
 
 
 def main() -> int:

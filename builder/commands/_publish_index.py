@@ -1,6 +1,6 @@
 """``build-env publish --target A --target B ...``: the part of the publish command that puts
 the builds of one stack for several platforms under one name
-(:func:`builder.publish.publish_index`). Options that cannot apply to an index are refused before anything is read or sent."""
+(:func:`builder.publish.push.publish_index`). Options that cannot apply to an index are refused before anything is read or sent."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from builder import publish as lib
-from builder import verdicts
+from builder.publish import push as lib
+from builder.gate import verdicts
 from builder.commands import _shared
 from builder.engine import Engine
 from builder.errors import PublishError, UsageError
-from builder.spec import load_matrix
+from builder.matrix.spec import load_matrix
 
 
 def _refuse_options(args: argparse.Namespace, targets: list[str]) -> None:

@@ -13,13 +13,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from builder import shipped, verdicts
+from builder import shipped
+from builder.gate import verdicts
 from builder import argtypes
 from builder.argtypes import non_negative_int, positive_float, positive_int
 from builder.engine import Engine, ImageInfo
 from builder.errors import BuildEnvError, EngineError, InfraError, NoSuchImage, SiteError
-from builder.spec import load_matrix
-from builder.targets import Site, open_site
+from builder.matrix.spec import load_matrix
+from builder.resolve.targets import Site, open_site
 
 SCHEMA = "verl-env/{}/v1"  # every --json document names its kind and version
 NO_SITE = "no site here: run build-env init"

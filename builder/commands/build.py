@@ -11,7 +11,7 @@ from pathlib import Path
 from builder.commands import _shared
 from builder.pipeline import Outcome, run_many
 from builder.plan import BuildRequest, plan_build
-from builder.verdicts import requirement
+from builder.gate.verdicts import requirement
 
 NAME = "build"
 HELP = "render, build, verify inside the image, tag on pass (also: build-env --target T)"

@@ -6,11 +6,11 @@ import argparse
 import sys
 from typing import Any
 
-from builder import sources
+from builder.resolve import sources
 from builder.commands import _shared
-from builder.compat import check_target, index_pins, local_sources, overridden
-from builder.lock import lock_edits, lock_path, stale_reason
-from builder.metadata import IndexClient, load_snapshot, refresh, save_snapshot
+from builder.resolve.compat import check_target, index_pins, local_sources, overridden
+from builder.resolve.lock import lock_edits, lock_path, stale_reason
+from builder.resolve.metadata import IndexClient, load_snapshot, refresh, save_snapshot
 
 NAME = "check"
 HELP = "validate the matrix, the pins' compatibility and locks"
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def forced_json(t: Any, snapshot: Any) -> list[dict[str, Any]]:
-    """The target's reviewed dependency overrides (builder.overrides), each with its reason and
+    """The target's reviewed dependency overrides (builder.matrix.overrides), each with its reason and
     the declared requirements it replaces."""
     replaces = overridden(t, snapshot)
     return [{"name": o.name, "version": o.version, "reason": o.reason,

@@ -8,10 +8,10 @@ import json
 import os
 from pathlib import Path
 
-from builder import cluster_verdict as lib
-from builder.cluster_verdict import FILE_NAME, PASS
+from builder.cluster import verdict as lib
+from builder.cluster.verdict import FILE_NAME, PASS
 from builder.trust.cluster_signing import sign_cluster
-from builder.verdicts import NONE
+from builder.gate.verdicts import NONE
 
 NAME = "cluster"
 HELP = "collect (and sign) a Slurm job's cluster verdict"

@@ -1,8 +1,8 @@
 """``build-env doctor``: pre-flight this machine for what it will do. On a build host (the
 default off a cluster): the engine, BuildKit, the NVIDIA Container Toolkit, the data root's
-free space, the CA bundle and the index (:func:`builder.doctor.run_build_host`). On a cluster
+free space, the CA bundle and the index (:func:`builder.cluster.doctor.run_build_host`). On a cluster
 node (a Slurm job's environment or a running slurmd), or with ``--cluster``: the node checks
-(:func:`builder.doctor.run_doctor`). Exit 0 when nothing failed (warnings included), 1
+(:func:`builder.cluster.doctor.run_doctor`). Exit 0 when nothing failed (warnings included), 1
 otherwise."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from builder import doctor as lib
+from builder.cluster import doctor as lib
 from builder.commands import _shared
-from builder.metadata import index_simple_url
-from builder.doctor import FAIL, OK, SKIP, WARN
+from builder.resolve.metadata import index_simple_url
+from builder.cluster.doctor import FAIL, OK, SKIP, WARN
 
 NAME = "doctor"
 HELP = "pre-flight this build host (or cluster node) for a target"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from builder.commands import _shared
 from builder.errors import SiteError
-from builder.targets import init_site
+from builder.resolve.targets import init_site
 
 NAME = "init"
 HELP = "write a starter site directory (matrix, snapshot, locks)"

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from builder import prebuilt, verdicts
+from builder.resolve import prebuilt
+from builder.gate import verdicts
 from builder.commands import _shared
 from builder.files import sha256_text
-from builder.lock import lock_path
-from builder.vendor import base_record_path
-from builder.targets import Site
+from builder.resolve.lock import lock_path
+from builder.resolve.vendor import base_record_path
+from builder.resolve.targets import Site
 
 NAME = "list"
 HELP = "targets and their pins"
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     print("verdict: the newest local one for this site's matrix entry and lock (build: every "
           "phase that runs without a GPU passed; gpu: the GPU phases too)")
     for t in matrix.targets.values():
-        for o in t.overrides:  # reviewed dependency overrides (builder.overrides)
+        for o in t.overrides:  # reviewed dependency overrides (builder.matrix.overrides)
             print(f"{t.name}: override {o.name}=={o.version} ({o.reason})")
         for name, c in prebuilt_choices(site, t).items():
             what = (f"prebuilt wheel {c['filename']}" if c["choice"] == "wheel"

@@ -10,12 +10,13 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from builder import runlock, vendor
+from builder import exclusive as runlock
+from builder.resolve import vendor
 from builder.commands import _shared
-from builder.compat import check_target
+from builder.resolve.compat import check_target
 from builder.engine import Engine
 from builder.errors import CompatError, LockError
-from builder.lock import compile_lock, lock_path, moved_pins, parse_lock
+from builder.resolve.lock import compile_lock, lock_path, moved_pins, parse_lock
 
 NAME = "lock"
 HELP = "resolve the full dependency lock (with hashes) for a target"
@@ -48,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def base_record(args: argparse.Namespace, t: Any, lock_file: Path, probe: bool
                 ) -> dict[str, Any] | None:
     """The vendor base's record: probed now (``--probe``, through the engine) and written beside
-    the lock, or the one already there (builder.vendor)."""
+    the lock, or the one already there (builder.resolve.vendor)."""
     if not t.base.vendor:
         if probe:
             _shared.info(args, f"{t.name}: not a vendor base (base.vendor unset): nothing to probe")

@@ -11,7 +11,7 @@ from pathlib import Path
 from builder.argtypes import positive_int
 from builder.commands import _shared
 from builder.errors import SpecError
-from builder.metadata import IndexClient, load_snapshot
+from builder.resolve.metadata import IndexClient, load_snapshot
 from builder.propose import candidate
 from builder.propose.online import refresh_candidates
 from builder.propose.proposal import propose

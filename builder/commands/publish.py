@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from builder import publish as lib
-from builder import verdicts
+from builder.publish import push as lib
+from builder.gate import verdicts
 from builder.commands import _shared
 from builder.commands import _publish_index as index
 from builder.errors import PublishError, UsageError

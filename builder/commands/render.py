@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 
 from builder.commands import _shared
-from builder.lock import lock_for, lock_path
+from builder.resolve.lock import lock_for, lock_path
 from builder.render import render_context
-from builder.targets import resolve_target
-from builder.vendor import load_record
+from builder.resolve.targets import resolve_target
+from builder.resolve.vendor import load_record
 
 NAME = "render"
 HELP = "write the build context without building"

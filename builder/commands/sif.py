@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from builder import verdicts
+from builder.gate import verdicts
 from builder.commands import _shared
 from builder.errors import SifError
 from builder.sif.convert import DEFAULT_PHASES, convert, summary, write_report

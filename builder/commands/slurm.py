@@ -11,11 +11,11 @@ from pathlib import Path
 
 from builder.commands import _shared
 from builder.errors import BuildEnvError, SlurmError
-from builder.slurm_train import TrainChoice, checker_bytes, default_train_cmd
+from builder.cluster.train_command import TrainChoice, checker_bytes, default_train_cmd
 from builder.sif import checks as sif_checks
 from builder.sif.format import is_sif
-from builder.spec import Target
-from builder.slurm import (DEFAULT_CHECKPOINT_DIR, FAMILY_NAMES, RUNTIMES, SELFTEST_PHASES,
+from builder.matrix.spec import Target
+from builder.cluster.job import (DEFAULT_CHECKPOINT_DIR, FAMILY_NAMES, RUNTIMES, SELFTEST_PHASES,
                            Inputs, SlurmJob,
                            absolute_path, image_source, job_warnings, parse_env, render_sbatch,
                            train_argv, train_shape, training_command, write_sbatch)

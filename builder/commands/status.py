@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from builder import status as lib
+from builder.publish import status as lib
 from builder.errors import TrustError
 
 NAME = "status"

@@ -11,8 +11,8 @@ import sys
 
 from builder.argtypes import positive_float, positive_int
 from builder.commands import _shared
-from builder.slurm import Inputs, is_model_path
-from builder.spec import load_matrix
+from builder.cluster.job import Inputs, is_model_path
+from builder.matrix.spec import load_matrix
 from builder.train import check as lib
 from builder.train import shapes
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from builder import verdicts
-from builder.cluster_verdict import read as read_cluster_verdict
+from builder.gate import verdicts
+from builder.cluster.verdict import read as read_cluster_verdict
 from builder.commands import _shared
 from builder.errors import TrustError
 from builder.trust import remote

@@ -15,12 +15,12 @@ from builder.errors import VerifyError
 from builder.files import atomic_write_text
 from builder.gate.image import verify_image
 from builder.gate.plan import EMULATION_FACTOR
-from builder.gate_record import SifRun
-from builder.gate.sif import is_sif, verify_sif_image
+from builder.gate.record import SifRun
+from builder.sif.gate import is_sif, verify_sif_image
 from builder.gate.summary import summary_lines
 from builder.render.baked import manifest as render_manifest
-from builder.spec import load_matrix
-from builder.verdicts import Verdict, binding_from_labels, record
+from builder.matrix.spec import load_matrix
+from builder.gate.verdicts import Verdict, binding_from_labels, record
 
 # the self-test's exit code -> the command's (docs/commands.md): an incomplete run is a gate that
 # did not pass (1), an error one that could not run (3)
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_sif(args: argparse.Namespace) -> int:
-    """``build-env verify FILE.sif``: the gate on this node (:mod:`builder.gate.sif`)."""
+    """``build-env verify FILE.sif``: the gate on this node (:mod:`builder.sif.gate`)."""
     path = Path(args.image).absolute()
     for option, given in (("--target", args.target), ("--gpus", args.gpus != "auto"),
                           ("--emulated", args.emulated)):

@@ -25,7 +25,7 @@ from builder.engine.client import Daemon
 from builder.engine.faults import connection_lost, engine_down
 from builder.engine.results import RunResult
 from builder.errors import EngineError
-from builder.families import VENDORS
+from builder.matrix.families import VENDORS
 
 # Every container this tool starts carries this label, so leftovers are findable.
 OWNER_LABEL = "org.verl-env.owner"

@@ -3,6 +3,6 @@ verdict of its report (:mod:`.ending`, the one ending both share).
 
 :mod:`.plan` decides what a run needs (phases, self-test arguments, the GPUs expected, the
 architecture), :mod:`.record` is the typed ``gate`` section the verdict carries, and
-:mod:`.summary` prints it. This package module imports none of them (:mod:`builder.verdicts`
-reads :mod:`.record`, and the gate modules read :mod:`builder.verdicts`).
+:mod:`.summary` prints it. This package module imports none of them (:mod:`builder.gate.verdicts`
+reads :mod:`.record`, and the gate modules read :mod:`builder.gate.verdicts`).
 """

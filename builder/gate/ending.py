@@ -1,5 +1,5 @@
 """The one ending of a gate run, image or SIF: read the self-test's report and exit code, fill
-in what the gate saw, and make the :class:`~builder.verdicts.Verdict`."""
+in what the gate saw, and make the :class:`~builder.gate.verdicts.Verdict`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from builder.gate_record import GateRecord, SeenGpus
-from builder.verdicts import EXIT_VERDICTS, Verdict
+from builder.gate.record import GateRecord, SeenGpus
+from builder.gate.verdicts import EXIT_VERDICTS, Verdict
 
 
 def in_image_gpus(report: Mapping[str, Any], phases: Sequence[str]) -> SeenGpus:

@@ -26,14 +26,14 @@ from builder.errors import EngineError
 from builder.gate import ending
 from builder.gate.plan import (EMULATION_FACTOR, GpuPlan, SelftestPlan, arch_plan, expected_gpus,
                                family_of, plan_selftest)
-from builder.gate_record import GateGpus, GateRecord, ImageRun, SeenGpus
-from builder.verdicts import PARTIAL, RELEASE, Verdict
+from builder.gate.record import GateGpus, GateRecord, ImageRun, SeenGpus
+from builder.gate.verdicts import PARTIAL, RELEASE, Verdict
 
 OUT_DIR, HOST_DIR = "/verl-env-out", "/verl-env-host"
 REPORT = f"{OUT_DIR}/report.json"
 EMULATED_ENV = "VERL_ENV_EMULATED"  # the self-test's --emulated FACTOR, as verify passes it
 # Runs under /bin/sh in the image: prefer the baked self-test, else the copied-in host copy.
-# A vendor base names its interpreter in /opt/verl-env/interpreter (builder.vendor).
+# A vendor base names its interpreter in /opt/verl-env/interpreter (builder.resolve.vendor).
 _LAUNCH = ('PY=$(cat /opt/verl-env/interpreter 2>/dev/null); [ -x "$PY" ] || '
            'PY=$(command -v python || command -v python3) || { echo "no python in image" >&2; '
            'exit 3; }; [ -d /opt/verl-env/verl_env_selftest ] || '

@@ -12,7 +12,7 @@ The gate fails closed:
   skip.
 - **Release scope.** Only the full required phase set of the family, with no argument that
   changes what the checks demand, is a ``release`` verdict; anything narrower is ``partial`` and
-  unlocks no tag, SIF or publish (:mod:`builder.verdicts`).
+  unlocks no tag, SIF or publish (:mod:`builder.gate.verdicts`).
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from typing import Any
 
 from builder.engine import ContainerEngine, ImageInfo
 from builder.errors import VerifyError
-from builder.families import FAMILIES, VENDORS
-from builder.gate_record import HOST, NODE, ArchRecord, GateGpus
+from builder.matrix.families import FAMILIES, VENDORS
+from builder.gate.record import HOST, NODE, ArchRecord, GateGpus
 from builder.selftest.cli import ParsedArgs, UsageError, parse_phases, read_args
 
 # The daemon host's device directory the GPU probe mounts (tests point it at a fake tree).
 HOST_DEV_ENV = "VERL_ENV_HOST_DEV"
-# Family data of the gate (builder.families): the phases a release verdict needs (every phase
+# Family data of the gate (builder.matrix.families): the phases a release verdict needs (every phase
 # that can apply: a cpu target has no GPU or NCCL collective to test), the GPU vendor of each
 # family and the device nodes that count its GPUs on the engine's host.
 RELEASE_PHASES: dict[str, tuple[str, ...]] = {n: f.release_phases for n, f in FAMILIES.items()}
@@ -299,7 +299,7 @@ def _node_expectation(family: str | None, expect_gpus: int | None, environ: Mapp
 def plan_sif_gate(family: str | None, *, runtime: tuple[str, str] | None,
                   expect_gpus: int | None, environ: Mapping[str, str],
                   devices: Sequence[str] | None, dev_root: str = "/dev") -> SifGatePlan:
-    """Pure: the runtime flags (:mod:`builder.families`), the GPU expectation from the node and
+    """Pure: the runtime flags (:mod:`builder.matrix.families`), the GPU expectation from the node and
     whether this runtime can honour it (fails closed: GPUs expected and a runtime that cannot
     hand them in is a refusal)."""
     fam = FAMILIES.get(family or "")

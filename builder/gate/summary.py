@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from builder.verdicts import RELEASE, Verdict
+from builder.gate.verdicts import RELEASE, Verdict
 
 
 def summary_lines(v: Verdict) -> list[str]:

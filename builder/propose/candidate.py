@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from builder import vendor
+from builder.resolve import vendor
 from builder.errors import BuildEnvError, LockError
 from builder.files import (
     NotOurDirectory,
@@ -29,14 +29,14 @@ from builder.files import (
     check_replaceable,
     replace_generated_dir,
 )
-from builder.lock import compile_lock, lock_path, moved_pins, parse_lock
-from builder.metadata import Snapshot, load_snapshot, save_snapshot
+from builder.resolve.lock import compile_lock, lock_path, moved_pins, parse_lock
+from builder.resolve.metadata import Snapshot, load_snapshot, save_snapshot
 from builder.pipeline import run
 from builder.plan import BuildRequest
 from builder.propose.proposal import Proposal, candidate_target
 from builder.propose.search import NotProven, ProposeError
 from builder.selftest.report import Check, render_coverage
-from builder.spec import Target, load_matrix
+from builder.matrix.spec import Target, load_matrix
 
 MARKER = ".verl-env-proposal"
 

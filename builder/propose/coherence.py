@@ -22,10 +22,10 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from builder.compat import marker_env
-from builder.lock import DEFAULT_GLIBC
-from builder.metadata import Release
-from builder.spec import Package, Target
+from builder.resolve.compat import marker_env
+from builder.resolve.lock import DEFAULT_GLIBC
+from builder.resolve.metadata import Release
+from builder.matrix.spec import Package, Target
 
 # Built once per accelerator and toolkit: the index (or a find-links directory) holds one build
 # per version, for one CUDA / ROCm release or the CPU.

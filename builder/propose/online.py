@@ -16,10 +16,10 @@ from dataclasses import replace
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder.compat import local_sources
-from builder.metadata import IndexClient, MetadataError, Snapshot, _file_version
+from builder.resolve.compat import local_sources
+from builder.resolve.metadata import IndexClient, MetadataError, Snapshot, _file_version
 from builder.propose import coherence
-from builder.spec import Target
+from builder.matrix.spec import Target
 
 DEFAULT_LIMIT = 40
 

@@ -12,11 +12,11 @@ from typing import Any
 
 from packaging.version import Version
 
-from builder.metadata import Snapshot
+from builder.resolve.metadata import Snapshot
 from builder.propose import coherence
 from builder.propose.reasons import explain
 from builder.propose.search import Anchors, ProposeError, Space
-from builder.spec import Target
+from builder.matrix.spec import Target
 
 PROPOSAL_SCHEMA = "verl-env/proposal/v1"
 # searched: the tool's own search only; resolved: uv locked it; unresolvable: uv refused it;

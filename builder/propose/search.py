@@ -8,7 +8,7 @@ extras the matrix asks for) contain the other's version, and when the ranges bot
 dependency that is not pinned leave some known release of it. Packages are decided in a fixed
 order of importance (verl, the rollout engine, torch, transformers, then the matrix's order),
 each the newest that still leaves the rest a coherent choice: the first solution of a
-depth-first search that tries newest first. uv is the final word (``builder.lock``); this
+depth-first search that tries newest first. uv is the final word (``builder.resolve.lock``); this
 search is what makes its answer explainable.
 """
 
@@ -27,11 +27,11 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from builder.compat import local_sources
+from builder.resolve.compat import local_sources
 from builder.errors import BuildEnvError
-from builder.metadata import Release, Snapshot, local_release
+from builder.resolve.metadata import Release, Snapshot, local_release
 from builder.propose import coherence
-from builder.spec import ENGINES, Package, Target
+from builder.matrix.spec import ENGINES, Package, Target
 
 PRIORITY = ("verl", *ENGINES, "torch", "transformers")
 NODE_BUDGET = 200_000

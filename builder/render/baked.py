@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from builder import __version__, megatron
-from builder import overrides
-from builder import vendor as vendor_base
-from builder.sources import Pin, describe
-from builder.spec import Target
+from builder import __version__
+from builder.matrix import megatron
+from builder.matrix import overrides
+from builder.resolve import vendor as vendor_base
+from builder.resolve.sources import Pin, describe
+from builder.matrix.spec import Target
 
 LABEL_NS = "org.verl-env"
 MANIFEST_SCHEMA = "verl-env/manifest/v1"
@@ -22,7 +23,7 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
     """What the image must hold; the self-test asserts it (schema in docs/architecture.md).
     ``gpus``: the GPU architectures the image must run on (the coverage phase holds every ELF
     shared object to them). A vendor base adds the ``base`` section
-    (builder.vendor.manifest_section); ``source_pins`` says what each source build was built
+    (builder.resolve.vendor.manifest_section); ``source_pins`` says what each source build was built
     from (git commit, tree or archive sha256, sdist hash)."""
     pins = {p.name: p.version for p in target.enabled_packages}
     provided = {p.name: p.version for p in target.provided}
@@ -40,7 +41,7 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
         "gpus": list(target.gpus),
         **({"coverage_allow": dict(target.coverage_allow)} if target.coverage_allow else {}),
         **({"abi_allow": dict(target.abi_allow)} if target.abi_allow else {}),
-        # reviewed dependency overrides (builder.overrides): the gate's requirement check
+        # reviewed dependency overrides (builder.matrix.overrides): the gate's requirement check
         # accepts exactly the requirements each one replaces
         **({"overrides": {o.name: o.to_value() for o in target.overrides}}
            if target.overrides else {}),

@@ -10,19 +10,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from builder import prebuilt as prebuilt_wheels
-from builder import vendor as vendor_base
+from builder.resolve import prebuilt as prebuilt_wheels
+from builder.resolve import vendor as vendor_base
 from builder.errors import RenderError
-from builder.families import family
+from builder.matrix.families import family
 from builder.files import sha256_file, sha256_text
-from builder.layers import Layer, split_layers
-from builder.lock import LockedPackage, build_lock_path, parse_lock
-from builder.metadata import Snapshot
+from builder.resolve.layers import Layer, split_layers
+from builder.resolve.lock import LockedPackage, build_lock_path, parse_lock
+from builder.resolve.metadata import Snapshot
 from builder.render.baked import labels, manifest
 from builder.render.stages import (SourceStage, source_packages, source_pins,
                                    source_stages)
-from builder.sources import Pin, refuse_problems
-from builder.spec import Target
+from builder.resolve.sources import Pin, refuse_problems
+from builder.matrix.spec import Target
 
 # Build dependencies of the source-build stage, per accelerator family (compilers stay there).
 APT_BUILD = ("build-essential", "git")
@@ -91,7 +91,7 @@ def compute(target: Target, lock_text: str, snapshot: Snapshot, *,
     ``VERL_ENV_INDEX_URL``)."""
     if base_record is None and target.base.vendor:
         if lock_file is None:
-            raise RenderError("a vendor base needs its base record (builder.vendor)",
+            raise RenderError("a vendor base needs its base record (builder.resolve.vendor)",
                               target=target.name)
         base_record = vendor_base.load_record(target, lock_file)
     locked = parse_lock(lock_text)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from builder.errors import RenderError
 from builder.files import sha256_file
-from builder.metadata import Snapshot
+from builder.resolve.metadata import Snapshot
 from builder.render.blocks import Block, block_for, common_env
-from builder.sources import ARCHIVE_SUFFIXES, Pin, archive_suffix, split_git, tree_sha256
-from builder.sources import load_record as load_source_record
-from builder.spec import Package, Target
+from builder.resolve.sources import ARCHIVE_SUFFIXES, Pin, archive_suffix, split_git, tree_sha256
+from builder.resolve.sources import load_record as load_source_record
+from builder.matrix.spec import Package, Target
 
 SOURCE_DIR = "/tmp/verl-env/source"
 

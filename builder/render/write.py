@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import prebuilt as prebuilt_wheels
+from builder.resolve import prebuilt as prebuilt_wheels
 from builder import shipped
 from builder.errors import RenderError
 from builder.files import NotOurDirectory, check_replaceable, replace_generated_dir, sha256_file
-from builder.metadata import Snapshot
+from builder.resolve.metadata import Snapshot
 from builder.render.context import RenderContext, compute
 from builder.render.dockerfile import render_dockerfile
 from builder.render.stages import source_name, source_packages
-from builder.sources import IGNORED, Pin, fetch_git, tree_sha256
-from builder.spec import Target
+from builder.resolve.sources import IGNORED, Pin, fetch_git, tree_sha256
+from builder.matrix.spec import Target
 
 PREBUILT_DIR = "/tmp/verl-env/prebuilt"
 
@@ -139,7 +139,7 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
                    fetch_sources: bool = True, fetch_prebuilt: bool = True,
                    index_url: str | None = None) -> BuildContext:
     """Write the whole build context into ``out`` (replaced atomically; no partial directory is
-    left behind on error). ``base_record``: the vendor base's record (builder.vendor); what the
+    left behind on error). ``base_record``: the vendor base's record (builder.resolve.vendor); what the
     base already holds is left out of the layers, and the record travels in the context.
     ``fetch_sources=False``: git and URL sources are not fetched, ``fetch_prebuilt=False``: nor
     are prebuilt wheels from a URL (the Dockerfile, which names their pins, is the same; the

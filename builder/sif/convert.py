@@ -28,10 +28,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from builder import verdicts
+from builder.gate import verdicts
 from builder.engine import ContainerEngine, ImageInfo, interrupts_raise
 from builder.errors import EngineError, InfraError, SifError
-from builder.families import family
+from builder.matrix.families import family
 from builder.files import atomic_write_text
 from builder.sif import native as sif_native
 from builder.sif.overlay import OverlayError
@@ -90,7 +90,7 @@ def convert(engine: ContainerEngine, image: ImageInfo, *, output: Path, source: 
     """Build, verify, then atomically place the SIF. Raises SifError on any failure.
 
     The image needs a passing release verdict at the ``require`` level (the one release rule,
-    :func:`builder.verdicts.release_problem`); the verdict's labels (``org.verl-env.verdict.*``:
+    :func:`builder.gate.verdicts.release_problem`); the verdict's labels (``org.verl-env.verdict.*``:
     level, ``gpu: pending`` or the GPU evidence) go into the SIF with the native backend.
     ``verdict``: the image's recorded verdict when the caller holds it (else it is read)."""
     if verdict is None:

@@ -2,7 +2,7 @@
 
 :func:`placing` is the frame both conversions run in:
 
-* it holds the run lock of the output path (:mod:`builder.runlock`): a second run writing the same
+* it holds the run lock of the output path (:mod:`builder.exclusive`): a second run writing the same
   file waits for the first, then does its own conversion and replaces the file atomically;
 * under that lock it removes what an earlier, killed run of the same output left (its
   ``.NAME.partial-PID`` file beside the output and its ``.build-env-sif-NAME-HASH-*`` scratch
@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import runlock
+from builder import exclusive as runlock
 from builder.errors import SifError
 
 SCRATCH_PREFIX = ".build-env-sif-"

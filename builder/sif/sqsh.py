@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from builder import verdicts
+from builder.gate import verdicts
 from builder.engine import ContainerEngine, ImageInfo, interrupts_raise
 from builder.errors import SifError
 from builder.sif import meta as sif_meta

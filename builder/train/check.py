@@ -34,7 +34,7 @@ COPY_LIMIT = 1 << 30
 
 def launch(checker: str) -> list[str]:
     """The argv that runs ``checker`` with the image's python under /bin/sh: a vendor base names
-    its interpreter (builder.vendor). Arguments follow it."""
+    its interpreter (builder.resolve.vendor). Arguments follow it."""
     return ["/bin/sh", "-c", 'PY=$(cat /opt/verl-env/interpreter 2>/dev/null); [ -x "$PY" ] || '
             'PY=$(command -v python3 || command -v python) || { echo "no python in image" >&2; '
             f'exit 3; }}; exec "$PY" {checker} "$@"', "verl-env-train-check"]

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from builder.errors import BuildEnvError
-from builder.spec import Target
+from builder.matrix.spec import Target
 
 DATA = Path(__file__).resolve().parent / "verl_commands.yaml"
 ALGORITHMS = ("grpo", "ppo")

@@ -1,10 +1,10 @@
 """Signed cluster verdicts beside a SIF: signing one, and reading them back checked (for
-``build-env status``, :mod:`builder.status`).
+``build-env status``, :mod:`builder.publish.status`).
 
-A cluster verdict (:class:`builder.cluster_verdict.ClusterVerdict`) is signed as an in-toto
+A cluster verdict (:class:`builder.cluster.verdict.ClusterVerdict`) is signed as an in-toto
 Statement (predicate ``https://verl-env.dev/cluster-verification/v1``) whose subject is the SIF's
 sha256, one DSSE envelope a line of ``NAME.sif.clusters.intoto.jsonl`` (appended: one line per
-job); :mod:`builder.publish` pushes the same envelope as a registry referrer.
+job); :mod:`builder.publish.push` pushes the same envelope as a registry referrer.
 Reading it back, a line that is unsigned, signed by an unknown key, altered, or about another
 file is *refused* (listed with the reason, never counted).
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import __version__
-from builder.cluster_verdict import ClusterVerdict
+from builder.cluster.verdict import ClusterVerdict
 from builder.errors import TrustError
 from builder.files import atomic_write_text, sha256_file
 from builder.trust import dsse

@@ -29,7 +29,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from builder.registry import OCI_INDEX, Client, fallback_tag
+from builder.registry.api import OCI_INDEX, Client, fallback_tag
 from builder.trust import dsse
 from builder.trust import statements as st
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import verdicts
-from builder.cluster_verdict import ClusterVerdict
+from builder.gate import verdicts
+from builder.cluster.verdict import ClusterVerdict
 from builder.errors import PublishError, TrustError
 from builder.engine.credentials import resolve_credentials
-from builder.registry import Client, Transient, fallback_tag, is_loopback
+from builder.registry.api import Client, Transient, fallback_tag, is_loopback
 from builder.trust import sbom
 from builder.trust import statements as st
 from builder.trust.keys import load_public

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import verdicts
+from builder.gate import verdicts
 from builder.engine import ContainerEngine, Engine
 from builder.errors import TrustError
 from builder.files import atomic_write_text, sha256_file
@@ -23,7 +23,7 @@ from builder.sif import format as sif_format
 from builder.trust import dsse, sbom, sifsig
 from builder.trust import statements as st
 from builder.trust.keys import keyid, load_pgp, load_private
-from builder.verdicts import Verdict
+from builder.gate.verdicts import Verdict
 
 VERDICT_NAME, SBOM_NAME = "verl-verdict.json", "verl-sbom.cdx.json"
 HEAD_BYTES = 4096 + 48 * sif_format.DESCRIPTOR.size  # header page + descriptor table
@@ -47,7 +47,7 @@ def sign_sif(sif: Path, verdict: Verdict, sbom: dict[str, Any],
              require: str = verdicts.BUILD) -> Signed:
     """Embed ``sbom`` and ``verdict`` in ``sif`` (group 1), PGP-sign group 1 with ``pgp_key``,
     and write the signed sidecar with ``key``. Refuses a verdict that is not a release one at
-    the ``require`` level (the one release rule, :func:`builder.verdicts.release_problem`)."""
+    the ``require`` level (the one release rule, :func:`builder.gate.verdicts.release_problem`)."""
     sif = Path(sif)
     problem = verdicts.release_problem(verdict, require)
     if problem:

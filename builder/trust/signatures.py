@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import verdicts
+from builder.gate import verdicts
 from builder.errors import TrustError
 from builder.files import sha256_file
 from builder.trust import sbom, sifsig
 from builder.trust import statements as st
 from builder.trust.keys import load_public
 from builder.trust.sign import SBOM_NAME, VERDICT_NAME, sidecar_of
-from builder.verdicts import Verdict
+from builder.gate.verdicts import Verdict
 
 
 @dataclass(kw_only=True)

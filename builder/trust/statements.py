@@ -14,7 +14,7 @@ from builder import __version__
 from builder.errors import TrustError
 from builder.files import sha256_file
 from builder.trust import dsse
-from builder.verdicts import Verdict
+from builder.gate.verdicts import Verdict
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 VERDICT_TYPE = "https://verl-env.dev/verification/v1"
@@ -85,7 +85,7 @@ def open_statement(envelope: Any, keys: list[Any], where: str) -> Opened:
 
 
 def verdict_predicate(verdict: Verdict) -> dict[str, Any]:
-    """The verdict record (:meth:`builder.verdicts.Verdict.to_dict`, the one serialisation),
+    """The verdict record (:meth:`builder.gate.verdicts.Verdict.to_dict`, the one serialisation),
     with its level, the self-test and builder versions beside it."""
     return {"verdict": verdict.to_dict(), "level": verdict.level,
             "gpu": verdict.gpu.status, "selftestVersion": verdict.report.get("selftest_version"),

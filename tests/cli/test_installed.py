@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.lock import parse_lock
+from builder.resolve.lock import parse_lock
 from tests.conftest import FIXTURE, OUTSIDE, REPO, installed_build_env, run_build_env
 
 GOLDEN = REPO / "tests" / "golden"

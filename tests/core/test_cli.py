@@ -9,8 +9,8 @@ import pytest
 
 from builder.cli import main
 from builder.files import sha256_text
-from builder.metadata import IndexClient
-from builder.spec import load_matrix
+from builder.resolve.metadata import IndexClient
+from builder.matrix.spec import load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = str(REPO / "matrix.yaml")
@@ -18,7 +18,7 @@ MATRIX = str(REPO / "matrix.yaml")
 
 def test_list_table_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from builder import verdicts
+    from builder.gate import verdicts
     from tests.trust.conftest import CUDA_BUILD_VERDICT
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from builder.compat import check_target
-from builder.metadata import Release, Snapshot, load_snapshot
-from builder.spec import Base, Package, Target
+from builder.resolve.compat import check_target
+from builder.resolve.metadata import Release, Snapshot, load_snapshot
+from builder.matrix.spec import Base, Package, Target
 from tests.conftest import REPO
 
 
@@ -91,8 +91,8 @@ def test_disabled_packages_are_ignored() -> None:
 
 
 def test_a_local_only_source_build_is_not_looked_up_and_stays_out_of_the_resolution() -> None:
-    from builder.lock import local_only, requirements_in
-    from builder.spec import Source
+    from builder.resolve.lock import local_only, requirements_in
+    from builder.matrix.spec import Source
 
     ext = Package("site-ext", "0.1.0", build="source", source=Source("path", "/src/site-ext"))
     git = Package("b", "2.0", build="source", source=Source("git", "git+https://h/b@v2.0"))
@@ -112,8 +112,8 @@ def test_a_local_only_source_build_is_not_looked_up_and_stays_out_of_the_resolut
 
 
 def test_provided_packages_are_not_looked_up_on_the_index_and_need_a_vendor_base() -> None:
-    from builder.compat import index_pins
-    from builder.spec import load_matrix
+    from builder.resolve.compat import index_pins
+    from builder.matrix.spec import load_matrix
 
     rocm = load_matrix(REPO / "matrix.yaml").target("rocm-mi300")
     names = {n for n, _ in index_pins(rocm)}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import doctor
-from builder.doctor import FAIL, OK, SKIP, WARN
+from builder.cluster import doctor
+from builder.cluster.doctor import FAIL, OK, SKIP, WARN
 from builder.engine import HostFacts
 from tests.conftest import run_build_env
 from tests.support.simple_index import serve_index

@@ -77,9 +77,9 @@ def test_an_error_type_is_its_code() -> None:
 def test_a_registry_that_stays_down_is_an_infrastructure_error() -> None:
     """`publish` retries a registry that is down or answers 5xx; when every try failed the error
     is exit 3 (still a PublishError, naming the stage), a refusal stays exit 1."""
-    from builder import publish
+    from builder.publish import push as publish
     from builder.errors import PublishError
-    from builder.registry import Transient
+    from builder.registry.api import Transient
 
     def down() -> None:
         raise Transient("GET /v2/: ConnectionError")

@@ -1,4 +1,4 @@
-"""builder.grammar: each grammar accepts its real values unchanged and refuses hostile ones with
+"""builder.matrix.grammar: each grammar accepts its real values unchanged and refuses hostile ones with
 one line saying what it expects."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from builder import grammar
-from builder.grammar import GrammarError
+from builder.matrix import grammar
+from builder.matrix.grammar import GrammarError
 
 HOSTILE = ["\n", "\r", ";", "&&", "$(id)", "`id`", '"', "'", "\\", "\u2028", "\u2029", "\x85",
            "\x00", " ", "\t", "|", "#"]

@@ -2,7 +2,7 @@
 
 Every matrix field that reaches ``Dockerfile.j2`` gets values carrying newlines, ``;``, ``&&``,
 ``$()``, backticks, quotes, backslashes and the Unicode line separators (U+2028, U+2029, NEL).
-Each value must be refused at ``check`` (the matrix's grammar, builder.grammar, or the
+Each value must be refused at ``check`` (the matrix's grammar, builder.matrix.grammar, or the
 compatibility check) or render a Dockerfile whose instruction list, as BuildKit's own parser
 reads it (the ``dockerfile`` package: Python bindings of moby/buildkit's Go parser), has the
 same shape as the benign value's: the same instructions with the same flags and as many
@@ -22,13 +22,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builder.compat import check_target
+from builder.resolve.compat import check_target
 from builder.errors import BuildEnvError
-from builder.lock import lock_path
-from builder.metadata import load_snapshot
+from builder.resolve.lock import lock_path
+from builder.resolve.metadata import load_snapshot
 from builder.render.context import compute
 from builder.render.dockerfile import render_dockerfile
-from builder.spec import load_matrix
+from builder.matrix.spec import load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 RAW = yaml.safe_load((REPO / "matrix.yaml").read_text())

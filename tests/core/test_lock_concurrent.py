@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import runlock
-from builder.lock import parse_lock
+from builder import exclusive as runlock
+from builder.resolve.lock import parse_lock
 from tests.conftest import FIXTURE
 from tests.support.runs import end, polling, start, wait_for
 

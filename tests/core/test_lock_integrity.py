@@ -1,6 +1,6 @@
 """A lock is what `build-env lock` wrote (issue 29, item 4): `check --locked` fails and `render`
 refuses when the lock was edited since, and the message names the removed entry or the edited
-hash. The lock's header records a digest of its body and of each entry (builder.lockbody), so
+hash. The lock's header records a digest of its body and of each entry (builder.resolve.lockfile), so
 this needs no resolution: a copy of the reference site, edited as a hand (or a bad merge) would.
 """
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import lockbody
+from builder.resolve import lockfile as lockbody
 from builder.cli import main
-from builder.targets import init_site
+from builder.resolve.targets import init_site
 from tests.conftest import REPO
 
 TARGET = "cuda-x86_64"

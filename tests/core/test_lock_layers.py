@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from builder.layers import split_layers
-from builder.lock import compile_lock, input_hash, lock_for, lock_path, parse_lock, \
+from builder.resolve.layers import split_layers
+from builder.resolve.lock import compile_lock, input_hash, lock_for, lock_path, parse_lock, \
     python_platform, stale_reason
-from builder.metadata import Snapshot, load_snapshot
-from builder.spec import Matrix, Target, apply_overrides, load_matrix
+from builder.resolve.metadata import Snapshot, load_snapshot
+from builder.matrix.spec import Matrix, Target, apply_overrides, load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = """\

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.naming import content_hash, names
-from builder.spec import apply_overrides, load_matrix
+from builder.matrix.naming import content_hash, names
+from builder.matrix.spec import apply_overrides, load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 

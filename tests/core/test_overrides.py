@@ -1,4 +1,4 @@
-"""Reviewed dependency overrides (builder.overrides, issue 31 item 1): matrix data with a reason,
+"""Reviewed dependency overrides (builder.matrix.overrides, issue 31 item 1): matrix data with a reason,
 held to the grammars with file:line:key errors, shown by `check` and `list`, resolved by `lock`
 as uv's --override and nothing else, recorded in the lock's header under its body digest and
 in the image's manifest and labels. The shipped SGLang target needs one (sglang 0.5.12 pins
@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from builder import lock as lockmod
-from builder import lockbody, overrides
+from builder.resolve import lock as lockmod
+from builder.resolve import lockfile as lockbody
+from builder.matrix import overrides
 from builder.cli import main
-from builder.compat import check_target
-from builder.metadata import load_snapshot
+from builder.resolve.compat import check_target
+from builder.resolve.metadata import load_snapshot
 from builder.render.baked import labels, manifest
-from builder.spec import apply_overrides, load_matrix
+from builder.matrix.spec import apply_overrides, load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 SGL = "cuda-x86_64-sglang"

@@ -1,4 +1,4 @@
-"""Prebuilt first (builder/prebuilt.py): a source-built package that names hashed prebuilt wheels
+"""Prebuilt first (builder/resolve/prebuilt.py): a source-built package that names hashed prebuilt wheels
 is installed from a fitting one and built from source only on a miss; the choice and its reason
 are in the lock's record, the image's manifest and labels, and `build-env list`."""
 
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from builder import prebuilt
+from builder.resolve import prebuilt
 from builder.cli import main
 from builder.errors import RenderError
-from builder.lock import lock_path, stale_reason
-from builder.metadata import load_snapshot
+from builder.resolve.lock import lock_path, stale_reason
+from builder.resolve.metadata import load_snapshot
 from builder.render import render_context
-from builder.spec import load_matrix
+from builder.matrix.spec import load_matrix
 from tests.core.test_source_shape import make_site
 
 PKG = "simplejson"
@@ -49,7 +49,7 @@ def _site(root: Path, entries: str) -> Path:
 
 def _lock(matrix: Path, name: str = "cuda-shaped") -> dict:
     """What `build-env lock` records for the prebuilt wheels (without resolving the rest)."""
-    from builder import sources
+    from builder.resolve import sources
 
     t = load_matrix(matrix).target(name)
     lock = lock_path(matrix, t)
@@ -99,7 +99,7 @@ def test_a_fitting_wheel_in_a_wheelhouse_replaces_the_source_build(tmp_path: Pat
 
 
 def test_what_fits() -> None:
-    from builder.spec import Package
+    from builder.matrix.spec import Package
 
     t = load_matrix(make_site_matrix()).target("cuda-shaped")  # python 3.11, x86_64, glibc 2.36
     p = Package("flash-attn", "2.8.3", build="source")

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from builder.lock import lock_path
-from builder.metadata import load_snapshot
+from builder.resolve.lock import lock_path
+from builder.resolve.metadata import load_snapshot
 from builder.errors import RenderError
 from builder.render import render_context
-from builder.spec import apply_overrides, load_matrix
+from builder.matrix.spec import apply_overrides, load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"

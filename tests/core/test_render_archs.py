@@ -1,5 +1,5 @@
 """What the rendered Dockerfile says about GPUs and the base: each source build's architecture list
-comes from what that package's build supports (builder.families.SOURCE_ARCHS), and the base is
+comes from what that package's build supports (builder.matrix.families.SOURCE_ARCHS), and the base is
 said to be pinned by digest only when it is."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from builder.errors import RenderError
-from builder.families import SOURCE_ARCHS
-from builder.lock import lock_path
-from builder.metadata import load_snapshot
+from builder.matrix.families import SOURCE_ARCHS
+from builder.resolve.lock import lock_path
+from builder.resolve.metadata import load_snapshot
 from builder.render import render_context
 from builder.render.blocks.flash_attn import flash_attn_cuda_archs
-from builder.spec import apply_overrides, load_matrix
+from builder.matrix.spec import apply_overrides, load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 DIGEST = "sha256:" + "ab" * 32

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from builder import runlock
+from builder import exclusive as runlock
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from builder import runlock
+    from builder import exclusive as runlock
     with runlock.held(sys.argv[1], what="test holder"):
         print("held", flush=True)
         time.sleep(float(sys.argv[2]))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from builder.render.baked import manifest
-from builder.spec import load_matrix
+from builder.matrix.spec import load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from builder import sources
+from builder.resolve import sources
 from builder.cli import main
 from builder.errors import LockError, RenderError
-from builder.lock import lock_path
-from builder.metadata import load_snapshot
-from builder.naming import content_hash
+from builder.resolve.lock import lock_path
+from builder.resolve.metadata import load_snapshot
+from builder.matrix.naming import content_hash
 from builder.render import blocks, render_context
 from builder.render.blocks.base import torch_cuda_arch_list
 from builder.render.blocks.flash_attn import flash_attn_cuda_archs
-from builder.spec import load_matrix
+from builder.matrix.spec import load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "cuda"
@@ -346,7 +346,7 @@ def test_a_source_package_is_a_block_plus_data(site: Path, tmp_path: Path,
 
 def test_gpus_can_be_overridden_and_are_validated_again() -> None:
     from builder.errors import SpecError
-    from builder.spec import apply_overrides
+    from builder.matrix.spec import apply_overrides
 
     t = load_matrix(REPO / "matrix.yaml").target("cuda-x86_64")
     o = apply_overrides(t, ["gpus=sm_90,sm_100"])

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import sources
-from builder.lock import lock_path
-from builder.spec import load_matrix
-from builder.targets import init_site
+from builder.resolve import sources
+from builder.resolve.lock import lock_path
+from builder.matrix.spec import load_matrix
+from builder.resolve.targets import init_site
 from tests.conftest import REPO
 
 SECRET = "s3cret-token"

@@ -1,5 +1,5 @@
 """Every matrix string that reaches a template is held to its grammar at `check` time
-(builder.grammar): one line naming file:line:key, exit 2, nothing written. Then the cross-field
+(builder.matrix.grammar): one line naming file:line:key, exit 2, nothing written. Then the cross-field
 checks (exit 1): the target's CUDA/ROCm version against the torch build and the base image's tag,
 and each source build's GPU list against what its build compiles for; and a base pinned inside
 its image reference (`name:tag@sha256:...`) is pinned by digest."""
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from builder.cli import main
-from builder.compat import accelerator_problems, torch_build
-from builder.metadata import load_snapshot
-from builder.spec import load_matrix
+from builder.resolve.compat import accelerator_problems, torch_build
+from builder.resolve.metadata import load_snapshot
+from builder.matrix.spec import load_matrix
 from tests.core.test_spec_errors import GOOD, REPO, _run
 
 DIGEST = "sha256:" + "ab" * 32

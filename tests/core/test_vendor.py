@@ -1,6 +1,6 @@
 """Vendor bases, pure logic: the probe's record, the lock's constraints, what the layers leave
 out, rendering into the base's own interpreter, the gate's decisions, declared bases, the ROCm
-family's data (builder.vendor, builder.render, builder.selftest.versions, builder.families)."""
+family's data (builder.resolve.vendor, builder.render, builder.selftest.versions, builder.matrix.families)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from builder import vendor
+from builder.resolve import vendor
 from builder.engine import ContainerEngine, RunResult
 from builder.errors import LockError, SpecError
-from builder.families import FAMILIES
-from builder.lock import input_hash, lock_path, parse_lock
-from builder.metadata import load_snapshot
+from builder.matrix.families import FAMILIES
+from builder.resolve.lock import input_hash, lock_path, parse_lock
+from builder.resolve.metadata import load_snapshot
 from builder.render import render_context
 from builder.selftest.versions import decide_base_files, decide_pin
-from builder.slurm import Inputs, SlurmJob, training_command
-from builder.spec import Base, Package, load_matrix
+from builder.cluster.job import Inputs, SlurmJob, training_command
+from builder.matrix.spec import Base, Package, load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = load_matrix(REPO / "tests" / "fixtures" / "cpu.yaml")

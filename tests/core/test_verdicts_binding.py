@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import verdicts
+from builder.gate import verdicts
 from builder.files import sha256_text
-from builder.spec import load_matrix
+from builder.matrix.spec import load_matrix
 from tests.conftest import REPO, run_build_env
 from tests.trust.conftest import CUDA_BUILD_VERDICT
 

@@ -16,7 +16,7 @@ from typing import Any
 import docker
 import pytest
 
-from builder import verdicts
+from builder.gate import verdicts
 from builder.engine import OWNER_LABEL, Engine
 from builder.errors import EngineError
 from builder.gate.plan import HOST_DEV_ENV, expected_gpus

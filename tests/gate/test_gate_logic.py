@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from builder.errors import VerifyError
-from builder.families import ALL_PHASES
+from builder.matrix.families import ALL_PHASES
 from builder.selftest.cli import PHASES as SELFTEST_PHASES
 from builder.gate.plan import (RELEASE_PHASES, count_gpus, decide_gpus, family_of, normalize_arch,
                                plan_selftest)

@@ -1,11 +1,11 @@
-"""The gate's typed record (builder.gate_record): one serialisation, the keys the image gate and
+"""The gate's typed record (builder.gate.record): one serialisation, the keys the image gate and
 the SIF gate write (in their order), and records of any age read back."""
 
 from __future__ import annotations
 
 import json
 
-from builder.gate_record import HOST, NODE, UNCOUNTED, GateRecord, ImageRun, SifRun
+from builder.gate.record import HOST, NODE, UNCOUNTED, GateRecord, ImageRun, SifRun
 
 IMAGE_GATE = {
     "schema": "verl-env/gate/v1", "family": "cpu",

@@ -1,4 +1,4 @@
-"""Pure logic: the one verdict model, its levels and the one release rule (builder.verdicts)."""
+"""Pure logic: the one verdict model, its levels and the one release rule (builder.gate.verdicts)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import verdicts
+from builder.gate import verdicts
 from builder.errors import BuildEnvError
-from builder.families import FAMILIES
-from builder.verdicts import Verdict, release_problem
+from builder.matrix.families import FAMILIES
+from builder.gate.verdicts import Verdict, release_problem
 from tests.trust.conftest import CUDA_BUILD_VERDICT, PARTIAL_VERDICT, RELEASE_VERDICT
 
 ROOT = Path(__file__).resolve().parents[2]

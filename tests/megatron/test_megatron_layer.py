@@ -1,4 +1,4 @@
-"""The Megatron layer as matrix data (builder.megatron): a target switches it on with
+"""The Megatron layer as matrix data (builder.matrix.megatron): a target switches it on with
 ``megatron:``; it adds verl's mcore extra, megatron-core, mbridge and TransformerEngine's three
 distributions; bad entries are refused naming file:line:key; `check` and `list` see it."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from builder.cli import main
-from builder.compat import check_target
+from builder.resolve.compat import check_target
 from builder.errors import SpecError
-from builder.metadata import load_snapshot
-from builder.spec import apply_overrides, load_matrix
+from builder.resolve.metadata import load_snapshot
+from builder.matrix.spec import apply_overrides, load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 TARGETS = ("cuda-x86_64-megatron", "cuda-arm64-megatron")

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from builder.lock import lock_path
-from builder.metadata import load_snapshot
+from builder.resolve.lock import lock_path
+from builder.resolve.metadata import load_snapshot
 from builder.render import render_context
 from builder.render.blocks.transformer_engine import nccl_ep
-from builder.spec import Package, Source, apply_overrides, load_matrix
+from builder.matrix.spec import Package, Source, apply_overrides, load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 STAGE = "source-transformer-engine-torch"

@@ -21,7 +21,7 @@ import pytest
 from builder.selftest.coverage import allowance, decide_dist, scan
 from builder.selftest.devcode import read_device_code
 from builder.selftest.fatbin import CudaImage
-from builder.spec import load_matrix
+from builder.matrix.spec import load_matrix
 from tests.support import wheels
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]

@@ -19,7 +19,7 @@ import pytest
 
 from builder.selftest.abimodel import bind
 from builder.selftest.elfdyn import read_dynamic
-from builder.spec import load_matrix
+from builder.matrix.spec import load_matrix
 from tests.megatron.test_te_coverage_real import _te_wheel
 from tests.support import wheels
 

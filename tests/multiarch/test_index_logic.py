@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from builder.engine import ImageInfo
-from builder.publish import Member, PlatformClash, refusal
-from builder.registry import (OCI_INDEX, IndexEntry, Platform, index_document, index_entries,
+from builder.publish.push import Member, PlatformClash, refusal
+from builder.registry.api import (OCI_INDEX, IndexEntry, Platform, index_document, index_entries,
                               is_index)
-from builder.verdicts import Verdict
+from builder.gate.verdicts import Verdict
 from tests.conftest import REPO, run_build_env
 from tests.trust.conftest import PARTIAL_VERDICT, verdict_record
 

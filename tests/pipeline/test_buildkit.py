@@ -293,10 +293,10 @@ def test_the_fixture_image_has_no_dead_bytes(engine: Engine, debian_base: str, c
                                              tmp_path: Path) -> None:
     """The CPU fixture as the pipeline builds it (same rendering, same engine call: with the
     session's cache this is the very image ``cpu_image`` got, without waiting on its gate)."""
-    from builder.lock import lock_path
-    from builder.metadata import load_snapshot
+    from builder.resolve.lock import lock_path
+    from builder.resolve.metadata import load_snapshot
     from builder.render import render_context
-    from builder.spec import load_matrix
+    from builder.matrix.spec import load_matrix
 
     matrix = load_matrix(REPO / "tests/fixtures/cpu.yaml")
     target = matrix.target("cpu-x86_64")

@@ -32,7 +32,8 @@ import pytest
 import requests
 import urllib3.exceptions
 
-from builder import runlock, verdicts
+from builder import exclusive as runlock
+from builder.gate import verdicts
 from builder.engine import BuildProgress, EngineHealth, PlainProgress, faults
 from builder.engine.buildkit import _VERTEX
 from builder.engine.containers import OWNER_LABEL

@@ -26,10 +26,13 @@ from typing import Any
 
 import pytest
 
-from builder import __version__, pipeline, publish, runlock, verdicts
+from builder import __version__, pipeline
+from builder.publish import push as publish
+from builder import exclusive as runlock
+from builder.gate import verdicts
 from builder.engine import (BuildProgress, BuildResult, ContainerEngine, Engine, ImageInfo,
                             RunResult)
-from builder.naming import content_hash, context_digest
+from builder.matrix.naming import content_hash, context_digest
 from builder.plan import BuildPlan, BuildRequest, plan_build
 from builder.trust import keys
 from builder.trust import sbom as sbom_mod

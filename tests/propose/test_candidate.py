@@ -74,7 +74,7 @@ def test_candidate_entry_keeps_every_key_of_the_target() -> None:
     import yaml
 
     from builder.propose.candidate import entry
-    from builder.spec import load_matrix
+    from builder.matrix.spec import load_matrix
     from tests.conftest import REPO
 
     for matrix in (REPO / "matrix.yaml", REPO / "tests/fixtures/cpu.yaml",

@@ -13,10 +13,10 @@ from typing import ClassVar
 
 import pytest
 
-from builder.metadata import IndexClient, Snapshot
+from builder.resolve.metadata import IndexClient, Snapshot
 from builder.propose.online import refresh_candidates
 from builder.propose.proposal import propose
-from builder.spec import load_matrix
+from builder.matrix.spec import load_matrix
 
 DATA = Path(__file__).parent / "data"
 # name -> version -> (requires_dist, requires_python, wheel tags, yanked)

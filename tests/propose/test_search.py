@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from builder.metadata import load_snapshot
+from builder.resolve.metadata import load_snapshot
 from builder.propose.proposal import Proposal, propose
 from builder.propose.search import Anchors, ProposeError, Space, find_links_releases
-from builder.spec import load_matrix
+from builder.matrix.spec import load_matrix
 from tests.conftest import run_build_env
 
 DATA = Path(__file__).parent / "data"
@@ -161,9 +161,9 @@ def test_cli_json_and_text(site: Path) -> None:
 
 
 def test_a_source_build_needs_an_sdist(site: Path) -> None:
-    from builder.metadata import Release
+    from builder.resolve.metadata import Release
     from builder.propose import coherence
-    from builder.spec import Package, Source
+    from builder.matrix.spec import Package, Source
 
     t = load_matrix(site).target("gpu")
     tags = coherence.supported_tags(t)

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import requests
 
-from builder import publish
-from builder.registry import Client
+from builder.publish import push as publish
+from builder.registry.api import Client
 from builder.trust import dsse, keys, referrers
 from builder.trust import statements as st
-from builder.verdicts import Verdict
+from builder.gate.verdicts import Verdict
 from tests.conftest import run_build_env
 from tests.publish.conftest import RegistryServer
 from tests.trust.conftest import (RELEASE_VERDICT, base_sif, keypair, other_keypair,  # noqa: F401
@@ -334,7 +334,7 @@ def test_cluster_verdicts_attached_listed_and_refused(
     replaces the other, the cosign copy is left alone); `trust verify` and `status` list them
     newest first and say which last passed on a cluster; a verdict about another file is
     refused before any push, one signed by another key refuses the reference."""
-    from builder import cluster_verdict as cluster
+    from builder.cluster import verdict as cluster
     from builder.errors import PublishError
     from tests.trust.test_cluster_verdict import _cpu_reports
 

@@ -32,7 +32,8 @@ from typing import Any
 import pytest
 import requests
 
-from builder import publish, verdicts
+from builder.publish import push as publish
+from builder.gate import verdicts
 from builder.engine import Engine
 from builder.errors import PublishError
 from builder.trust import keys

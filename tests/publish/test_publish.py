@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import requests
 
-from builder import publish, verdicts
-from builder import registry as regapi
+from builder.publish import push as publish
+from builder.gate import verdicts
+from builder.registry import api as regapi
 from builder.engine import Engine, credentials
 from builder.errors import PublishError
 from tests.publish.conftest import PASSWORD, REPO, USER, RegistryServer

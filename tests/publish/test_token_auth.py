@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 
-from builder import publish
+from builder.publish import push as publish
 from builder.engine import Engine
 from builder.errors import PublishError
 from tests.publish.conftest import (PASSWORD, REFRESH_TOKEN, SERVICE, USER, RegistryServer,

@@ -17,7 +17,7 @@ import yaml
 from builder.errors import SpecError
 from builder.render.baked import manifest
 from builder.selftest.manifest import ManifestError, load_manifest
-from builder.spec import load_matrix
+from builder.matrix.spec import load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 RAW = yaml.safe_load((REPO / "matrix.yaml").read_text())

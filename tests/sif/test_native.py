@@ -223,7 +223,7 @@ def test_pipeline_entry_converts_only_verified_images(layered: Any, tmp_path: Pa
     """``convert_verified`` (``build-env --target T --sif PATH``) refuses an image without a
     verdict, and otherwise runs the full verification, self-test included."""
     from builder import sif as sif_mod
-    from builder import verdicts
+    from builder.gate import verdicts
     from builder.errors import SifError
 
     need_tools("mksquashfs", "siftool", "unsquashfs", "ch-run")

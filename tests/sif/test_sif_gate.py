@@ -12,7 +12,7 @@ import pytest
 
 from builder.errors import VerifyError
 from builder.gate.plan import node_gpus, plan_sif_gate
-from builder.gate.sif import verify_sif_image
+from builder.sif.gate import verify_sif_image
 from builder.sif.checks import apptainer_command, pick_runtime
 
 APPTAINER = ("apptainer", "/usr/bin/apptainer")

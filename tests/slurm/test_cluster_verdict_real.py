@@ -80,7 +80,7 @@ def sif_bench(slurm_cluster: SlurmCluster, sif_and_dir: tuple[Path, Path],
 def test_job_writes_a_cluster_verdict_signed_attached_and_listed(
         sif_bench: Bench, sif_and_dir: tuple[Path, Path], cpu_image: dict,
         keypair: KeyFiles, tmp_path: Path) -> None:
-    from builder import cluster_verdict as cluster
+    from builder.cluster import verdict as cluster
     from builder.trust.cluster_signing import clusters_sidecar
     from tests.publish.conftest import start_registry
 
@@ -154,7 +154,7 @@ def test_job_writes_a_cluster_verdict_signed_attached_and_listed(
 
 def test_a_failing_node_fails_the_cluster_verdict_naming_it(
         sif_bench: Bench, sif_and_dir: tuple[Path, Path]) -> None:
-    from builder import cluster_verdict as cluster
+    from builder.cluster import verdict as cluster
 
     bench, (sif, _) = sif_bench, sif_and_dir
     switch = bench.break_node("node2", "HIP_VISIBLE_DEVICES=0\nCUDA_VISIBLE_DEVICES=1\n")

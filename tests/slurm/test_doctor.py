@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import doctor
+from builder.cluster import doctor
 from builder.cli import main
-from builder.doctor import FAIL, OK, SKIP, WARN, Finding, run_doctor
-from builder.slurm import RayPorts
+from builder.cluster.doctor import FAIL, OK, SKIP, WARN, Finding, run_doctor
+from builder.cluster.job import RayPorts
 from tests.slurm.conftest import free_port_block
 
 REPO = Path(__file__).resolve().parents[2]

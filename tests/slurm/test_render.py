@@ -19,11 +19,11 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from builder import slurm
+from builder.cluster import job as slurm
 from builder.cli import main
 from builder.commands import slurm as command
 from builder.errors import SlurmError
-from builder.slurm import Inputs, RayPorts, SlurmJob, render_sbatch, shell_word, write_sbatch
+from builder.cluster.job import Inputs, RayPorts, SlurmJob, render_sbatch, shell_word, write_sbatch
 
 DIGEST = "0123456789abcdef" * 4
 ORAS = f"oras://registry.example.org/verl/cuda-x86_64@sha256:{DIGEST}"

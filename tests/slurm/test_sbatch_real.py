@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.slurm import Inputs, RayPorts, SlurmJob, write_sbatch
-from builder.slurm_train import TrainChoice, checker_bytes, default_train_cmd
-from builder.spec import load_matrix
+from builder.cluster.job import Inputs, RayPorts, SlurmJob, write_sbatch
+from builder.cluster.train_command import TrainChoice, checker_bytes, default_train_cmd
+from builder.matrix.spec import load_matrix
 from tests.conftest import FIXTURE, run_build_env
 from tests.slurm.conftest import SlurmCluster, free_port_block, processes_mentioning
 

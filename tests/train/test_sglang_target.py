@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.spec import load_matrix
+from builder.matrix.spec import load_matrix
 from builder.train import target_rollout
 from tests.train.conftest import RunChecker, tiny_command
 

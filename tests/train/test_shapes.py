@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from builder.errors import BuildEnvError
-from builder.spec import load_matrix
+from builder.matrix.spec import load_matrix
 from builder.train import default_command, logger_env, shapes
 from builder.train.shapes import TrainShapeError
 

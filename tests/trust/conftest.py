@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.families import FAMILIES
+from builder.matrix.families import FAMILIES
 from builder.trust import keys, sbom
-from builder.verdicts import Verdict
+from builder.gate.verdicts import Verdict
 
 def _gate(family: str, scope: str = "release", reason: str | None = None,
           expected: int = 0) -> dict:
@@ -30,7 +30,7 @@ def _gate(family: str, scope: str = "release", reason: str | None = None,
 
 def verdict_record(family: str = "cpu", scope: str = "release", reason: str | None = None,
                    target: str = "cpu-x86_64") -> dict:
-    """A passing verdict record as the gate writes it (builder.verdicts.Verdict.to_dict)."""
+    """A passing verdict record as the gate writes it (builder.gate.verdicts.Verdict.to_dict)."""
     record = {"image_id": "sha256:" + "5" * 64, "overall": "pass", "exit_code": 0,
               "target": target, "recorded_at": "2026-11-23T21:00:00+00:00",
               "report": {"schema": "verl-env/selftest/v1", "overall": "pass",

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from builder import cluster_verdict as cluster
+from builder.cluster import verdict as cluster
 from builder.errors import ClusterError, TrustError
 from builder.selftest.report import Check, ReportMeta, build_report
 from builder.trust import dsse
 from builder.files import sha256_file
-from builder.status import gather, last_passed, sif_entries
+from builder.publish.status import gather, last_passed, sif_entries
 from builder.trust.cluster_signing import clusters_sidecar, sign_cluster
 from builder.trust.keys import KeyFiles, load_private
 from tests.conftest import run_build_env

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from builder.errors import PublishError, TrustError
-from builder.registry import fallback_tag
+from builder.registry.api import fallback_tag
 from builder.trust import referrers, remote
 
 DIGEST = "sha256:" + "ab" * 32

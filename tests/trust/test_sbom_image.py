@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import verdicts
+from builder.gate import verdicts
 from builder.engine import Engine
 from builder.trust import sbom
 from builder.trust.keys import KeyFiles

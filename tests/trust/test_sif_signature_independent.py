@@ -12,7 +12,7 @@ from pathlib import Path
 from builder.trust import statements as st
 from builder.trust.keys import KeyFiles
 from builder.trust.sign import sign_sif
-from builder.verdicts import Verdict
+from builder.gate.verdicts import Verdict
 from tests.trust.conftest import RELEASE_VERDICT
 
 SIGNATURE, GROUP_FLAG = 0x4005, 0xF0000000

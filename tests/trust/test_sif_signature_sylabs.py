@@ -16,7 +16,7 @@ from builder.sif import format as sif_format
 from builder.trust import statements as st
 from builder.trust.keys import KeyFiles
 from builder.trust.sign import sign_sif
-from builder.verdicts import Verdict
+from builder.gate.verdicts import Verdict
 from tests.trust.conftest import RELEASE_VERDICT
 
 SOURCE = Path(__file__).parent / "sifverify" / "main.go"

@@ -19,7 +19,7 @@ from builder.trust import statements as st
 from builder.trust.keys import KeyFiles, load_private
 from builder.trust.sign import sign_sif
 from tests.conftest import OUTSIDE, installed_build_env, run_build_env
-from builder.verdicts import Verdict
+from builder.gate.verdicts import Verdict
 from tests.trust.conftest import CUDA_BUILD_VERDICT, PARTIAL_VERDICT, RELEASE_VERDICT
 
 

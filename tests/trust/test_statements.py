@@ -10,7 +10,7 @@ import pytest
 
 from builder.errors import TrustError
 from builder.trust import statements as st
-from builder.verdicts import Verdict
+from builder.gate.verdicts import Verdict
 from tests.trust.conftest import CUDA_BUILD_VERDICT
 
 
@@ -24,7 +24,7 @@ def test_the_verdict_statement_is_the_one_serialisation() -> None:
     assert st.read_verdict(pred, "here").to_dict() == CUDA_BUILD_VERDICT
     with pytest.raises(TrustError, match="here: the verdict is not a JSON object"):
         st.read_verdict({"verdict": "pass"}, "here")
-    assert not hasattr(st, "release_problem")  # one release rule: builder.verdicts
+    assert not hasattr(st, "release_problem")  # one release rule: builder.gate.verdicts
 
 
 def test_provenance_from_a_report(report: Path) -> None:

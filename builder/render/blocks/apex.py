@@ -8,7 +8,7 @@ project's machines (GitHub, where apex lives, is unreachable here): docs/megatro
 from __future__ import annotations
 
 from builder.render.blocks.base import Block, Env, register
-from builder.spec import Target
+from builder.matrix.spec import Target
 
 NOTES = (
     "apex: its C++ and CUDA extensions (APEX_CPP_EXT, APEX_CUDA_EXT), for the target's gpus,",

@@ -13,8 +13,8 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from builder import grammar
-from builder.spec import Package, Target
+from builder.matrix import grammar
+from builder.matrix.spec import Package, Target
 
 Env = list[tuple[str, str]]  # (variable, value as the Dockerfile writes it)
 

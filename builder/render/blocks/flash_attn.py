@@ -1,12 +1,12 @@
 """flash-attn from source: forced (its setup.py would download an unhashed prebuilt wheel), for
-the target's GPUs in flash-attn's own architecture names (the data: builder.families'
+the target's GPUs in flash-attn's own architecture names (the data: builder.matrix.families'
 ``SOURCE_ARCHS``), with as many compile jobs as the build host's memory allows."""
 
 from __future__ import annotations
 
-from builder.families import SOURCE_ARCHS
+from builder.matrix.families import SOURCE_ARCHS
 from builder.render.blocks.base import Block, Env, register
-from builder.spec import Target
+from builder.matrix.spec import Target
 
 NOTES = (
     "flash-attn: FLASH_ATTENTION_FORCE_BUILD (its setup.py would otherwise download an unhashed",

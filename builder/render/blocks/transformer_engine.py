@@ -17,7 +17,7 @@ The extension is host code (C++ only, no CUDA sources): its GPU kernels are in t
 from __future__ import annotations
 
 from builder.render.blocks.base import Block, Env, register
-from builder.spec import Target
+from builder.matrix.spec import Target
 
 NOTES = (
     "transformer-engine-torch: NVTE_PYTORCH_FORCE_BUILD (its setup.py would otherwise download",

@@ -4,7 +4,7 @@ The lock for target T lives at ``locks/T.txt`` beside the matrix. Its header rec
 hash over everything that decides the resolution (pins, python, platform, provided packages,
 find-links, uv options, the snapshot's dependencies of wheel-less packages); ``check``
 recomputes it to catch a lock that no longer matches its matrix entry. The header also records
-what the body is (:mod:`builder.lockbody`: a digest of the body and one per entry), so ``check``
+what the body is (:mod:`builder.resolve.lockfile`: a digest of the body and one per entry), so ``check``
 and ``render`` refuse a lock edited since ``lock`` wrote it, naming the entry, without resolving
 again; every matrix pin must be in the lock at its version. Packages the base image provides are excluded from the graph (``--excludes``) and
 never resolved from the index. Packages built from source stay in the lock (their sdist is
@@ -31,11 +31,15 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from builder.files import atomic_write_text
-from builder.compat import check_target, local_sources, marker_env
+from builder.resolve.compat import check_target, local_sources, marker_env
 from builder.errors import CompatError, LockError, NetworkError
-from builder.metadata import INDEX_WAY_OUT, Snapshot, network_timeout
-from builder.spec import Package, Target
-from builder import lockbody, overrides, prebuilt, sources, vendor
+from builder.resolve.metadata import INDEX_WAY_OUT, Snapshot, network_timeout
+from builder.matrix.spec import Package, Target
+from builder.resolve import lockfile as lockbody
+from builder.matrix import overrides
+from builder.resolve import prebuilt
+from builder.resolve import sources
+from builder.resolve import vendor
 
 # antlr4-python3-runtime 4.9.3 (hydra-core 1.3's dependency) is sdist-only and pure python:
 # without this exception, binary-only resolution silently downgrades hydra-core to 0.11.3.
@@ -129,7 +133,7 @@ def uv_args(target: Target) -> list[str]:
 
 def input_hash(target: Target, snapshot: Snapshot, record: dict | None = None) -> str:
     """Over everything that decides the resolution; for a vendor base also its record (the
-    base's full freeze constrains the lock: builder.vendor)."""
+    base's full freeze constrains the lock: builder.resolve.vendor)."""
     inputs: dict[str, Any] = {
         "schema": LOCK_SCHEMA, "requirements": requirements_in(target, snapshot),
         "excludes": sorted(p.name for p in target.provided),
@@ -137,7 +141,7 @@ def input_hash(target: Target, snapshot: Snapshot, record: dict | None = None) -
         "args": uv_args(target)}
     if target.build_tools:  # only then: the locks of targets without them keep their hash
         inputs["build_tools"] = sorted(target.build_tools)
-    if target.overrides:  # likewise: reviewed overrides (builder.overrides), uv's --override
+    if target.overrides:  # likewise: reviewed overrides (builder.matrix.overrides), uv's --override
         inputs["overrides"] = [o.requirement for o in target.overrides]
     if record is not None:
         constraints, excludes = vendor.resolution(target, record)
@@ -178,7 +182,7 @@ def _uv_compile(target: Target, requirements: list[str], *, constraints: list[st
         if constraints:
             (tmpdir / "constraints.txt").write_text("".join(f"{c}\n" for c in constraints))
             cmd += ["-c", "constraints.txt"]
-        if forced:  # the target's reviewed overrides, and nothing else (builder.overrides)
+        if forced:  # the target's reviewed overrides, and nothing else (builder.matrix.overrides)
             (tmpdir / "overrides.txt").write_text("".join(f"{r}\n" for r in forced))
             cmd += ["--override", "overrides.txt"]
         if offline:
@@ -254,10 +258,10 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
     only what its override needs, so the layers below it stay cached; ``build-env lock`` passes
     the committed lock, so a re-lock with no change is byte-identical). ``upgrade_packages``:
     moved to their newest allowed versions all the same. ``record``: the vendor base's record
-    (builder.vendor): its freeze constrains the resolution. Git sources are pinned to their
-    commits beside the lock (builder.sources; a moved ref is refused unless ``repin``; without
+    (builder.resolve.vendor): its freeze constrains the resolution. Git sources are pinned to their
+    commits beside the lock (builder.resolve.sources; a moved ref is refused unless ``repin``; without
     ``fetch_git`` the recorded commits are kept, their refs not re-checked) and
-    prebuilt wheels chosen (builder.prebuilt), before anything is written."""
+    prebuilt wheels chosen (builder.resolve.prebuilt), before anything is written."""
     ihash = input_hash(target, snapshot, record)
     git_pins = sources.pin_git(target, out, previous=prefer, repin=repin, fetch=fetch_git)
     wheels = prebuilt.lock_prebuilt(target)  # prebuilt first: a source build only on a miss
@@ -302,7 +306,7 @@ def moved_pins(before: str | None, after: str) -> list[tuple[str, str | None, st
 
 
 def header(target: Target, ihash: str, body: str) -> str:
-    """The lock's header: the input hash, and what its body is (:mod:`builder.lockbody`: a
+    """The lock's header: the input hash, and what its body is (:mod:`builder.resolve.lockfile`: a
     digest of the body and of each entry), so an edit is found without resolving again."""
     forced = overrides.lock_lines(target.overrides)
     return (f"# verl-env lock for target {target.name}: {target.platform}, python "
@@ -358,7 +362,7 @@ def locked_pins(target: Target, snapshot: Snapshot) -> list[tuple[str, str]]:
 
 def lock_edits(target: Target, path: Path) -> list[str]:
     """What in the lock at ``path`` and its build-tools lock is not what ``build-env lock``
-    wrote (:func:`builder.lockbody.problems`): an unhashed line, an edited hash, a removed or
+    wrote (:func:`builder.resolve.lockfile.problems`): an unhashed line, an edited hash, a removed or
     added entry, a missing body digest."""
     regenerate = f"build-env lock --target {target.name}"
     out = []

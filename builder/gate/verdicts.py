@@ -3,7 +3,7 @@ and the one release rule that tagging, ``sif``, ``publish``, ``trust sign`` and 
 all call (:func:`release_problem`).
 
 A :class:`Verdict` is what the gate returns (:mod:`builder.gate`: the self-test's report with
-the ``gate`` section it adds, read as a typed :class:`builder.gate_record.GateRecord`: phases
+the ``gate`` section it adds, read as a typed :class:`builder.gate.record.GateRecord`: phases
 and arguments run, GPUs expected and seen) and what is recorded, signed and read back:
 :meth:`Verdict.to_dict` and :meth:`Verdict.from_dict` are the only serialisation. Everything a
 verdict claims (scope, level, GPU evidence) is derived from its report on every read, never
@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import BuildEnvError
-from builder.families import family as family_of_name
-from builder.gate_record import GateRecord
+from builder.matrix.families import family as family_of_name
+from builder.gate.record import GateRecord
 from builder.files import atomic_write_text, state_home
 
 SCHEMA = "verl-env/verdict/v2"

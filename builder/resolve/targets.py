@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import shipped
-from builder.compat import local_sources
+from builder.resolve.compat import local_sources
 from builder.errors import SiteError
-from builder.metadata import Snapshot, load_snapshot, snapshot_path
-from builder.spec import Matrix, Target, apply_overrides, load_matrix
+from builder.resolve.metadata import Snapshot, load_snapshot, snapshot_path
+from builder.matrix.spec import Matrix, Target, apply_overrides, load_matrix
 
 
 SITE_DIRS = ("metadata", "locks")  # beside matrix.yaml

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import ClusterError
-from builder.families import family as family_of_name
+from builder.matrix.families import family as family_of_name
 from builder.files import atomic_write_text, sha256_file
 from builder.sif.checks import sif_labels
-from builder.verdicts import GPU, NONE, PROVEN, gpu_facts
+from builder.gate.verdicts import GPU, NONE, PROVEN, gpu_facts
 
 SCHEMA = "verl-env/cluster-verdict/v1"
 FILE_NAME = "cluster-verdict.json"

@@ -11,15 +11,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from builder.errors import VerifyError
-from builder.families import FAMILIES
+from builder.matrix.families import FAMILIES
 from builder.files import sha256_file
 from builder.gate import ending
 from builder.gate.plan import (RELEASE_PHASES, host_dev_root, list_devices, plan_selftest,
                                plan_sif_gate)
-from builder.gate_record import GateRecord, SifRun, SifSubject
+from builder.gate.record import GateRecord, SifRun, SifSubject
 from builder.sif import format as sif_format
 from builder.sif.checks import pick_runtime, run_in_sif, sif_labels
-from builder.verdicts import PARTIAL, RELEASE, Verdict
+from builder.gate.verdicts import PARTIAL, RELEASE, Verdict
 
 
 def is_sif(text: str) -> bool:

@@ -31,10 +31,10 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-from builder import records
+from builder.resolve import records
 from builder.errors import LockError, NetworkError, RenderError, redact
-from builder.metadata import Snapshot, network_timeout
-from builder.spec import Package, Target
+from builder.resolve.metadata import Snapshot, network_timeout
+from builder.matrix.spec import Package, Target
 
 SOURCES_SCHEMA = "verl-env/sources/v1"
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip", ".tar")

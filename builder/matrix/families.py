@@ -1,7 +1,7 @@
 """What an accelerator family means, in one place: ``cuda``, ``rocm`` and ``cpu``.
 
 Read by :mod:`builder.gate` (the phases a release verdict needs, whose GPUs to count on the
-engine's host), :mod:`builder.engine` (how a container gets those GPUs), :mod:`builder.slurm`
+engine's host), :mod:`builder.engine` (how a container gets those GPUs), :mod:`builder.cluster.job`
 (Apptainer flags, the GPU visibility variables, the NCCL/RCCL profile of the job) and the
 templates. Adding a family means adding an entry here and its template blocks; nothing else
 names a family.
@@ -18,7 +18,7 @@ from types import MappingProxyType
 ALL_PHASES = ("preflight", "env", "imports", "versions", "coverage", "abi", "cpu", "gpu",
               "collective", "ray")
 # The phases that prove nothing without a GPU: a verdict of a GPU family whose host had none is
-# a *build* verdict with these phases ``pending`` (builder.verdicts).
+# a *build* verdict with these phases ``pending`` (builder.gate.verdicts).
 GPU_PHASES = ("gpu", "collective")
 
 
@@ -62,7 +62,7 @@ class Family:
     # expression; None: the family runs on no GPU, and a target of it lists none).
     gpu_pattern: str | None = None
 
-    # --- the Slurm job (builder.slurm, templates/job/) -------------------------------------
+    # --- the Slurm job (builder.cluster.job, templates/job/) -------------------------------------
     # The GPU selection a launcher may have set, in priority order: the first one set is
     # exported under every name of ``visible_devices`` (ROCm: Ray wants HIP == CUDA).
     visible_sources: tuple[str, ...] = ()

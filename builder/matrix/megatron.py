@@ -11,11 +11,11 @@ target pins itself wins, so a site can move one pin or give it ``prebuilt:`` whe
   ``transformer-engine-cu<CUDA major>`` (the GPU kernels, held to the target's ``gpus`` by the
   coverage phase) and its torch extension ``transformer-engine-torch``, an sdist only, built
   from source against the image's torch (:mod:`builder.render.blocks.transformer_engine`) or
-  taken from hashed ``prebuilt:`` wheels (:mod:`builder.prebuilt`);
+  taken from hashed ``prebuilt:`` wheels (:mod:`builder.resolve.prebuilt`);
 - ``apex`` from a commit-pinned source, only when the layer names one (verl uses apex's fused
   RMSNorm in its legacy Megatron model code only).
 
-Pure data in, data out: :mod:`builder.spec` parses what :func:`packages` returns with its own
+Pure data in, data out: :mod:`builder.matrix.spec` parses what :func:`packages` returns with its own
 rules, so every error still names file:line:key.
 """
 
@@ -140,7 +140,7 @@ def packages(layer: Layer, cuda: str | None) -> dict[str, tuple[str, Any]]:
 
 def imports(packages: Iterable[Any]) -> dict[str, str]:
     """What the gate imports of the layer's packages (distribution -> module; ``packages``: the
-    target's enabled :class:`builder.spec.Package` objects)."""
+    target's enabled :class:`builder.matrix.spec.Package` objects)."""
     return {p.name: p.module for p in packages if p.name in IMPORTS}
 
 

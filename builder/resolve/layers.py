@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from builder.lock import LockedPackage
+from builder.resolve.lock import LockedPackage
 
 LAYER_ORDER = ("torch", "engine", "deps", "verl")
 

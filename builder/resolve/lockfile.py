@@ -27,7 +27,7 @@ from pathlib import Path
 
 BODY_KEY = "# body-sha256: "
 # Header lines the body digest covers as well (a lock resolved with a reviewed override,
-# builder.overrides.LOCK_KEY: the same text): editing one is an edit of what was resolved.
+# builder.matrix.overrides.LOCK_KEY: the same text): editing one is an edit of what was resolved.
 COVERED_KEY = "# override: "
 ENTRIES_KEY = "# entries: "
 _REGENERATE = "# regenerate: "

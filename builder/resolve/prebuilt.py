@@ -32,10 +32,10 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from builder import records
+from builder.resolve import records
 from builder.errors import LockError, NetworkError, RenderError
 from builder.files import sha256_file
-from builder.spec import Package, Target
+from builder.matrix.spec import Package, Target
 
 PREBUILT_SCHEMA = "verl-env/prebuilt/v1"
 FETCH_TIMEOUT = 120

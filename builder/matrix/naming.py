@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.spec import Target
+from builder.matrix.spec import Target
 
 CONTENT_SCHEMA = b"verl-env/content/v1\n"
 CONTEXT_SCHEMA = b"verl-env/context/v1\n"

@@ -9,7 +9,7 @@ recorded in the lock's header (covered by its body digest), the image's manifest
 shown by ``check`` and ``list``, and held by the gate (the installed version is the override's;
 the one requirement it replaces is the only unmet one accepted).
 
-Pure: no I/O and nothing of ``builder`` imported (a foundation module); :mod:`builder.spec`
+Pure: no I/O and nothing of ``builder`` imported (a foundation module); :mod:`builder.matrix.spec`
 hands in the grammar's check for plain text and turns an :class:`OverrideError` into its
 file:line:key error.
 """
@@ -28,9 +28,9 @@ KEYS = {"version", "reason"}
 MIN_REASON = 10
 # A distribution name (PEP 508)
 _NAME = re.compile(r"[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9]", re.ASCII)
-# The grammar's check of one plain line of text (builder.grammar.plain): raises ValueError
+# The grammar's check of one plain line of text (builder.matrix.grammar.plain): raises ValueError
 Plain = Callable[[str], str]
-# The header line of a lock that was resolved with an override (builder.lock, lockbody).
+# The header line of a lock that was resolved with an override (builder.resolve.lock, lockbody).
 LOCK_KEY = "# override: "
 
 
@@ -98,7 +98,7 @@ def _one(name: Any, value: Any, plain: Plain) -> Override:
 
 def parse(value: Any, plain: Plain) -> tuple[Override, ...]:
     """The target's ``overrides:`` mapping (None: none), sorted by name; ``plain`` checks
-    each string against the grammar of one plain line (builder.grammar.plain)."""
+    each string against the grammar of one plain line (builder.matrix.grammar.plain)."""
     if value is None:
         return ()
     if not isinstance(value, dict) or not value:

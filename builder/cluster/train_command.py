@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from builder.errors import SlurmError
-from builder.families import FAMILIES
-from builder.slurm import Inputs, quote_keep_vars
-from builder.spec import Target
+from builder.matrix.families import FAMILIES
+from builder.cluster.job import Inputs, quote_keep_vars
+from builder.matrix.spec import Target
 from builder.train import (TrainShapeError, checker_path, default_command, logger_env,
                            target_rollout, target_verl)
 

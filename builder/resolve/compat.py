@@ -18,11 +18,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder import overrides
-from builder.families import SOURCE_ARCHS
-from builder.grammar import GrammarError, parse_oci_reference
-from builder.metadata import Snapshot
-from builder.spec import Package, Target
+from builder.matrix import overrides
+from builder.matrix.families import SOURCE_ARCHS
+from builder.matrix.grammar import GrammarError, parse_oci_reference
+from builder.resolve.metadata import Snapshot
+from builder.matrix.spec import Package, Target
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def check_target(target: Target, snapshot: Snapshot) -> list[Problem]:
 
 def overridden(target: Target, snapshot: Snapshot) -> list[tuple[str, str]]:
     """``(override name, what it replaces)`` for every declared requirement of the target's
-    pins that a reviewed override replaces (builder.overrides), e.g. ``sglang 0.5.12 requires
+    pins that a reviewed override replaces (builder.matrix.overrides), e.g. ``sglang 0.5.12 requires
     transformers==5.6.0``; an override that replaces none of them is listed with ``None`` said
     in words (it may still replace a requirement deeper in the graph)."""
     out: list[tuple[str, str]] = []
@@ -275,7 +275,7 @@ def accelerator_problems(target: Target, snapshot: Snapshot) -> list[Problem]:
 
 def source_arch_problems(target: Target) -> list[Problem]:
     """Each source build's GPU list against what its build system compiles for
-    (builder.families' SOURCE_ARCHS): a GPU it has no code for would fail the gate."""
+    (builder.matrix.families' SOURCE_ARCHS): a GPU it has no code for would fail the gate."""
     problems = []
     for p in target.enabled_packages:
         archs = SOURCE_ARCHS.get(p.name)

@@ -12,7 +12,7 @@
 * The SIF goes as an ORAS artifact with the media types ``apptainer pull oras://`` accepts
   (config ``application/vnd.sylabs.sif.config.v1+json`` = ``{}``, one
   ``application/vnd.sylabs.sif.layer.v1.sif`` layer with a title), spoken directly over the OCI
-  distribution API (:mod:`builder.registry`: monolithic blob uploads, manifest ``PUT`` by its
+  distribution API (:mod:`builder.registry.api`: monolithic blob uploads, manifest ``PUT`` by its
   digest). Its manifest is read back, and its layer must have the SIF's own sha256 and size.
 * With a signing key (``--sign-key``, the build's ``report.json`` for provenance): the
   verdict, SBOM and provenance statements are signed (DSSE) about the image manifest digest
@@ -29,7 +29,7 @@
   registry by digest and what is not published; a failed stage is one error naming it. A re-run
   sends nothing the registry already holds.
 
-Credentials: see :mod:`builder.registry` (environment, then the Docker config's
+Credentials: see :mod:`builder.registry.api` (environment, then the Docker config's
 ``credHelpers``/``credsStore``/``auths``); they are never printed, logged or recorded, and
 neither are bearer tokens. Transient registry errors (5xx, connection reset) are retried with
 backoff. Loopback registries are spoken to over plain HTTP (Docker's default config trusts
@@ -50,16 +50,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from builder import runlock, verdicts
-from builder.cluster_verdict import ClusterVerdict
-from builder.cluster_verdict import read as read_cluster_verdict
+from builder import exclusive as runlock
+from builder.gate import verdicts
+from builder.cluster.verdict import ClusterVerdict
+from builder.cluster.verdict import read as read_cluster_verdict
 from builder.engine import ContainerEngine, ImageInfo
 from builder.errors import (BuildEnvError, ClusterError, InfraError, PublishError,
                             PublishInfraError)
 from builder.engine.credentials import (PASSWORD_ENV, USER_ENV, Credentials, docker_config_path,
                                         resolve_credentials)
 from builder.files import sha256_file
-from builder.registry import (OCI_INDEX, TIMEOUT_S, Client, IndexEntry, Platform, Transient,
+from builder.registry.api import (OCI_INDEX, TIMEOUT_S, Client, IndexEntry, Platform, Transient,
                               index_document, parse_reference)
 from builder.sif import format as sif_format
 from builder.trust import referrers
@@ -441,7 +442,7 @@ def publish(engine: ContainerEngine, image: ImageInfo, registry: str, *, tag: st
     the image's recorded verdict when the caller holds it (else it is read once); ``sbom_doc``:
     its SBOM, likewise (else inventoried once, when signing).
 
-    One publish at a time writes one record (:mod:`builder.runlock`, keyed on the record's
+    One publish at a time writes one record (:mod:`builder.exclusive`, keyed on the record's
     path): a second waits, then publishes over what the first left (nothing is uploaded twice:
     blobs the registry has are skipped)."""
     if verdict is None:
@@ -704,7 +705,7 @@ def publish_index(engine: ContainerEngine, members: list[Member], registry: str,
                   require: str = verdicts.BUILD) -> dict[str, Any]:
     """Refuse (see :func:`refusal`), then push every platform by digest with its attestations,
     then the index, then move ``tag`` to it; returns the record (also written to
-    ``record_path``). One publish per record at a time (:mod:`builder.runlock`)."""
+    ``record_path``). One publish per record at a time (:mod:`builder.exclusive`)."""
     if len(members) < 2:
         raise PlatformClash("an image index needs the builds of at least two platforms")
     problem = refusal(members, require)

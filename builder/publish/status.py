@@ -19,7 +19,7 @@ from typing import Any
 
 from builder.engine.credentials import resolve_credentials
 from builder.errors import PublishError, TrustError
-from builder.registry import Client, Transient, index_entries, is_index, is_loopback
+from builder.registry.api import Client, Transient, index_entries, is_index, is_loopback
 from builder.files import sha256_file
 from builder.trust import remote
 from builder.trust.cluster_signing import Entry, read_clusters

@@ -19,14 +19,16 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder import grammar, megatron, overrides
+from builder.matrix import grammar
+from builder.matrix import megatron
+from builder.matrix import overrides
 from builder.errors import SpecError
-from builder.families import FAMILIES
-from builder.overrides import Override
+from builder.matrix.families import FAMILIES
+from builder.matrix.overrides import Override
 
 RAY_FLOOR = Version("2.40")
 GLIBC_FLOOR = Version("2.34")
-ACCELERATORS = tuple(FAMILIES)  # a family is data in one place: builder/families.py
+ACCELERATORS = tuple(FAMILIES)  # a family is data in one place: builder/matrix/families.py
 ARCHES = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
 ENGINES = ("vllm", "sglang")
 REQUIRED_PACKAGES = ("verl", "ray", "transformers", "tensordict", "torch")
@@ -48,7 +50,7 @@ _BASE_KEYS = {"image", "digest", "glibc", "source_image", "vendor", "interpreter
 # ``declared``: taken from the vendor's published Dockerfiles/notes, not yet inspected.
 VENDOR_KINDS = ("probe", "declared")
 _PACKAGE_KEYS = {"version", "extras", "build", "enabled", "import", "source", "prebuilt"}
-# How a git source may be fetched (by the build host, at render time: builder.sources).
+# How a git source may be fetched (by the build host, at render time: builder.resolve.sources).
 GIT_SCHEMES = ("git+https://", "git+ssh://", "git+git://", "git+file://")
 # A distribution name (PEP 508 names), an extra, an importable module, a base's interpreter.
 _DIST_NAME = re.compile(r"[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9]", re.ASCII)
@@ -60,7 +62,7 @@ _PYTHON = re.compile(r"[0-9]+\.[0-9]+", re.ASCII)
 @dataclass(frozen=True)
 class Source:
     """Where a source build gets its code: a git URL (``git+https://HOST/REPO@TAG``, pinned to
-    a commit by ``lock``: builder.sources), a local
+    a commit by ``lock``: builder.resolve.sources), a local
     directory or archive (``path``, relative to the matrix file; firewalled build hosts), or an
     archive ``url`` with its ``sha256``. Local and URL sources are copied into the build context."""
 
@@ -86,7 +88,7 @@ class Package:
     import_name: str = ""
     line: int | None = None
     source: Source | None = None  # where a source build gets its code; default: the sdist
-    # hashed wheels tried before a source build (builder.prebuilt): {url, sha256, python, arch}
+    # hashed wheels tried before a source build (builder.resolve.prebuilt): {url, sha256, python, arch}
     # or {wheelhouse: DIR_OR_INDEX_URL}
     prebuilt: tuple[dict[str, str], ...] = ()
 
@@ -106,7 +108,7 @@ class Base:
     digest: str | None = None
     glibc: str | None = None
     source_image: str | None = None  # a -devel variant for source builds (nvcc, headers)
-    vendor: str | None = None  # probe | declared: the base provides packages (builder.vendor)
+    vendor: str | None = None  # probe | declared: the base provides packages (builder.resolve.vendor)
     interpreter: str | None = None  # declared vendor bases: the base's python (else probed)
     sources: tuple[str, ...] = ()  # declared vendor bases: where the declared facts come from
 
@@ -155,10 +157,10 @@ class Target:
     # (relative to the site directory) -> what is lost without the library it cannot load
     # (a system library the image does not ship, for an optional path of the package).
     abi_allow: tuple[tuple[str, str], ...] = ()
-    # Reviewed dependency overrides (builder.overrides): a version forced over what other
+    # Reviewed dependency overrides (builder.matrix.overrides): a version forced over what other
     # packages declare, each with its reason; uv's --override in `build-env lock`.
     overrides: tuple[Override, ...] = ()
-    # The Megatron layer the target switches on (builder.megatron); its packages are in
+    # The Megatron layer the target switches on (builder.matrix.megatron); its packages are in
     # ``packages`` already.
     megatron: megatron.Layer | None = None
 
@@ -345,7 +347,7 @@ class _Ctx:
         return str(value)
 
     def checked(self, check: Any, value: Any, key: str, *args: Any) -> str:
-        """``value`` as a string fitting ``check`` (a :mod:`builder.grammar` function), else a
+        """``value`` as a string fitting ``check`` (a :mod:`builder.matrix.grammar` function), else a
         SpecError naming file:line:key and what the grammar expects."""
         text = self.string(value, key)
         try:
@@ -587,7 +589,7 @@ def _target(ctx: _Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
 
 def _megatron_layer(ctx: _Ctx, t: dict[str, Any], key: str, name: str
                     ) -> tuple[Any, megatron.Layer | None]:
-    """The target's packages with those of its Megatron layer added (builder.megatron): a
+    """The target's packages with those of its Megatron layer added (builder.matrix.megatron): a
     package the target pins itself wins; each added one reports the layer key's line."""
     raw = t.get("megatron")
     if raw is None:
@@ -685,7 +687,7 @@ def _allowances(ctx: _Ctx, value: Any, key: str, name: str, kind: _Allowance
 
 def _overrides(ctx: _Ctx, value: Any, key: str, name: str, packages: tuple[Package, ...]
                ) -> tuple[Override, ...]:
-    """``overrides: {NAME: {version, reason}}`` (builder.overrides), each held to the grammars;
+    """``overrides: {NAME: {version, reason}}`` (builder.matrix.overrides), each held to the grammars;
     an override may not contradict the target's own pin of the same package."""
     try:
         found = overrides.parse(value, grammar.plain)

@@ -32,15 +32,17 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder.engine import ContainerEngine
 from builder.errors import LockError
 from builder.files import atomic_write_text
-from builder.spec import Target
+from builder.matrix.spec import Target
+
+if TYPE_CHECKING:  # the engine is handed in; nothing here speaks to it but through that object
+    from builder.engine import ContainerEngine
 
 BASE_SCHEMA = "verl-env/base/v1"
 # The installer lives in its own directory, never in the base's environment.

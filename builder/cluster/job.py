@@ -20,9 +20,9 @@ from typing import Mapping
 
 import jinja2
 
-from builder import grammar
+from builder.matrix import grammar
 from builder.errors import SlurmError
-from builder.families import ALL_PHASES, FAMILIES, Family
+from builder.matrix.families import ALL_PHASES, FAMILIES, Family
 from builder.files import atomic_write_text
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -42,7 +42,7 @@ DEFAULT_CHECKPOINT_DIR = "${SLURM_SUBMIT_DIR}/checkpoints"
 
 
 # --------------------------------------------------------------------------- family data
-#: The per-family NCCL/RCCL profile and runtime flags come from builder.families (the one place
+#: The per-family NCCL/RCCL profile and runtime flags come from builder.matrix.families (the one place
 #: that says what a family means); the job template reads them as ``profile``.
 FAMILY_PROFILES: Mapping[str, Family] = FAMILIES
 FAMILY_NAMES = tuple(FAMILIES)
@@ -181,7 +181,7 @@ class Inputs:
 
     def trainer_command(self, overrides: tuple[str, ...] = ()) -> str:
         """verl's PPO trainer with data, model, checkpoints and the cluster shape filled in, then
-        the family's trainer overrides (builder.families: vLLM custom all-reduce off on ROCm)."""
+        the family's trainer overrides (builder.matrix.families: vLLM custom all-reduce off on ROCm)."""
         missing = self.missing_for_trainer()
         if missing:
             raise SlurmError("the default training command (verl.trainer.main_ppo) needs "
@@ -329,7 +329,7 @@ class SlurmJob:
     # OpenPGP signature with trust_pgp)
     trust_key: str | None = None
     trust_pgp: str | None = None
-    # the job's cluster verdict (builder/cluster_verdict.py, run by build-env on the batch
+    # the job's cluster verdict (builder/cluster/verdict.py, run by build-env on the batch
     # host): the site/cluster it holds for (None: Slurm's $SLURM_CLUSTER_NAME) and the SIF it
     # names (None: the SIF the job runs; ch-run runs an unpacked directory: the SIF it was
     # unpacked from)
@@ -469,7 +469,7 @@ def _check_sbatch_values(job: SlurmJob) -> None:
                     "D-HH:MM, D-HH:MM:SS or UNLIMITED)", job)
 
 
-#: The string fields that reach the template, by the grammar each must fit (builder.grammar);
+#: The string fields that reach the template, by the grammar each must fit (builder.matrix.grammar);
 #: the template then quotes what it emits (shell_word), so only $NAME/${NAME} expand.
 _PATH_FIELDS = ("sif", "cache_dir", "hf_home", "ray_tmp_root", "job_dir", "trust_key",
                 "trust_pgp", "verdict_sif")
