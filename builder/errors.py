@@ -43,6 +43,12 @@ class SpecError(BuildEnvError):
         return f"{loc}:{key} {self.args[0]}"
 
 
+class CatalogError(SpecError):
+    """The upstream catalogue (shipped, or a site's ``catalog.yaml``) is malformed."""
+
+    stage = "catalog"
+
+
 class CompatError(BuildEnvError):
     """The pins do not fit together (a failed check, not bad syntax)."""
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from builder import yamldoc
 from builder.matrix import grammar
 from builder.matrix import megatron
 from builder.matrix import overrides
@@ -38,7 +38,6 @@ BUILD_KINDS = ("wheel", "source")
 IMPORT_NAMES = {"flash-attn": "flash_attn", "hydra-core": "hydra", "ray": "ray"}
 
 _TOP_KEYS = {"schema", "defaults", "targets"}
-MAX_NODES = 20_000  # the reference matrix has about 150
 # A target name is part of a lock path and of image tags: lower case, digits, '.', '_', '-'.
 TARGET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _TARGET_KEYS = {"description", "accelerator", "arch", "base", "python", "cuda", "rocm",
@@ -250,63 +249,6 @@ class Matrix:
 # --------------------------------------------------------------------------- YAML with lines
 
 
-def _compose(text: str, file: str) -> Any:
-    try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        raise SpecError(f"YAML syntax error: {exc.problem or exc}", file=file, line=line) from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"YAML error: {exc}", file=file) from None
-
-
-def _plain(node: Any, path: str, lines: dict[str, int], file: str) -> Any:
-    """Turn a composed node into plain python, recording each key's line under its dotted path.
-    Aliases are expanded, at most ``MAX_NODES`` nodes in all (a "billion laughs" file of a few
-    hundred bytes would otherwise grow without bound)."""
-    lines[path] = node.start_mark.line + 1
-    if len(lines) > MAX_NODES:
-        raise SpecError(f"the matrix expands to more than {MAX_NODES} YAML nodes (aliases "
-                        "referring to aliases?)", file=file, line=node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        explicit = sum(1 for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge")
-        loader = yaml.SafeLoader("")
-        try:
-            loader.flatten_mapping(node)  # YAML merge keys (<<: *anchor) keep their own lines
-        except yaml.MarkedYAMLError as exc:
-            line = exc.problem_mark.line + 1 if exc.problem_mark else None
-            raise SpecError(f"YAML merge error: {exc.problem}", file=file, line=line) from None
-        finally:
-            loader.dispose()
-        merged = len(node.value) - explicit  # flatten_mapping puts merged pairs first
-        out: dict[str, Any] = {}
-        written: set[str] = set()  # keys written in this mapping itself (not merged in)
-        for i, (knode, vnode) in enumerate(node.value):
-            key = str(knode.value)
-            sub = f"{path}.{key}" if path else key
-            if key in written:
-                raise SpecError("duplicate key", file=file, line=knode.start_mark.line + 1, key=sub)
-            if i >= merged:
-                written.add(key)
-            out.pop(key, None)  # an explicit key overrides a merged one
-            out[key] = _plain(vnode, sub, lines, file)
-            lines[sub] = knode.start_mark.line + 1  # the key's line, not its value's
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_plain(v, f"{path}[{i}]", lines, file) for i, v in enumerate(node.value)]
-    # Scalars: resolve with the safe constructor so 2.60 stays a float we can report on.
-    return _scalar(node)
-
-
-def _scalar(node: yaml.ScalarNode) -> Any:
-    loader = yaml.SafeLoader("")
-    try:
-        return loader.construct_object(node, deep=True)
-    finally:
-        loader.dispose()
-
-
 # --------------------------------------------------------------------------- validation
 
 
@@ -322,12 +264,7 @@ class _Ctx:
 
     def line(self, key: str) -> int | None:
         """The line of ``key``, else of the nearest key above it (a list item of a default)."""
-        while key:
-            if self.lines.get(key):
-                return self.lines[key]
-            key = re.sub(r"(\[[0-9]+\]|\.[^.\[]*)$", "", key) if key[-1] == "]" or "." in key \
-                else ""
-        return None
+        return yamldoc.Doc(self.file, None, self.lines).line(key)
 
     def mapping(self, value: Any, key: str, allowed: set[str]) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -782,11 +719,11 @@ def load_matrix(path: str | Path) -> Matrix:
         line = data[:exc.start].count(b"\n") + 1
         raise SpecError(f"not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r})",
                         file=file, line=line) from None
-    node = _compose(text, file)
+    node = yamldoc.compose(text, file)
     if node is None:
         raise SpecError("empty matrix file", file=file)
     lines: dict[str, int] = {}
-    raw = _plain(node, "", lines, file)
+    raw = yamldoc.plain(node, "", lines, file)
     ctx = _Ctx(file, lines)
     ctx.mapping(raw, "", _TOP_KEYS)
     if raw.get("schema") != 1:

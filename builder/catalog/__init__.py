@@ -1,0 +1,167 @@
+"""The upstream catalogue: what verl-env knows about each distribution it installs (import
+modules, native code, source-build parameters, GPU-arch mapping, ABI loader rules, SBOM
+prominence, notes), the rollout engines and the stack layers, as reviewed data
+(``packages.yaml`` beside this module, checked against ``catalog.schema.json``).
+
+A site extends or corrects it with ``catalog.yaml`` beside its matrix (same shape): entries are
+merged per distribution and engine, the site's keys winning. This module is the one reader; code
+elsewhere asks it, and names no package itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from builder import yamldoc
+from builder.errors import CatalogError
+
+HERE = Path(__file__).resolve().parent
+SHIPPED = HERE / "packages.yaml"
+SCHEMA = HERE / "catalog.schema.json"
+SITE_FILE = "catalog.yaml"
+
+
+@dataclass(frozen=True)
+class Archs:
+    """How a source build's architecture variable is spelled from the target's GPUs: one value
+    per GPU generation (``sm_90`` -> generation 9)."""
+
+    family: str
+    version: str
+    variable: str
+    generations: Mapping[int, str]
+
+
+@dataclass(frozen=True)
+class Distribution:
+    name: str
+    module: str  # what ``import`` takes (the first of ``import``)
+    native: bool = False
+    sbom: str = "normal"
+    block: str | None = None  # its source-build block (builder.render.blocks.<block>)
+    extensions: tuple[tuple[str, ...], ...] = ()  # imported explicitly, first that exists
+    archs: Archs | None = None
+    abi: Mapping[str, Any] = field(default_factory=dict)  # loader rules (the self-test's model)
+    notes: str = ""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A rollout engine verl drives: ``name`` is verl's ``rollout.name``."""
+
+    name: str
+    distribution: str
+    module: str
+    default: bool = False
+    installable: bool = True
+
+
+@dataclass(frozen=True)
+class Catalog:
+    required: tuple[str, ...]
+    distributions: Mapping[str, Distribution]
+    engines: Mapping[str, Engine]
+    layers: Mapping[str, Any]
+    sources: tuple[str, ...]  # the files read, shipped first
+
+    def get(self, name: str) -> Distribution | None:
+        return self.distributions.get(name)
+
+    def import_name(self, name: str) -> str:
+        """The module a distribution is imported as (its name with ``-`` as ``_`` when the
+        catalogue does not say)."""
+        d = self.distributions.get(name)
+        return d.module if d else name.replace("-", "_")
+
+    def is_named(self, name: str) -> bool:
+        """Whether the catalogue knows the distribution (the gate imports what it knows)."""
+        return name in self.distributions
+
+    def prominent(self) -> frozenset[str]:
+        """The distributions an SBOM summary shows first."""
+        return frozenset(n for n, d in self.distributions.items() if d.sbom == "prominent")
+
+    def with_block(self) -> dict[str, str]:
+        """distribution -> its source-build block."""
+        return {n: d.block for n, d in self.distributions.items() if d.block}
+
+    def engine_names(self) -> tuple[str, ...]:
+        return tuple(n for n, e in self.engines.items() if e.installable)
+
+    def default_engine(self) -> Engine:
+        return next(e for e in self.engines.values() if e.default)
+
+    def engine_of(self, distributions: set[str] | frozenset[str]) -> Engine | None:
+        """The installable engine whose distribution is among ``distributions``."""
+        return next((e for e in self.engines.values()
+                     if e.installable and e.distribution in distributions), None)
+
+
+def _schema() -> dict[str, Any]:
+    return json.loads(SCHEMA.read_text(encoding="utf-8"))
+
+
+def _read(path: Path) -> dict[str, Any]:
+    doc = yamldoc.read(path, "catalogue", CatalogError)
+    yamldoc.validate(doc, _schema(), CatalogError)
+    return doc.data
+
+
+def _merge(base: dict[str, Any], site: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key in ("distributions", "engines", "layers"):
+        merged = {k: dict(v) if isinstance(v, dict) else v for k, v in base.get(key, {}).items()}
+        for name, entry in site.get(key, {}).items():
+            merged[name] = {**merged.get(name, {}), **entry}
+        out[key] = merged
+    if "required" in site:
+        out["required"] = site["required"]
+    return out
+
+
+def _distribution(name: str, e: dict[str, Any]) -> Distribution:
+    a = e.get("archs")
+    archs = Archs(a["family"], a["version"], a["variable"],
+                  MappingProxyType({int(k): v for k, v in a["generations"].items()})) if a else None
+    return Distribution(
+        name=name, module=e.get("import", name.replace("-", "_")), native=e.get("native", False),
+        sbom=e.get("sbom", "normal"), block=e.get("block"),
+        extensions=tuple(tuple(x) for x in e.get("extensions", ())), archs=archs,
+        abi=MappingProxyType(dict(e.get("abi", {}))), notes=e.get("notes", ""))
+
+
+def build(data: dict[str, Any], sources: tuple[str, ...]) -> Catalog:
+    engines = {n: Engine(name=n, **e) for n, e in data.get("engines", {}).items()}
+    defaults = [n for n, e in engines.items() if e.default]
+    if len(defaults) != 1:
+        raise CatalogError(f"exactly one engine must be the default (found: "
+                           f"{', '.join(defaults) or 'none'})", file=sources[-1], key="engines")
+    return Catalog(
+        required=tuple(data.get("required", ())),
+        distributions=MappingProxyType({n: _distribution(n, e)
+                                        for n, e in data.get("distributions", {}).items()}),
+        engines=MappingProxyType(engines), layers=MappingProxyType(data.get("layers", {})),
+        sources=sources)
+
+
+@functools.lru_cache(maxsize=8)
+def load(site_dir: Path | None = None) -> Catalog:
+    """The shipped catalogue, extended by ``site_dir/catalog.yaml`` when there is one."""
+    data = _read(SHIPPED)
+    sources = (str(SHIPPED),)
+    site = site_dir / SITE_FILE if site_dir is not None else None
+    if site is not None and site.is_file():
+        data = _merge(data, _read(site))
+        sources += (str(site),)
+    return build(data, sources)
+
+
+def shipped() -> Catalog:
+    """The catalogue as shipped (no site extension)."""
+    return load(None)
