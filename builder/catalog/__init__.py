@@ -60,6 +60,8 @@ class Engine:
     module: str
     default: bool = False
     installable: bool = True
+    # verl trainer overrides per accelerator family (appended to the Slurm job's command)
+    trainer_overrides: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,11 @@ class Catalog:
 
     def default_engine(self) -> Engine:
         return next(e for e in self.engines.values() if e.default)
+
+    def trainer_overrides(self, family: str) -> tuple[str, ...]:
+        """The verl trainer overrides the engines ask for on ``family`` (all engines: the
+        command is the family's, whichever engine a target has)."""
+        return tuple(o for e in self.engines.values() for o in e.trainer_overrides.get(family, ()))
 
     def engine_of(self, distributions: set[str] | frozenset[str]) -> Engine | None:
         """The installable engine whose distribution is among ``distributions``."""
@@ -136,8 +143,14 @@ def _distribution(name: str, e: dict[str, Any]) -> Distribution:
         abi=MappingProxyType(dict(e.get("abi", {}))), notes=e.get("notes", ""))
 
 
+def _engine(name: str, e: dict[str, Any]) -> Engine:
+    overrides = {f: tuple(v) for f, v in e.get("trainer_overrides", {}).items()}
+    return Engine(name=name, **{k: v for k, v in e.items() if k != "trainer_overrides"},
+                  trainer_overrides=MappingProxyType(overrides))
+
+
 def build(data: dict[str, Any], sources: tuple[str, ...]) -> Catalog:
-    engines = {n: Engine(name=n, **e) for n, e in data.get("engines", {}).items()}
+    engines = {n: _engine(n, e) for n, e in data.get("engines", {}).items()}
     defaults = [n for n, e in engines.items() if e.default]
     if len(defaults) != 1:
         raise CatalogError(f"exactly one engine must be the default (found: "

@@ -65,7 +65,7 @@ def overrides(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    type=argtypes.assignment,
                    help="override a pin for a local experiment (python=3.11, packages.verl=0.9.0, "
-                        "packages.flash-attn.enabled=false); the result is labelled an override")
+                        "packages.NAME.enabled=false); the result is labelled an override")
     p.add_argument("--base-image", type=argtypes.image_reference, default=None, metavar="REF",
                    help="build FROM this image instead of the matrix's base (an override)")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from builder import catalog
 from builder.resolve import prebuilt
 from builder.gate import verdicts
 from builder.commands import _shared
@@ -74,8 +75,10 @@ def run(args: argparse.Namespace) -> int:
                 **({"base_status": vendor_note(site, t).strip(" ()")} if t.base.vendor else {})}
             for n, t in matrix.targets.items()}})
         return 0
-    cols = ["target", "accel", "arch", "gpus", "python", "torch", "engine", "ray",
-            "transformers", "tensordict", "verl", "verdict", "base"]
+    # verl's core distributions (the catalogue's ``required``) between the engine and verl
+    core = [n for n in catalog.load(site.path.parent).required if n not in ("torch", "verl")]
+    cols = ["target", "accel", "arch", "gpus", "python", "torch", "engine", *core, "verl",
+            "verdict", "base"]
     rows = []
     for t in matrix.targets.values():
         def v(name: str) -> str:
@@ -87,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
         eng = t.engine
         rows.append([t.name, t.accelerator + (f" {t.cuda or t.rocm}" if t.cuda or t.rocm else ""),
                      t.arch, ",".join(t.gpus) or "-", t.python, v("torch"),
-                     f"{eng.name} {v(eng.name)}" if eng else "-", v("ray"), v("transformers"),
-                     v("tensordict"), v("verl"), verdicts.short(latest[t.name]),
+                     f"{eng.name} {v(eng.name)}" if eng else "-", *(v(n) for n in core),
+                     v("verl"), verdicts.short(latest[t.name]),
                      t.base.image + vendor_note(site, t)])
     widths = [max(len(str(r[i])) for r in [cols, *rows]) for i in range(len(cols))]
     for r in [cols, *rows]:

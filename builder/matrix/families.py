@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from builder import catalog
+
 # ``abi`` (every extension's undefined symbols against the libraries the loader will give it)
 # applies to every family, a CPU torch has extensions too, and needs no GPU.
 ALL_PHASES = ("preflight", "env", "imports", "versions", "coverage", "abi", "cpu", "gpu",
@@ -126,9 +128,8 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({
                    image_env=MappingProxyType({
                        "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1",
                        "RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES": "1"}),
-                   # verl on ROCm: vLLM's custom all-reduce off (AMD's verl rollout.yaml).
-                   trainer_overrides=(
-                       "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_custom_all_reduce=True",),
+                   # the engines' overrides for ROCm (the catalogue's engines: trainer_overrides)
+                   trainer_overrides=catalog.shipped().trainer_overrides("rocm"),
                    # gfx942 (MI300X/MI325X), gfx950 (MI350X/MI355X), gfx90a (MI250X), gfx1100
                    gpu_pattern=r"gfx[0-9]{2,4}[0-9a-f]?"),
     "cpu": Family("cpu", None,
@@ -162,19 +163,45 @@ class SourceArchs:
         return ";".join(dict.fromkeys(self.generations[sm_major(g)] for g in gpus))
 
 
+def gpu_digits(gpu: str) -> str:
+    """``sm_89`` -> ``89``, ``sm_103a`` -> ``103``, ``sm_120f`` -> ``120``: a CUDA GPU's compute
+    capability as digits (the one parser of the matrix's ``sm_`` names)."""
+    return gpu[3:].rstrip("af")
+
+
+def gpu_suffix(gpu: str) -> str:
+    """``sm_90a`` -> ``a``, ``sm_100f`` -> ``f``, ``sm_80`` -> ``''`` (arch/family-specific)."""
+    return gpu[3 + len(gpu_digits(gpu)):]
+
+
 def sm_major(gpu: str) -> int:
     """``sm_89`` -> 8, ``sm_103a`` -> 10, ``sm_120f`` -> 12."""
-    return int(gpu[3:].rstrip("af")[:-1])
+    return int(gpu_digits(gpu)[:-1])
 
 
-# flash-attn 2.8.3's setup.py: FLASH_ATTN_CUDA_ARCHS takes one value per GPU generation and emits
-# code for 80, 90, 100 and 120 only (Blackwell per family, compute_100f: sm_100 and sm_103
-# alike). sm_86/sm_89 (A10, L40S, RTX 4090) run the sm_80 code: "89" would be ignored by the
-# setup, which then builds no kernel at all. sm_110 (Thor) and sm_7x get none.
-SOURCE_ARCHS: Mapping[str, SourceArchs] = MappingProxyType({
-    "flash-attn": SourceArchs("flash-attn", "2.8.3", "cuda", "FLASH_ATTN_CUDA_ARCHS",
-                              MappingProxyType({8: "80", 9: "90", 10: "100", 12: "120"})),
-})
+def sm_number(gpu: str) -> int:
+    """``sm_89`` -> 89, ``sm_103a`` -> 103: compare GPUs by generation and minor."""
+    return int(gpu_digits(gpu))
+
+
+def torch_arch(gpu: str) -> str:
+    """``sm_103`` -> ``10.3``, ``sm_90a`` -> ``9.0a`` (torch's TORCH_CUDA_ARCH_LIST spelling)."""
+    digits = gpu_digits(gpu)
+    return f"{digits[:-1]}.{digits[-1]}{gpu_suffix(gpu)}"
+
+
+def _source_archs() -> Mapping[str, SourceArchs]:
+    """Each source build's arch table, from the catalogue's ``archs:`` (packages.yaml says
+    which release of the build it was read from)."""
+    out = {}
+    for name, d in catalog.shipped().distributions.items():
+        if d.archs is not None:
+            out[name] = SourceArchs(name, d.archs.version, d.archs.family, d.archs.variable,
+                                    d.archs.generations)
+    return MappingProxyType(out)
+
+
+SOURCE_ARCHS: Mapping[str, SourceArchs] = _source_archs()
 
 
 def family(name: str | None) -> Family | None:

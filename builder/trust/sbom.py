@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from builder import catalog
 from builder.engine import ContainerEngine
 from builder.errors import TrustError
 
@@ -147,8 +148,8 @@ def pins_of(doc: dict[str, Any]) -> dict[str, str]:
             if isinstance(p, dict) and str(p.get("name", "")).startswith("verl-env:pin:")}
     if pins:
         return pins
-    wanted = {"torch", "verl", "vllm", "sglang", "transformers", "ray", "flash-attn", "flash_attn",
-              "tensordict", "numpy"}
+    known = catalog.shipped()
+    wanted = {*known.prominent(), *(known.import_name(n) for n in known.prominent())}
     return {c["name"]: c.get("version", "") for c in doc.get("components", [])
             if isinstance(c, dict) and str(c.get("purl", "")).startswith("pkg:pypi/")
             and str(c.get("name", "")).lower() in wanted}

@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from builder.matrix import grammar
+from builder.matrix import families, grammar
 from builder.matrix.spec import Package, Target
 
 Env = list[tuple[str, str]]  # (variable, value as the Dockerfile writes it)
@@ -50,11 +50,7 @@ def block_for(package: str) -> Block:
 
 def torch_cuda_arch_list(gpus: tuple[str, ...]) -> str:
     """``sm_80, sm_103, sm_90a`` -> ``8.0;10.3;9.0a`` (torch's cpp_extension reads it)."""
-    out = []
-    for g in gpus:
-        digits = g[3:].rstrip("af")
-        out.append(f"{digits[:-1]}.{digits[-1]}{g[3 + len(digits):]}")
-    return ";".join(out)
+    return ";".join(families.torch_arch(g) for g in gpus)
 
 
 def gpu_env(target: Target) -> Env:

@@ -16,6 +16,7 @@ The extension is host code (C++ only, no CUDA sources): its GPU kernels are in t
 
 from __future__ import annotations
 
+from builder.matrix import families
 from builder.render.blocks.base import Block, Env, register
 from builder.matrix.spec import Target
 
@@ -30,7 +31,7 @@ MAX_JOBS = ('"${MAX_JOBS:-$(awk \'/MemAvailable/ {n = int($2 / 3145728); '
 
 def nccl_ep(gpus: tuple[str, ...]) -> bool:
     """Whether any GPU is Hopper (sm_90) or newer."""
-    return any(int(g[3:].rstrip("af")) >= 90 for g in gpus)
+    return any(families.sm_number(g) >= 90 for g in gpus)
 
 
 def env(target: Target) -> Env:
