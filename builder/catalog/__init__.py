@@ -65,11 +65,53 @@ class Engine:
 
 
 @dataclass(frozen=True)
+class LayerOption:
+    """An optional mapping key of a stack layer: its allowed sub-keys, those it must have, and
+    what to say when one is missing."""
+
+    keys: tuple[str, ...]
+    required: tuple[str, ...] = ()
+    refusal: str = ""
+
+
+@dataclass(frozen=True)
+class LayerPackage:
+    """A distribution a stack layer adds to its target's packages."""
+
+    name: str  # may hold ``{cuda_major}`` (a wheel per CUDA major version)
+    source: str  # the layer key its value comes from (a version string or a mapping)
+    version_from: str | None = None  # the layer key whose version it takes instead
+    build: str | None = None  # ``source``: built from source (its block)
+    imported: bool = True  # the gate imports it (its catalogue ``import:``)
+    optional: bool = False  # added only when the layer has its key
+
+
+@dataclass(frozen=True)
+class StackLayer:
+    """A stack a target switches on with a matrix key of the layer's name (``megatron:``)."""
+
+    name: str
+    title: str
+    extras: tuple[str, ...]  # verl's extras the layer can follow; the first is the default
+    refused_extras: Mapping[str, str]  # extra -> why it is refused
+    versions: tuple[str, ...]  # required keys, each a quoted version string
+    options: Mapping[str, LayerOption]
+    packages: tuple[LayerPackage, ...]
+    summary: Mapping[str, str]  # layer key -> its label in listings
+    needs_cuda: str = ""  # why the layer is for cuda targets only ('' : any target)
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """Every key the layer's matrix entry may have."""
+        return frozenset({"extra", *self.versions, *self.options})
+
+
+@dataclass(frozen=True)
 class Catalog:
     required: tuple[str, ...]
     distributions: Mapping[str, Distribution]
     engines: Mapping[str, Engine]
-    layers: Mapping[str, Any]
+    layers: Mapping[str, StackLayer]
     sources: tuple[str, ...]  # the files read, shipped first
 
     def get(self, name: str) -> Distribution | None:
@@ -149,6 +191,21 @@ def _engine(name: str, e: dict[str, Any]) -> Engine:
                   trainer_overrides=MappingProxyType(overrides))
 
 
+def _layer(name: str, e: dict[str, Any]) -> StackLayer:
+    options = {k: LayerOption(tuple(o["keys"]), tuple(o.get("required", ())),
+                              o.get("refusal", "")) for k, o in e.get("options", {}).items()}
+    packages = tuple(LayerPackage(
+        name=n, source=p.get("from", n), version_from=p.get("version"), build=p.get("build"),
+        imported=p.get("import", True), optional=p.get("optional", False))
+        for n, p in e.get("packages", {}).items())
+    return StackLayer(
+        name=name, title=e.get("title", name), extras=tuple(e["extras"]),
+        refused_extras=MappingProxyType(dict(e.get("refused_extras", {}))),
+        versions=tuple(e.get("versions", ())), options=MappingProxyType(options),
+        packages=packages, summary=MappingProxyType(dict(e.get("summary", {}))),
+        needs_cuda=e.get("needs_cuda", ""))
+
+
 def build(data: dict[str, Any], sources: tuple[str, ...]) -> Catalog:
     engines = {n: _engine(n, e) for n, e in data.get("engines", {}).items()}
     defaults = [n for n, e in engines.items() if e.default]
@@ -159,7 +216,8 @@ def build(data: dict[str, Any], sources: tuple[str, ...]) -> Catalog:
         required=tuple(data.get("required", ())),
         distributions=MappingProxyType({n: _distribution(n, e)
                                         for n, e in data.get("distributions", {}).items()}),
-        engines=MappingProxyType(engines), layers=MappingProxyType(data.get("layers", {})),
+        engines=MappingProxyType(engines),
+        layers=MappingProxyType({n: _layer(n, e) for n, e in data.get("layers", {}).items()}),
         sources=sources)
 
 

@@ -51,3 +51,30 @@ def test_site_extends_entry_by_entry(tmp_path: Path) -> None:
     fa = c.get("flash-attn")
     assert fa.notes == "site wheels" and fa.module == "flash_attn" and fa.archs is not None
     assert c.sources[-1] == str(site / "catalog.yaml")
+
+
+def test_layers_are_typed_and_their_packages_catalogued() -> None:
+    """Each distribution a stack layer adds and the gate imports is a catalogue entry with its
+    own ``import:`` (the layer names no module itself)."""
+    c = catalog.shipped()
+    assert c.layers, "the shipped catalogue has a stack layer"
+    for layer in c.layers.values():
+        assert layer.extras and set(layer.versions) <= layer.keys
+        for p in layer.packages:
+            assert p.source in layer.keys, (layer.name, p.name)
+            if p.imported:
+                d = c.get(p.name)
+                assert d is not None and d.module, (layer.name, p.name)
+
+
+def test_a_bad_layer_entry_names_file_line_key(tmp_path: Path) -> None:
+    site = _site(tmp_path, "schema: 1\nlayers:\n  mine:\n    extras: [x]\n    versions: []\n"
+                           "    packages: {a: {build: wheel}}\n")
+    with pytest.raises(CatalogError) as err:
+        catalog.load(site)
+    assert f"{site / 'catalog.yaml'}:6: layers.mine.packages.a.build" in str(err.value)
+
+
+def test_engine_trainer_overrides_per_family() -> None:
+    c = catalog.shipped()
+    assert c.trainer_overrides("rocm") and not c.trainer_overrides("cuda")
