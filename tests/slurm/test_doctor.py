@@ -19,7 +19,7 @@ import pytest
 from builder.cluster import doctor
 from builder.cli import main
 from builder.cluster.doctor import FAIL, OK, SKIP, WARN, Finding, run_doctor
-from builder.cluster.job import RayPorts
+from builder.cluster.ports import RayPorts
 from tests.slurm.conftest import free_port_block
 
 REPO = Path(__file__).resolve().parents[2]
