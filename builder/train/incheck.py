@@ -216,13 +216,14 @@ class Check:
         try:
             name = _trainer_imports(v1, str(cfg.trainer.get("v1", {}).get("trainer_mode", "")))
         except ModuleNotFoundError as exc:
+            engine = str(cfg.actor_rollout_ref.rollout.name)  # its verl extra pulls verl-core in
             other = "trainer.use_v1=False (verl's legacy trainer)" if v1 and _imports_ok(
                 False) else None
             raise Rejected(
                 f"the trainer's run cannot start: {exc} (trainer.use_v1={v1}); verl declares "
                 "it in its [verl-core] extra, which this image's verl pin lacks",
                 fix=" or ".join(filter(None, [other, "an image whose verl pin has the "
-                                              "verl-core (or vllm) extra"]))) from None
+                                              f"verl-core (or {engine}) extra"]))) from None
         return {"trainer": name,
                 "rollout": self._engine(str(cfg.actor_rollout_ref.rollout.name))}
 
