@@ -32,7 +32,7 @@ from builder.engine import Engine, HostFacts, find_buildkit_cli
 from builder.errors import BuildEnvError, redact
 from builder.selftest import envlint, gpu, preflight
 from builder.selftest.report import Check
-from builder.cluster.job import RayPorts
+from builder.cluster.ports import RayPorts
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 _SIOCGIFADDR = 0x8915

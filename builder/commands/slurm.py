@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shlex
 import sys
 from pathlib import Path
 
 from builder.commands import _shared
 from builder.errors import BuildEnvError, SlurmError
-from builder.cluster.train_command import TrainChoice, checker_bytes, default_train_cmd
+from builder.cluster.inputs import (DEFAULT_CHECKPOINT_DIR, Inputs, TrainChoice, absolute_path,
+                                    checker_bytes, default_train_cmd)
+from builder.cluster.job import (FAMILY_NAMES, SELFTEST_PHASES, SlurmJob, image_source,
+                                 job_warnings, parse_env, training_command)
+from builder.cluster.render import render_sbatch, write_sbatch
+from builder.cluster.runtime import RUNTIMES
+from builder.cluster.shell import train_argv
 from builder.sif import checks as sif_checks
 from builder.sif.format import is_sif
 from builder.matrix.spec import Target
-from builder.cluster.job import (DEFAULT_CHECKPOINT_DIR, FAMILY_NAMES, RUNTIMES, SELFTEST_PHASES,
-                           Inputs, SlurmJob,
-                           absolute_path, image_source, job_warnings, parse_env, render_sbatch,
-                           train_argv, train_shape, training_command, write_sbatch)
 from builder.train import check as train_check
+from builder.train import shapes
 
 NAME = "slurm"
 HELP = "write an sbatch script"
@@ -126,17 +128,8 @@ def _note(line: str) -> None:
 def _check_argv(job: SlurmJob) -> tuple[list[str], int, int] | str:
     """The training argv as the head node will run it, with its nnodes and GPUs per node; or
     why it cannot be checked here."""
-    argv = train_argv(training_command(job))
-    shape = train_shape(argv)
-    if not shape.main_ppo:
-        return "the training command is not verl.trainer.main_ppo"
     here = {"SLURM_SUBMIT_DIR": os.getcwd(), "HOME": str(Path.home())}
-    words = [re.sub(r"\$\{(\w+)\}|\$(\w+)",
-                    lambda m: here.get(m.group(1) or m.group(2), m.group(0)), w) for w in argv]
-    if any("$" in w for w in words) or not (shape.nnodes.isdigit()
-                                            and shape.gpus_per_node.isdigit()):
-        return "the command uses variables only the job's nodes set"
-    return words, int(shape.nnodes), int(shape.gpus_per_node)
+    return shapes.local_argv(train_argv(training_command(job)), here)
 
 
 def _train_check(args: argparse.Namespace, job: SlurmJob, target: Target | None) -> int:
@@ -221,7 +214,7 @@ def _options(parser: argparse.ArgumentParser) -> None:
                     help="another path bound into every container (repeatable)")
     io.add_argument("--train-cmd", default=None,
                     help="training command in the image, instead of the default: "
-                         "verl.trainer.main_ppo for the target's verl (docs/slurm.md)")
+                         f"{shapes.trainer_module()} for the target's verl (docs/slurm.md)")
     _train_options(parser)
 
 

@@ -11,7 +11,7 @@ import sys
 
 from builder.argtypes import positive_float, positive_int
 from builder.commands import _shared
-from builder.cluster.job import Inputs, is_model_path
+from builder.cluster.inputs import Inputs, is_model_path
 from builder.matrix.spec import load_matrix
 from builder.train import check as lib
 from builder.train import shapes
@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     verl = verl or shapes.label_pin(image.labels, "verl")
     if verl is None:
         raise lib.TrainCheckError(f"{ref}: its labels name no verl pin; give --verl VERSION")
-    argv = _argv(args, inputs, verl, rollout or shapes.label_rollout(image.labels) or "vllm")
+    argv = _argv(args, inputs, verl, rollout or shapes.label_rollout(image.labels)
+                 or shapes.default_rollout())
     if args.print_command:
         print(shlex.join(argv))
         return 0

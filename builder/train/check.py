@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from builder.engine import ContainerEngine
 from builder.errors import BuildEnvError, InfraError, SifError
-from builder.train.shapes import hydra_overrides, parse_override
+from builder.train.shapes import engine_args, hydra_overrides, parse_override
 
 CHECKER = Path(__file__).resolve().parent / "incheck.py"
 SCHEMA = "verl-env/train-check/v1"
@@ -126,7 +126,7 @@ def run_check(engine: ContainerEngine, image: str, argv: Sequence[str], *, nnode
     files = inputs(argv)
     files[f"{IN_DIR}/incheck.py"] = CHECKER.read_bytes()
     command = ["--nnodes", str(nnodes), "--gpus-per-node", str(gpus_per_node),
-               "--json", REPORT, "--", *hydra_overrides(argv)]
+               "--json", REPORT, *engine_args(), "--", *hydra_overrides(argv)]
     result = engine.run(image, command, entrypoint=ENTRYPOINT, timeout=timeout, network="none",
                         files=files, dirs=[OUT_DIR, "/tmp"], collect=[REPORT],
                         environment={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
@@ -216,7 +216,8 @@ def run_check_sif(sif: Path, argv: Sequence[str], *, nnodes: int, gpus_per_node:
                          str(root))
         inner = ["env", f"HOME={scratch / 'home'}", "PYTHONDONTWRITEBYTECODE=1",
                  "HF_HUB_OFFLINE=1", *launch(str(checker)), "--nnodes", str(nnodes),
-                 "--gpus-per-node", str(gpus_per_node), "--json", str(report), "--", *words]
+                 "--gpus-per-node", str(gpus_per_node), "--json", str(report), *engine_args(),
+                 "--", *words]
         start = time.monotonic()
         try:
             name, proc = runner(sif, inner, scratch, timeout)

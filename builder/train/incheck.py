@@ -1,6 +1,7 @@
 """verl-env train check: verl's own checks of one training command, inside the image, no GPUs.
 
-    python3 incheck.py --nnodes N --gpus-per-node G [--json PATH] -- <main_ppo hydra overrides>
+    python3 incheck.py --nnodes N --gpus-per-node G [--json PATH] [--engine NAME=MODULE]...
+                       -- <main_ppo hydra overrides>
 
 Runs with the image's verl (this file is copied into the image or bound in; it imports nothing
 of build-env). It does what ``verl.trainer.main_ppo`` does before the first GPU is needed:
@@ -215,27 +216,30 @@ class Check:
         try:
             name = _trainer_imports(v1, str(cfg.trainer.get("v1", {}).get("trainer_mode", "")))
         except ModuleNotFoundError as exc:
+            engine = str(cfg.actor_rollout_ref.rollout.name)  # its verl extra pulls verl-core in
             other = "trainer.use_v1=False (verl's legacy trainer)" if v1 and _imports_ok(
                 False) else None
             raise Rejected(
                 f"the trainer's run cannot start: {exc} (trainer.use_v1={v1}); verl declares "
                 "it in its [verl-core] extra, which this image's verl pin lacks",
                 fix=" or ".join(filter(None, [other, "an image whose verl pin has the "
-                                              "verl-core (or vllm) extra"]))) from None
+                                              f"verl-core (or {engine}) extra"]))) from None
         return {"trainer": name,
                 "rollout": self._engine(str(cfg.actor_rollout_ref.rollout.name))}
 
     def _engine(self, name: str) -> str:
         import importlib.util
 
-        module = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt_llm"}.get(name, name)
+        engines = self.args.engines  # the host's catalogue: rollout.name -> import name
+        module = engines.get(name, name)
         if importlib.util.find_spec(module) is not None:
             return f"{name}: installed (not started: it needs GPUs)"
         if self._cpu_image():
             return f"{name}: not installed (a cpu image has no rollout engine)"
+        here = [n for n, m in engines.items() if importlib.util.find_spec(m) is not None]
         raise Rejected(f"actor_rollout_ref.rollout.name={name}: the {module} package is not "
                        "installed in this image", fix="actor_rollout_ref.rollout.name=<the "
-                       "engine this image has: vllm or sglang>")
+                       f"engine this image has: {' or '.join(here or engines) or '?'}>")
 
     def _cpu_image(self) -> bool:
         try:
@@ -461,7 +465,7 @@ def _prompt_tokens(ds: Any, path: str) -> int | None:
 
 
 USAGE = ("usage: incheck.py --nnodes N --gpus-per-node G [--json PATH] [--manifest PATH] "
-         "-- OVERRIDE...")
+         "[--engine NAME=MODULE]... -- OVERRIDE...")
 
 
 @dataclass
@@ -473,11 +477,15 @@ class Args:
     gpus_per_node: int = 0
     json: str | None = None
     manifest: str = MANIFEST
+    # rollout engines: verl's rollout.name -> the module that engine installs (the host passes
+    # its catalogue's, builder.train.shapes.engine_args; a name not given is its own module)
+    engines: dict[str, str] = field(default_factory=dict)
     overrides: list[str] = field(default_factory=list)
 
 
 def parse(argv: list[str]) -> Args:
-    """``--nnodes N --gpus-per-node G [--json PATH] [--manifest PATH] -- OVERRIDE...``;
+    """``--nnodes N --gpus-per-node G [--json PATH] [--manifest PATH] [--engine NAME=MODULE]...
+    -- OVERRIDE...``;
     SystemExit(2) with the usage on anything else."""
     args, rest = Args(), list(argv)
     if "--" in rest:
@@ -489,8 +497,15 @@ def parse(argv: list[str]) -> Args:
         if flag in ("-h", "--help"):
             print(USAGE + "\n\n" + (__doc__ or ""), file=sys.stderr)
             raise SystemExit(0)
-        if flag not in names or not rest:
-            _usage(f"unexpected {flag!r}" if flag not in names else f"{flag} needs a value")
+        known = flag in names or flag == "--engine"
+        if not known or not rest:
+            _usage(f"{flag} needs a value" if known else f"unexpected {flag!r}")
+        if flag == "--engine":
+            name, eq, module = rest.pop(0).partition("=")
+            if not (name and eq and module):
+                _usage("--engine takes NAME=MODULE")
+            args.engines[name] = module
+            continue
         setattr(args, names[flag], rest.pop(0))
     try:
         args.nnodes, args.gpus_per_node = int(args.nnodes), int(args.gpus_per_node)

@@ -21,12 +21,14 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from builder import catalog
 from builder.errors import BuildEnvError
 from builder.matrix.spec import Target
 
 DATA = Path(__file__).resolve().parent / "verl_commands.yaml"
 ALGORITHMS = ("grpo", "ppo")
-ROLLOUTS = ("vllm", "sglang")
+#: The rollout engines verl drives, by verl's ``rollout.name`` (the upstream catalogue's).
+ROLLOUTS = catalog.shipped().engine_names()
 # a hydra override: an optional +/++/~ prefix, a dotted key, '=', any value (may be empty)
 _OVERRIDE = re.compile(r"^(\+\+|\+|~)?([A-Za-z_][A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]+)*)=(.*)$",
                        re.DOTALL)
@@ -64,6 +66,17 @@ def _load(path: Path) -> dict[str, Any]:
 def known_versions(path: Path = DATA) -> list[str]:
     """The verl versions the data file has a command shape for."""
     return sorted(_load(path)["verl"])
+
+
+def newest_version(path: Path = DATA) -> str:
+    """The newest verl version the data file has a command shape for."""
+    return max(known_versions(path),
+               key=lambda v: tuple(int(p) if p.isdigit() else -1 for p in v.split(".")))
+
+
+def trainer_module(verl_version: str | None = None) -> str:
+    """verl's trainer entry point (``python3 -m MODULE``) of ``verl_version`` (the newest)."""
+    return str(shape_for(verl_version or newest_version())["module"])
 
 
 def shape_for(verl_version: str, path: Path = DATA) -> dict[str, Any]:
@@ -163,9 +176,11 @@ def _validate(verl_version: str, *, rollout: str, nnodes: int, gpus_per_node: in
 def default_command(verl_version: str, *, rollout: str, nnodes: int, gpus_per_node: int,
                     tp: int = 1, algorithm: str = "grpo",
                     loggers: tuple[str, ...] = ("console",), model: str, train_files: str,
-                    val_files: str, overrides: Sequence[str] = ()) -> list[str]:
-    """The argv of ``python3 -m verl.trainer.main_ppo`` with hydra overrides, the user's
-    ``overrides`` last (hydra: the last value of a key wins)."""
+                    val_files: str, checkpoint_dir: str | None = None,
+                    overrides: Sequence[str] = ()) -> list[str]:
+    """The argv of ``python3 -m <the version's trainer module>`` with hydra overrides, the
+    checkpoint directory (when given) then the user's ``overrides`` last (hydra: the last value
+    of a key wins)."""
     shape = shape_for(verl_version)
     paths = {"model": model, "train_files": train_files, "val_files": val_files}
     _validate(verl_version, rollout=rollout, nnodes=nnodes, gpus_per_node=gpus_per_node, tp=tp,
@@ -189,7 +204,24 @@ def default_command(verl_version: str, *, rollout: str, nnodes: int, gpus_per_no
             f"{keys['logger']}=[{','.join(logger_list(loggers, shape))}]",
             *_fill(shape["paths"], values), *_fill(shape["fixed"], values),
             *_fill(algo["args"], values)]
+    if checkpoint_dir is not None:
+        argv.append(f"{keys['checkpoint_dir']}={checkpoint_dir}")
     return argv + list(overrides)
+
+
+def job_command(*, model: str, train_files: str, val_files: str, checkpoint_dir: str,
+                nnodes: str, gpus_per_node: str, overrides: Sequence[str] = (),
+                verl_version: str | None = None) -> list[str]:
+    """The trainer argv whose cluster shape the job fills in (``nnodes``, ``gpus_per_node``:
+    words it expands, e.g. ``${SLURM_NNODES}``): the paths, the checkpoint directory and the
+    shape, then ``overrides``; no batch sizes (verl's own defaults). ``verl_version``: the
+    newest in the data file when None."""
+    shape = shape_for(verl_version or newest_version())
+    keys = shape["keys"]
+    paths = {"model": model, "train_files": train_files, "val_files": val_files}
+    return ["python3", "-m", shape["module"], *_fill(shape["paths"], paths),
+            f"{keys['checkpoint_dir']}={checkpoint_dir}", f"{keys['nnodes']}={nnodes}",
+            f"{keys['gpus_per_node']}={gpus_per_node}", *overrides]
 
 
 def hydra_overrides(argv: Sequence[str]) -> list[str]:
@@ -207,11 +239,19 @@ def target_verl(target: Target) -> str:
     return p.version
 
 
+def default_rollout() -> str:
+    """verl's default rollout engine (the catalogue's default engine)."""
+    return catalog.shipped().default_engine().name
+
+
 def target_rollout(target: Target) -> str:
-    """The rollout engine that follows the target: its enabled vllm or sglang pin. A target
-    with none (the CPU fixture) gets vllm, verl's default engine, for a configuration check."""
-    engine = target.engine
-    return engine.name if engine is not None else "vllm"
+    """The rollout engine that follows the target: its enabled engine pin. A target with none
+    (the CPU fixture) gets verl's default engine, for a configuration check."""
+    pin = target.engine
+    if pin is None:
+        return default_rollout()
+    engine = catalog.shipped().engine_of({pin.name})
+    return engine.name if engine is not None else pin.name
 
 
 PIN_LABEL = "org.verl-env.{}.{}"  # builder.render.baked: pin.NAME / provided.NAME
@@ -227,5 +267,78 @@ def label_pin(labels: Mapping[str, str], name: str) -> str | None:
 
 
 def label_rollout(labels: Mapping[str, str]) -> str | None:
-    """The rollout engine an image's labels name (vllm or sglang), None when none."""
-    return next((e for e in ROLLOUTS if label_pin(labels, e)), None)
+    """The rollout engine an image's labels name (by its distribution's pin), None when
+    none."""
+    return next((e.name for e in catalog.shipped().engines.values()
+                 if e.installable and label_pin(labels, e.distribution)), None)
+
+
+def engine_modules() -> dict[str, str]:
+    """Each rollout engine's import name by verl's ``rollout.name`` (the catalogue's): what the
+    in-image checker is told, since it cannot read the catalogue (``--engine NAME=MODULE``)."""
+    return {e.name: e.module for e in catalog.shipped().engines.values()}
+
+
+def engine_args() -> list[str]:
+    """:func:`engine_modules` as the in-image checker's arguments."""
+    return [w for n, m in engine_modules().items() for w in ("--engine", f"{n}={m}")]
+
+
+@dataclass(frozen=True)
+class TrainShape:
+    """What the job checks of a trainer command: is it verl's trainer entry point
+    (``python3 -m MODULE`` of a version in the data file), its hydra overrides, and the GPUs it
+    waits for (``trainer.nnodes`` x ``n_gpus_per_node``, as words the job expands; verl's
+    defaults when the command does not set them)."""
+
+    main_ppo: bool
+    overrides: tuple[str, ...]
+    nnodes: str
+    gpus_per_node: str
+
+
+def _entry(argv: Sequence[str]) -> Mapping[str, Any] | None:
+    """The newest command shape whose trainer module ``argv`` runs (``python3 -m MODULE``)."""
+    table = _load(DATA)["verl"]
+    for version in sorted(table, key=lambda v: v != newest_version()):
+        module = table[version]["module"]
+        if module in argv[:3] and argv[argv.index(module) - 1:][:1] == ["-m"]:
+            return table[version]
+    return None
+
+
+def train_shape(argv: list[str]) -> TrainShape:
+    """The :class:`TrainShape` of a training command's argv (a user's or the default)."""
+    shape = _entry(argv)
+    if shape is None:
+        return TrainShape(False, (), *_defaults(shape_for(newest_version())))
+    overrides = tuple(argv[argv.index(shape["module"]) + 1:])
+    nnodes, gpus = _defaults(shape)
+    keys = shape["keys"]
+    for word in overrides:
+        key, _, value = word.lstrip("+").partition("=")
+        if key == keys["nnodes"]:
+            nnodes = value
+        elif key == keys["gpus_per_node"]:
+            gpus = value
+    return TrainShape(True, overrides, nnodes, gpus)
+
+
+def _defaults(shape: Mapping[str, Any]) -> tuple[str, str]:
+    d = shape["trainer_defaults"]
+    return str(d["nnodes"]), str(d["gpus_per_node"])
+
+
+def local_argv(argv: list[str], here: Mapping[str, str]
+               ) -> tuple[list[str], int, int] | str:
+    """The training argv as the head node will run it, ``$VAR``s that ``here`` knows filled in,
+    with its nnodes and GPUs per node; or why it cannot be checked on this host."""
+    shape = train_shape(argv)
+    if not shape.main_ppo:
+        return f"the training command is not {trainer_module()}"
+    words = [re.sub(r"\$\{(\w+)\}|\$(\w+)",
+                    lambda m: here.get(m.group(1) or m.group(2), m.group(0)), w) for w in argv]
+    if any("$" in w for w in words) or not (shape.nnodes.isdigit()
+                                            and shape.gpus_per_node.isdigit()):
+        return "the command uses variables only the job's nodes set"
+    return words, int(shape.nnodes), int(shape.gpus_per_node)

@@ -22,7 +22,8 @@ from builder.resolve.lock import input_hash, lock_path, parse_lock
 from builder.resolve.metadata import load_snapshot
 from builder.render import render_context
 from builder.selftest.versions import decide_base_files, decide_pin
-from builder.cluster.job import Inputs, SlurmJob, training_command
+from builder.cluster.inputs import Inputs
+from builder.cluster.job import SlurmJob, training_command
 from builder.matrix.spec import Base, Package, load_matrix
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ import pytest
 from builder.cluster import doctor
 from builder.cli import main
 from builder.cluster.doctor import FAIL, OK, SKIP, WARN, Finding, run_doctor
-from builder.cluster.job import RayPorts
+from builder.cluster.ports import RayPorts
 from tests.slurm.conftest import free_port_block
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,7 +220,7 @@ def test_cpu_limits_from_slurm_and_affinity() -> None:
     assert found.status == WARN and "--num-cpus=1" in found.fix
     # a real affinity mask narrower than the machine (as a Slurm cgroup/cpuset gives)
     code = ("import os, sys; sys.path.insert(0, %r); os.sched_setaffinity(0, {0}); "
-            "from builder import doctor; f = doctor.check_cpus({})[0]; print(f.status, f.fix)")
+            "from builder.cluster import doctor; f = doctor.check_cpus({})[0]; print(f.status, f.fix)")
     out = subprocess.run([sys.executable, "-c", code % str(REPO)], capture_output=True, text=True,
                          check=True).stdout
     assert out.startswith("warn") and "--num-cpus=1" in out

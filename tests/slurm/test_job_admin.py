@@ -17,7 +17,8 @@ import pytest
 
 from builder.cli import main
 from builder.errors import SlurmError
-from builder.cluster.job import SlurmJob, render_sbatch
+from builder.cluster.job import SlurmJob
+from builder.cluster.render import render_sbatch
 from tests.slurm.test_render import ORAS, job_for
 
 CPU = ["slurm", "--family", "cpu", "--sif", "/x", "--runtime", "ch-run", "--train-cmd",

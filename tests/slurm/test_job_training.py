@@ -15,7 +15,7 @@ import pytest
 
 from builder.cli import main
 from builder.errors import SlurmError
-from builder.cluster.job import render_sbatch
+from builder.cluster.render import render_sbatch
 from builder.train import checker_path
 from tests.slurm.test_job_admin import _function
 from tests.slurm.test_render import ORAS, job_for

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.cluster.job import write_sbatch
+from builder.cluster.render import write_sbatch
 from tests.slurm.conftest import (
     DeadNode,
     SlurmCluster,

@@ -20,10 +20,16 @@ import jinja2
 import pytest
 
 from builder.cluster import job as slurm
+from builder.cluster import render
+from builder.cluster import runtime as cluster_runtime
 from builder.cli import main
 from builder.commands import slurm as command
 from builder.errors import SlurmError
-from builder.cluster.job import Inputs, RayPorts, SlurmJob, render_sbatch, shell_word, write_sbatch
+from builder.cluster.inputs import Inputs
+from builder.cluster.job import SlurmJob
+from builder.cluster.ports import RayPorts
+from builder.cluster.render import render_sbatch, write_sbatch
+from builder.cluster.shell import shell_word
 
 DIGEST = "0123456789abcdef" * 4
 ORAS = f"oras://registry.example.org/verl/cuda-x86_64@sha256:{DIGEST}"
@@ -353,13 +359,13 @@ def test_job_is_frozen_and_defaults() -> None:
         job.nodes = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
         job.env["X"] = "1"  # type: ignore[index]
-    assert slurm.sif_cache_name(ORAS) == f"oras-sha256-{DIGEST}.sif"
-    assert slurm.sif_cache_name("/x/y.sif") is None
+    assert cluster_runtime.sif_cache_name(ORAS) == f"oras-sha256-{DIGEST}.sif"
+    assert cluster_runtime.sif_cache_name("/x/y.sif") is None
 
 
 def test_template_is_strict() -> None:
     with pytest.raises(jinja2.UndefinedError):
-        slurm._environment().get_template(slurm.TEMPLATE).render()
+        render._environment().get_template(render.TEMPLATE).render()
 
 
 def test_write_sbatch_is_atomic_and_executable(tmp_path: Path) -> None:
@@ -653,7 +659,7 @@ def test_pyxis_profile_and_refusals() -> None:
     remote = render_sbatch(job_for("cuda", runtime="pyxis",
                                    sif=f"docker://registry.example.org:5000/verl/cuda@sha256:{DIGEST}"))
     assert f'PYXIS_IMAGE="registry.example.org:5000#verl/cuda@sha256:{DIGEST}"' in remote
-    assert slurm.pyxis_image(f"docker://nvidia/verl@sha256:{DIGEST}") == f"nvidia/verl@sha256:{DIGEST}"
+    assert cluster_runtime.pyxis_image(f"docker://nvidia/verl@sha256:{DIGEST}") == f"nvidia/verl@sha256:{DIGEST}"
     for bad, message in ((dict(sif=ORAS), "imports OCI images, not SIF"),
                          (dict(sif="/shared/v.sif"), "not the SIF"),
                          (dict(sif=SQSH, trust_key="/k.pub"), "trust verify on the image"),

@@ -22,7 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from builder.errors import SlurmError
-from builder.cluster.job import Bind, Inputs, SlurmJob, render_sbatch
+from builder.cluster.inputs import Bind, Inputs
+from builder.cluster.job import SlurmJob
+from builder.cluster.render import render_sbatch
 from tests.slurm.test_render import ORAS
 
 HOSTILE = ["\n", ";", "&&", "$(id)", "`id`", '"', "'", "\\", "\u2028", " ", "|", "$", "#",

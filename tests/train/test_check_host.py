@@ -15,6 +15,7 @@ from builder.engine import ContainerEngine
 from builder.engine.results import RunResult
 from builder.errors import InfraError
 from builder.train import check, checker_path
+from builder.train.shapes import engine_args
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "cpu.yaml"
@@ -75,7 +76,11 @@ def test_run_check_sends_the_checker_and_reads_its_verdict(inputs: dict[str, Pat
     assert call["files"][f"{check.IN_DIR}/incheck.py"] == checker_path().read_bytes()
     assert call["command"][:6] == ["--nnodes", "2", "--gpus-per-node", "4", "--json",
                                    check.REPORT]
-    assert call["command"][6] == "--" and call["command"][7].startswith("data.train_files=")
+    # the rollout engines' modules, from the host's catalogue (the checker cannot read it)
+    engines = engine_args()
+    assert call["command"][6:6 + len(engines)] == engines and "vllm=vllm" in engines
+    rest = call["command"][6 + len(engines):]
+    assert rest[0] == "--" and rest[1].startswith("data.train_files=")
     assert result.status == "rejected" and result.exit_code == 1
     lines = check.summary_lines(result)
     assert "never GPU-proven" in lines[0]
