@@ -28,6 +28,7 @@ import pytest
 
 from builder import __version__, pipeline
 from builder.publish import push as publish
+from builder.publish import transfer
 from builder import exclusive as runlock
 from builder.gate import verdicts
 from builder.engine import (BuildProgress, BuildResult, ContainerEngine, Engine, ImageInfo,
@@ -131,7 +132,7 @@ def seams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNam
     monkeypatch.setattr(publish, "check_access", lambda *a, **k: None)
     monkeypatch.setattr(publish, "check_sif_matches", lambda *a, **k: None)
     monkeypatch.setattr(publish, "push_image", push_image)
-    monkeypatch.setattr(publish, "manifest_digest", lambda *a, **k: ("sha256:" + "1" * 64, {}))
+    monkeypatch.setattr(transfer, "manifest_digest", lambda *a, **k: ("sha256:" + "1" * 64, {}))
     monkeypatch.setattr(publish, "push_sif", lambda *a, **k: ("sha256:" + "2" * 64, {}))
     monkeypatch.setattr(publish, "check_sif_manifest", lambda *a, **k: None)
     monkeypatch.setattr(publish, "release_tags", lambda reg, moves, *a, **k: [m[0] for m in moves])
