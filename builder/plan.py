@@ -8,8 +8,12 @@ plan says so instead of guessing: the base images' identities, which the content
 (``engine.identity``), and whether the content tag already exists (``engine.find``: reuse or
 build). :class:`EngineFacts` holds them once :func:`builder.pipeline.execute` has asked the
 engine at the start of the run. A declared vendor base the engine has never inspected is a third:
-the plan stops there (``inspect_base``), the run inspects it and stops, as it always did.
-``build-env --target T --print`` prints :meth:`BuildPlan.to_dict` (docs/commands.md).
+the plan stops there (``inspect_base``): its one step inspects it and stops the run.
+
+The plan's :attr:`BuildPlan.steps` are what the run does, in order (:data:`STEP_WHAT`):
+:func:`builder.pipeline.execute` walks them, dispatching each by its kind, and ``build-env
+--target T --print`` prints :meth:`BuildPlan.to_dict`, whose ``steps`` are that list
+(docs/commands.md).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from builder.resolve import vendor
 from builder.resolve.lock import lock_for, lock_path
@@ -29,6 +33,46 @@ from builder.resolve.targets import Site, open_site, resolve_target
 
 PLAN_SCHEMA = "verl-env/build-plan/v1"
 ENGINE = "the engine"
+
+StepKind = Literal["inspect-base", "build", "verify", "tag", "sif", "sign", "publish"]
+STEP_WHAT: dict[str, str] = {
+    "inspect-base": "inspect the declared vendor base through the engine, record what it holds "
+                    "beside the lock, and stop: re-lock with the record, then build again",
+    "build": "build the context into a candidate image, or take the image under the content tag "
+             "(reused when it holds a release verdict)",
+    "verify": "run the gate inside the image: a verdict below --require stops the run with "
+              "nothing tagged (the candidate removed unless --keep-candidate)",
+    "tag": "tag the verified image: its content tag, then the release tags",
+    "sif": "convert the verified image to a SIF and check it (--sif)",
+    "sign": "sign the verdict, SBOM and provenance (--sign-key): the SIF's, and the pushed "
+            "image's attestations",
+    "publish": "push the image (and the SIF) by digest, then move the release tags (--push)",
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One action of the run, named by its kind (:data:`STEP_WHAT` says what it does)."""
+
+    kind: StepKind
+
+    def __post_init__(self) -> None:
+        if self.kind not in get_args(StepKind):
+            raise ValueError(f"unknown build step {self.kind!r}")
+
+    @property
+    def what(self) -> str:
+        return STEP_WHAT[self.kind]
+
+
+def steps_of(*kinds: StepKind) -> tuple[Step, ...]:
+    return tuple(Step(kind) for kind in kinds)
+
+
+def later_steps(req: BuildRequest) -> tuple[Step, ...]:
+    """The steps after the tag: ``sif``, ``sign``, ``publish`` as requested."""
+    return steps_of(*(kind for kind, wanted in (("sif", req.sif), ("sign", req.sign_key),
+                                                ("publish", req.push)) if wanted))
 
 
 @dataclass(frozen=True)
@@ -80,7 +124,8 @@ def open_target(req: BuildRequest) -> OpenTarget:
 class BuildPlan:
     """One target's build, resolved without an engine. ``context`` is None (and so are the lock
     and the digest) only when ``inspect_base``: the run must inspect a declared vendor base
-    first, which stops it."""
+    first, which stops it. ``steps``: what the run does, in order (``inspect-base`` alone, or
+    ``build``, ``verify``, ``tag`` and what extends them)."""
 
     request: BuildRequest
     target: Target
@@ -92,6 +137,7 @@ class BuildPlan:
     lock_file: Path | None
     context: BuildContext | None
     context_digest: str | None  # None: the context lacks what it did not fetch
+    steps: tuple[Step, ...]
 
     @property
     def report_path(self) -> Path:
@@ -100,9 +146,7 @@ class BuildPlan:
     @property
     def extends(self) -> tuple[str, ...]:
         """The steps after the tag: ``sif``, ``sign``, ``publish`` as requested."""
-        req = self.request
-        return tuple(step for step, wanted in (("sif", req.sif), ("sign", req.sign_key),
-                                               ("publish", req.push)) if wanted)
+        return tuple(step.kind for step in later_steps(self.request))
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as ``build-env --target T --print`` prints it (schema in docs/commands.md).
@@ -124,7 +168,7 @@ class BuildPlan:
                               "is reused, else the image is built"
                               + ("; --reverify runs the gate again" if req.reverify else "")),
             "require": req.require,
-            "steps": ["build", "verify", "tag", *self.extends],
+            "steps": [step.kind for step in self.steps],
             "extends": {"sif": str(req.sif) if req.sif else None,
                         "sign": {"key": str(req.sign_key), "pgp_key": _str(req.sign_pgp_key)}
                         if req.sign_key else None,
@@ -190,10 +234,11 @@ def plan_build(req: BuildRequest, opened: OpenTarget | None = None, *,
     base_refs = tuple(dict.fromkeys([target.base.ref, target.base.source_image or target.base.ref]))
     if base_record is not None and not base_record.get("inspected"):
         return BuildPlan(req, target, matrix, workdir, base_refs, base_record, True, None, None,
-                         None)
+                         None, steps_of("inspect-base"))
     lock_text, lock_file = lock_for(matrix, target, snapshot, out)
     ctx = render_context(target, lock_text, snapshot, out / "context",
                          lock_file=lock_file, ca_bundle=req.ca_bundle, templates=req.templates,
                          base_record=base_record, fetch_sources=fetch, fetch_prebuilt=fetch)
     return BuildPlan(req, target, matrix, workdir, base_refs, base_record, False, lock_file, ctx,
-                     None if ctx.unfetched else context_digest(ctx.path))
+                     None if ctx.unfetched else context_digest(ctx.path),
+                     steps_of("build", "verify", "tag") + later_steps(req))

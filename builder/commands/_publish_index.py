@@ -1,6 +1,6 @@
 """``build-env publish --target A --target B ...``: the part of the publish command that puts
 the builds of one stack for several platforms under one name
-(:func:`builder.publish.push.publish_index`). Options that cannot apply to an index are refused before anything is read or sent."""
+(:func:`builder.publish.index.publish_index`). Options that cannot apply to an index are refused before anything is read or sent."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from builder.publish import push as lib
+from builder.publish import index as lib
 from builder.gate import verdicts
 from builder.commands import _shared
 from builder.engine import Engine

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import multiprocessing.connection
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from builder.commands import _shared
-from builder.pipeline import Outcome, run_many
+from builder.engine import interrupts_raise
+from builder.errors import BuildEnvError
+from builder import pipeline
+from builder.pipeline import Outcome
 from builder.plan import BuildRequest, plan_build
 from builder.gate.verdicts import requirement
 
@@ -88,3 +94,58 @@ def _summary(names: list[str], outcomes: list[Outcome]) -> None:
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3],
               file=sys.stderr)
+
+
+def run_many(requests: list[BuildRequest], jobs: int) -> list[Outcome]:
+    """Several targets at once: one process per target (each with its own signal handling and
+    cleanup), at most ``jobs`` at a time, builds sharing the engine's BuildKit cache. A failing
+    target never stops or untags the others; outcomes come back in request order. SIGINT or
+    SIGTERM reach every running child, which removes its own candidate and containers."""
+    if len(requests) == 1:
+        return [_run_one(requests[0])]
+    ctx = multiprocessing.get_context("spawn")
+    pending = list(enumerate(requests))
+    running: dict[int, tuple[Any, Any]] = {}
+    outcomes: dict[int, Outcome] = {}
+    try:
+        with interrupts_raise():
+            while pending or running:
+                while pending and len(running) < max(1, jobs):
+                    i, req = pending.pop(0)
+                    parent, child = ctx.Pipe(duplex=False)
+                    proc = ctx.Process(target=_child, args=(req, child), name=req.target)
+                    proc.start()
+                    child.close()
+                    running[i] = (proc, parent)
+                ready = multiprocessing.connection.wait([c for _, c in running.values()])
+                for i, (proc, conn) in list(running.items()):
+                    if conn in ready:
+                        try:
+                            outcomes[i] = conn.recv()
+                        except EOFError:
+                            outcomes[i] = Outcome(None, 1, f"the {proc.name} build process "
+                                                  "died without a result")
+                        proc.join()
+                        del running[i]
+    except KeyboardInterrupt:
+        for proc, _ in running.values():
+            proc.terminate()
+        for proc, _ in running.values():
+            proc.join(timeout=120)
+        raise
+    return [outcomes[i] for i in range(len(requests))]
+
+
+def _child(req: BuildRequest, conn: Any) -> None:
+    conn.send(_run_one(req))
+    conn.close()
+
+
+def _run_one(req: BuildRequest) -> Outcome:
+    try:
+        outcome = pipeline.run(req)
+    except BuildEnvError as exc:
+        outcome = Outcome(None, exc.exit_code, str(exc))
+    if outcome.error:
+        print(f"error: {outcome.error}", file=sys.stderr)
+    return outcome

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from builder.engine import ImageInfo
-from builder.publish.push import Member, PlatformClash, refusal
+from builder.publish.index import Member, PlatformClash, refusal
 from builder.registry.api import (OCI_INDEX, IndexEntry, Platform, index_document, index_entries,
                               is_index)
 from builder.gate.verdicts import Verdict

@@ -20,6 +20,7 @@ import importlib
 import json
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -28,12 +29,16 @@ import pytest
 
 from builder import __version__, pipeline
 from builder.publish import push as publish
+from builder.publish import transfer
 from builder import exclusive as runlock
 from builder.gate import verdicts
 from builder.engine import (BuildProgress, BuildResult, ContainerEngine, Engine, ImageInfo,
                             RunResult)
 from builder.matrix.naming import content_hash, context_digest
-from builder.plan import BuildPlan, BuildRequest, plan_build
+from builder.cli import main
+from builder.errors import LockError
+from builder.plan import BuildPlan, BuildRequest, Step, plan_build, steps_of
+from builder.resolve import vendor
 from builder.trust import keys
 from builder.trust import sbom as sbom_mod
 from builder.trust.sign import Signed
@@ -131,7 +136,7 @@ def seams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNam
     monkeypatch.setattr(publish, "check_access", lambda *a, **k: None)
     monkeypatch.setattr(publish, "check_sif_matches", lambda *a, **k: None)
     monkeypatch.setattr(publish, "push_image", push_image)
-    monkeypatch.setattr(publish, "manifest_digest", lambda *a, **k: ("sha256:" + "1" * 64, {}))
+    monkeypatch.setattr(transfer, "manifest_digest", lambda *a, **k: ("sha256:" + "1" * 64, {}))
     monkeypatch.setattr(publish, "push_sif", lambda *a, **k: ("sha256:" + "2" * 64, {}))
     monkeypatch.setattr(publish, "check_sif_manifest", lambda *a, **k: None)
     monkeypatch.setattr(publish, "release_tags", lambda reg, moves, *a, **k: [m[0] for m in moves])
@@ -331,3 +336,123 @@ def test_run_makes_the_plan_under_the_run_lock_and_an_interrupt_removes_the_cand
     assert json.loads((tmp_path / "work/report.json").read_text())["result"] == "interrupted"
     with runlock.held(key, what="test", wait=False):  # released: taken at once
         pass
+
+
+# ------------------------------------------------------------------- the plan's steps drive the run
+
+
+def _cuda_plan(tmp_path: Path, **kw: Any) -> BuildPlan:
+    return plan_build(BuildRequest(target="cuda-x86_64", matrix=REPO / "matrix.yaml",
+                                   workdir=tmp_path / "work", quiet=True, **kw))
+
+
+def _recording(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every step the run dispatches, by kind, in order (the real actions still run)."""
+    ran: list[str] = []
+    for kind, action in list(pipeline.ACTIONS.items()):
+        def wrapped(run: Any, kind: str = kind, action: Any = action) -> Any:
+            ran.append(kind)
+            return action(run)
+        monkeypatch.setitem(pipeline.ACTIONS, kind, wrapped)
+    return ran
+
+
+def test_the_run_walks_exactly_the_steps_the_plan_prints(
+        gate_passes: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran = _recording(monkeypatch)
+    plan = _cuda_plan(tmp_path)
+    printed = plan.to_dict()["steps"]
+    assert printed == ["build", "verify", "tag"] == [s.kind for s in plan.steps]
+    outcome = pipeline.execute(plan, PlanEngine())
+    assert outcome.exit_code == 0 and ran == printed
+
+
+def test_a_plan_without_its_verify_step_tags_nothing(
+        gate_passes: list[str], tmp_path: Path) -> None:
+    plan = replace(_cuda_plan(tmp_path), steps=steps_of("build", "tag"))
+    engine = PlanEngine()
+    outcome = pipeline.execute(plan, engine)
+    assert outcome.exit_code == 1 and outcome.report is not None
+    assert "nothing was tagged" in (outcome.error or "")
+    assert engine.tags == [] and gate_passes == [] and engine.removed == [IMAGE_ID]
+    assert outcome.report.result == "error" and outcome.report.tags == []
+    assert json.loads(plan.report_path.read_text())["result"] == "error"
+
+
+def test_a_reordered_plan_is_followed_and_still_tags_nothing_unverified(
+        gate_passes: list[str], tmp_path: Path) -> None:
+    engine = PlanEngine()
+    outcome = pipeline.execute(replace(_cuda_plan(tmp_path),
+                                       steps=steps_of("build", "tag", "verify")), engine)
+    assert outcome.exit_code == 1 and engine.tags == [] and gate_passes == []
+    assert engine.calls[-1] == "build" and engine.removed == [IMAGE_ID]
+
+    # without its tag step the run builds and verifies, and releases nothing
+    engine = PlanEngine()
+    outcome = pipeline.execute(replace(_cuda_plan(tmp_path), steps=steps_of("build", "verify")),
+                               engine)
+    assert outcome.exit_code == 1 and engine.tags == [] and gate_passes == [IMAGE_ID]
+    assert outcome.report is not None and outcome.report.tags == []
+
+
+def test_a_later_step_before_the_tag_continues_from_nothing(
+        gate_passes: list[str], tmp_path: Path) -> None:
+    plan = _cuda_plan(tmp_path, sif=tmp_path / "out.sif")
+    assert plan.to_dict()["steps"] == ["build", "verify", "tag", "sif"]
+    engine = PlanEngine()
+    outcome = pipeline.execute(replace(plan, steps=steps_of("build", "sif", "verify", "tag")),
+                               engine)
+    assert outcome.exit_code == 1 and "before its tag step" in (outcome.error or "")
+    assert engine.tags == [] and gate_passes == [] and not (tmp_path / "out.sif").exists()
+
+
+def test_an_inspection_added_to_the_plan_runs_first(
+        gate_passes: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = PlanEngine()
+
+    def inspected(eng: ContainerEngine, target: Any, lock_file: Path) -> None:
+        assert eng is engine and lock_file.name == "cuda-x86_64.txt"
+        engine.calls.append("inspect")
+
+    monkeypatch.setattr(vendor, "first_inspection", inspected)
+    plan = _cuda_plan(tmp_path)
+    plan = replace(plan, steps=steps_of("inspect-base") + plan.steps)
+    outcome = pipeline.execute(plan, engine)
+    assert outcome.exit_code == 0
+    assert engine.calls == ["inspect", "identity nvidia/cuda:13.0.2-base-ubuntu24.04",
+                            "identity nvidia/cuda:13.0.2-devel-ubuntu24.04", "find", "build"]
+
+    # the real inspection stops the run: nothing after it is asked of the engine
+    def stops(eng: ContainerEngine, target: Any, lock_file: Path) -> None:
+        engine.calls.append("inspect")
+        raise LockError("inspected it now: re-lock and build again", target=target.name)
+
+    monkeypatch.setattr(vendor, "first_inspection", stops)
+    engine.calls.clear()
+    with pytest.raises(LockError, match="re-lock"):
+        pipeline.execute(plan, engine)
+    assert engine.calls == ["inspect"]
+
+
+def test_print_of_a_vendor_base_lists_its_inspection_and_the_run_does_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-such.sock'}")
+    monkeypatch.chdir(tmp_path)
+    assert main(["build", "--matrix", str(REPO / "matrix.yaml"), "--target", "rocm-mi300",
+                 "--print", "--push", "127.0.0.1:5000/verl-env"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["base"]["inspect_first"] is True and printed["steps"] == ["inspect-base"]
+
+    plan = plan_build(BuildRequest(target="rocm-mi300", matrix=REPO / "matrix.yaml",
+                                   workdir=tmp_path / "work"))
+    assert [s.kind for s in plan.steps] == printed["steps"] and plan.context is None
+    ran = _recording(monkeypatch)
+    seen: list[str] = []
+    monkeypatch.setattr(vendor, "first_inspection",
+                        lambda eng, target, lock: seen.append(lock.name))
+    engine = PlanEngine()
+    outcome = pipeline.execute(plan, engine)
+    assert ran == ["inspect-base"] and seen == ["rocm-mi300.txt"] and engine.calls == []
+    assert outcome.exit_code == 1 and outcome.report is None  # nothing but the inspection ran
+    assert Step("build").what and pytest.raises(ValueError, Step, "gate")  # kinds are checked

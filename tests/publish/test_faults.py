@@ -33,6 +33,7 @@ import pytest
 import requests
 
 from builder.publish import push as publish
+from builder.publish import transfer
 from builder.gate import verdicts
 from builder.engine import Engine
 from builder.errors import PublishError
@@ -428,7 +429,7 @@ def test_registry_dies_during_attestations(registry: RegistryServer, proxies: An
     (the first blob upload after the SIF manifest): the error names the attestations stage;
     image and SIF are in the registry by digest, no release tag names them; after a restart the same
     publish attaches the statements, moves the tags and uploads neither image nor SIF again."""
-    monkeypatch.setattr(publish, "RETRY_BASE_S", 0.1)
+    monkeypatch.setattr(transfer, "RETRY_BASE_S", 0.1)
     own = tmp_path / "report.json"  # the build report, about the layered image
     own.write_text(json.dumps({**json.loads(report.read_text()), "image_id": layered.id}))
     verdict = verdicts.Verdict(layered.id, 0, {"overall": "pass",

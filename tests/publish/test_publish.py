@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from builder.publish import push as publish
+from builder.publish import transfer
 from builder.gate import verdicts
 from builder.registry import api as regapi
 from builder.engine import Engine, credentials
@@ -173,7 +174,7 @@ def test_transient_errors_are_retried(registry: RegistryServer, flaky_proxy: Any
                                       layered_sif: Path, tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch, pattern: str,
                                       mode: str) -> None:
-    monkeypatch.setattr(publish, "RETRY_BASE_S", 0.1)
+    monkeypatch.setattr(transfer, "RETRY_BASE_S", 0.1)
     proxy = flaky_proxy(registry.host, pattern, failures=2, mode=mode)
     engine = Engine.connect()
     record = publish.publish(engine, engine.image(LAYERED_TAG), f"{proxy.host}/{REPO}",
@@ -185,7 +186,7 @@ def test_transient_errors_are_retried(registry: RegistryServer, flaky_proxy: Any
 
 def test_persistent_5xx_gives_up(registry: RegistryServer, flaky_proxy: Any, layered: Any,
                                  tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(publish, "RETRY_BASE_S", 0.05)
+    monkeypatch.setattr(transfer, "RETRY_BASE_S", 0.05)
     proxy = flaky_proxy(registry.host, "GET /v2/ ", failures=100)
     engine = Engine.connect()
     with pytest.raises(PublishError, match="still failing after 3 attempts"):
@@ -197,7 +198,7 @@ def test_persistent_5xx_gives_up(registry: RegistryServer, flaky_proxy: Any, lay
 def test_digest_mismatch_writes_no_record(registry: RegistryServer, layered: Any,
                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = publish.manifest_digest
-    monkeypatch.setattr(publish, "manifest_digest",
+    monkeypatch.setattr(transfer, "manifest_digest",
                         lambda *a, **k: ("sha256:" + "0" * 64, real(*a, **k)[1]))
     engine = Engine.connect()
     with pytest.raises(PublishError, match="the registry serves sha256:0000"):

@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from builder.publish import push as publish
+from builder.publish import transfer
 from builder.engine import Engine
 from builder.errors import PublishError
 from tests.publish.conftest import (PASSWORD, REFRESH_TOKEN, SERVICE, USER, RegistryServer,
@@ -197,7 +198,7 @@ def test_preflight_answers_in_seconds(token_registry: RegistryServer, auth_regis
                                       RegistryServer, registry_factory: Any, tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))
-    monkeypatch.setattr(publish, "RETRY_BASE_S", 0.05)
+    monkeypatch.setattr(transfer, "RETRY_BASE_S", 0.05)
     monkeypatch.delenv(publish.USER_ENV, raising=False)
     monkeypatch.delenv(publish.PASSWORD_ENV, raising=False)
     ro = registry_factory(readonly=True)
