@@ -31,9 +31,9 @@ from builder.resolve.compat import local_sources
 from builder.errors import BuildEnvError
 from builder.resolve.metadata import Release, Snapshot, local_release
 from builder.propose import coherence
-from builder.matrix.spec import ENGINES, Package, Target
+from builder.matrix.model import Package, Target, engine_distributions
 
-PRIORITY = ("verl", *ENGINES, "torch", "transformers")
+PRIORITY = ("verl", *engine_distributions(), "torch", "transformers")
 NODE_BUDGET = 200_000
 
 
