@@ -5,14 +5,18 @@ target pins, the Ray floor, one rollout engine per environment).
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
-from builder import catalog
+from builder import catalog, yamldoc
+from builder.errors import SpecError
 from builder.matrix import grammar
 from builder.matrix import megatron
 from builder.matrix import overrides
@@ -23,6 +27,9 @@ from builder.matrix.fields import (
 from builder.matrix.model import Package, Target, engine_distributions
 from builder.matrix.overrides import Override
 
+# The matrix's shape (types, allowed and required keys, enumerations): what `check` validates
+# against first, and what editors complete from (the modeline `build-env init` writes).
+SCHEMA_FILE = Path(__file__).resolve().parent / "matrix.schema.json"
 RAY_FLOOR = Version("2.40")
 ACCELERATORS = tuple(FAMILIES)  # a family is data in one place: builder/matrix/families.py
 
@@ -35,7 +42,21 @@ def merge(defaults: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
 
 
 
+@functools.lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+
+
+def complete_schema() -> dict[str, Any]:
+    """A target merged with its defaults: its shape, and the keys it must then have."""
+    whole = schema()
+    return {"$defs": whole["$defs"],
+            "allOf": [{"$ref": "#/$defs/target"}, {"$ref": "#/$defs/complete"}]}
+
+
 def read_target(ctx: Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
+    yamldoc.validate(yamldoc.Doc(ctx.file, raw, ctx.lines), complete_schema(),
+                     functools.partial(SpecError, target=name), at=key)
     t = raw
     for req in ("accelerator", "arch", "base", "python", "packages"):
         if req not in t:

@@ -18,7 +18,7 @@ from builder.errors import SpecError
 from builder.matrix import grammar
 from builder.matrix.fields import Ctx
 from builder.matrix.model import ARCHES, Base, Matrix, Package, Source, Target
-from builder.matrix.rules import merge, read_target
+from builder.matrix.rules import merge, read_target, schema
 
 __all__ = ["ARCHES", "Base", "Matrix", "Package", "Source", "Target", "TARGET_NAME",
            "apply_overrides", "load_matrix"]
@@ -51,6 +51,7 @@ def load_matrix(path: str | Path) -> Matrix:
     lines: dict[str, int] = {}
     raw = yamldoc.plain(node, "", lines, file)
     ctx = Ctx(file, lines)
+    yamldoc.validate(yamldoc.Doc(file, raw, lines), schema())  # the shape: matrix.schema.json
     ctx.mapping(raw, "", _TOP_KEYS)
     if raw.get("schema") != 1:
         raise ctx.error("schema", "expected 'schema: 1'")
