@@ -143,12 +143,23 @@ def _missing(err: jsonschema.ValidationError) -> str:
     return next((str(k) for k in err.validator_value if k not in err.instance), "")
 
 
+def _kind(value: Any) -> str:
+    """The JSON type of a YAML value (``number`` for a float: YAML reads 3.10 as 3.1)."""
+    for kind, types in (("boolean", bool), ("integer", int), ("number", float), ("string", str),
+                        ("array", list), ("object", dict)):
+        if isinstance(value, types):
+            return kind
+    return "null"
+
+
 def _own_words(err: jsonschema.ValidationError) -> str | None:
-    """The message the schema gives for this keyword (``x-messages: {KEYWORD: TEXT}`` beside it),
-    TEXT formatted with ``instance``, ``type`` (its python type's name), ``name`` (the last key)
+    """The message the schema gives for this keyword (``x-messages: {KEYWORD: TEXT}`` beside it,
+    or ``KEYWORD:KIND`` for an instance of one JSON type, e.g. ``type:number``), TEXT formatted with ``instance``, ``type`` (its python type's name), ``name`` (the last key)
     and ``missing`` (a ``required`` error's absent property)."""
     words = err.schema.get("x-messages", {}) if isinstance(err.schema, dict) else {}
-    text = words.get(str(err.validator)) if isinstance(words, dict) else None
+    if not isinstance(words, dict):
+        return None
+    text = words.get(f"{err.validator}:{_kind(err.instance)}", words.get(str(err.validator)))
     if not isinstance(text, str):
         return None
     path = list(err.absolute_path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import canonicalize_name
 
@@ -18,17 +19,29 @@ from builder.errors import SpecError
 from builder.matrix import grammar
 from builder.matrix.fields import Ctx
 from builder.matrix.model import ARCHES, Base, Matrix, Package, Source, Target
-from builder.matrix.rules import merge, read_target, schema
+from builder.matrix.rules import SCHEMA_FILE, merge, read_target, schema
 
 __all__ = ["ARCHES", "Base", "Matrix", "Package", "Source", "Target", "TARGET_NAME",
-           "apply_overrides", "load_matrix"]
+           "apply_overrides", "load_matrix", "modeline", "with_modeline", "SCHEMA_FILE"]
 
-_TOP_KEYS = {"schema", "defaults", "targets"}
+# The comment that points editors (the YAML language server) at the installed schema.
+MODELINE = "# yaml-language-server: $schema="
+
+
+def modeline() -> str:
+    """The first line of a site's matrix: editors validate and complete against the schema
+    `check` uses (builder/matrix/matrix.schema.json, where this build-env is installed)."""
+    return f"{MODELINE}{SCHEMA_FILE.as_uri()}\n"
+
+
+def with_modeline(text: str) -> str:
+    """``text`` with :func:`modeline` as its first line (replacing one already there)."""
+    if text.startswith(MODELINE):
+        text = text.split("\n", 1)[1] if "\n" in text else ""
+    return modeline() + text
+
 # A target name is part of a lock path and of image tags: lower case, digits, '.', '_', '-'.
 TARGET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
-_TARGET_KEYS = {"description", "accelerator", "arch", "base", "python", "cuda", "rocm",
-                "packages", "provided", "find_links", "apt", "gpus", "build_tools",
-                "coverage_allow", "abi_allow", "overrides", "megatron"}
 
 
 def load_matrix(path: str | Path) -> Matrix:
@@ -52,13 +65,8 @@ def load_matrix(path: str | Path) -> Matrix:
     raw = yamldoc.plain(node, "", lines, file)
     ctx = Ctx(file, lines)
     yamldoc.validate(yamldoc.Doc(file, raw, lines), schema())  # the shape: matrix.schema.json
-    ctx.mapping(raw, "", _TOP_KEYS)
-    if raw.get("schema") != 1:
-        raise ctx.error("schema", "expected 'schema: 1'")
-    targets_raw = raw.get("targets")
-    if not isinstance(targets_raw, dict) or not targets_raw:
-        raise ctx.error("targets", "expected a non-empty mapping of targets")
-    defaults = ctx.mapping(raw.get("defaults") or {}, "defaults", _TARGET_KEYS)
+    targets_raw: dict[str, Any] = raw["targets"]
+    defaults: dict[str, Any] = raw.get("defaults") or {}
     targets: dict[str, Target] = {}
     warnings: list[str] = []
     for name, entry in targets_raw.items():
@@ -67,7 +75,6 @@ def load_matrix(path: str | Path) -> Matrix:
             raise ctx.error(key, f"target name {name!r}: use lower-case letters, digits, '.', '_' "
                                  "and '-' (at most 63, starting with a letter or digit): it names "
                                  "a lock file and image tags")
-        ctx.mapping(entry, key, _TARGET_KEYS)
         for k, v in defaults.items():  # defaults report their own lines when they are the culprit
             if k not in entry:
                 for dk, dl in list(lines.items()):
