@@ -15,9 +15,10 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from builder import catalog
+from builder import catalog, yamldoc
 from builder.errors import SpecError
 from builder.matrix import grammar
+from builder.matrix import megatron
 from builder.matrix.megatron import Layer
 from builder.matrix.overrides import Override
 
@@ -215,3 +216,44 @@ class Matrix:
             raise SpecError(f"unknown target {name!r} (known: {known})", file=str(self.path),
                             key="targets")
         return self.targets[name]
+
+
+class LayerProblem(ValueError):
+    """A malformed Megatron layer: ``key`` is the dotted key that is wrong."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def with_layer(t: dict[str, Any], key: str, lines: dict[str, int]
+               ) -> tuple[Any, Layer | None]:
+    """The target's packages with those of its Megatron layer added (builder.matrix.megatron): a
+    package the target pins itself wins; each added one reports the layer key's line (recorded
+    in ``lines``). The layer is read here, beside the field that holds it."""
+    raw = t.get("megatron")
+    if raw is None:
+        return t["packages"], None
+    try:
+        layer = megatron.parse(raw)
+        added = megatron.packages(layer, None if t.get("cuda") is None else str(t["cuda"]))
+    except megatron.LayerError as exc:
+        raise LayerProblem(f"{key}.megatron" + (f".{exc.key}" if exc.key else ""),
+                           str(exc)) from None
+    if not isinstance(t["packages"], dict):
+        return t["packages"], layer  # read_packages names what is wrong with it
+    out = dict(t["packages"])
+    where = yamldoc.Doc("", None, lines)
+    for pname, (sub, value) in added.items():
+        if pname not in out:
+            out[pname] = value
+            lines.setdefault(f"{key}.packages.{pname}", where.line(f"{key}.megatron.{sub}") or 0)
+        elif isinstance(value, dict) and "import" in value:
+            # the target's own pin (or an override's restatement of the layer's packages,
+            # which carries no `import:`): the gate still imports what the layer names
+            mine = out[pname]
+            out[pname] = {"import": value["import"],
+                          **(mine if isinstance(mine, dict) else {"version": mine})}
+    if "verl" in out:
+        out["verl"] = megatron.verl_value(out["verl"], layer.extra)
+    return out, layer

@@ -18,13 +18,12 @@ from packaging.version import InvalidVersion, Version
 from builder import catalog, yamldoc
 from builder.errors import SpecError
 from builder.matrix import grammar
-from builder.matrix import megatron
 from builder.matrix import overrides
 from builder.matrix.families import FAMILIES
 from builder.matrix.fields import (
     PYTHON, Ctx, read_base, read_packages,
 )
-from builder.matrix.model import Package, Target, engine_distributions
+from builder.matrix.model import LayerProblem, Package, Target, engine_distributions, with_layer
 from builder.matrix.overrides import Override
 
 # The matrix's shape (types, allowed and required keys, enumerations): what `check` validates
@@ -66,7 +65,10 @@ def read_target(ctx: Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
         raise ctx.error(f"{key}.python", f"invalid python version {python!r}") from None
     if len(pv.release) != 2 or not PYTHON.fullmatch(python):
         raise ctx.error(f"{key}.python", f"give python as MAJOR.MINOR (got {python!r})")
-    raw_packages, layer = _megatron_layer(ctx, t, key, name)
+    try:
+        raw_packages, layer = with_layer(t, key, ctx.lines)
+    except LayerProblem as exc:
+        raise ctx.error(exc.key, str(exc), name) from None
     packages = read_packages(ctx, raw_packages, f"{key}.packages")
     provided = read_packages(ctx, t.get("provided"), f"{key}.provided")
     cuda = ctx.version(t["cuda"], f"{key}.cuda") if t.get("cuda") is not None else None
@@ -87,39 +89,6 @@ def read_target(ctx: Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
                     megatron=layer)
     _rules(ctx, target, key)
     return target
-
-
-def _megatron_layer(ctx: Ctx, t: dict[str, Any], key: str, name: str
-                    ) -> tuple[Any, megatron.Layer | None]:
-    """The target's packages with those of its Megatron layer added (builder.matrix.megatron): a
-    package the target pins itself wins; each added one reports the layer key's line."""
-    raw = t.get("megatron")
-    if raw is None:
-        return t["packages"], None
-    try:
-        layer = megatron.parse(raw)
-        added = megatron.packages(layer, None if t.get("cuda") is None
-                                  else ctx.string(t["cuda"], f"{key}.cuda"))
-    except megatron.LayerError as exc:
-        raise ctx.error(f"{key}.megatron" + (f".{exc.key}" if exc.key else ""), str(exc),
-                        name) from None
-    if not isinstance(t["packages"], dict):
-        return t["packages"], layer  # _packages names what is wrong with it
-    out = dict(t["packages"])
-    for pname, (sub, value) in added.items():
-        if pname not in out:
-            out[pname] = value
-            ctx.lines.setdefault(f"{key}.packages.{pname}",
-                                 ctx.line(f"{key}.megatron.{sub}") or 0)
-        elif isinstance(value, dict) and "import" in value:
-            # the target's own pin (or an override's restatement of the layer's packages,
-            # which carries no `import:`): the gate still imports what the layer names
-            mine = out[pname]
-            out[pname] = {"import": value["import"],
-                          **(mine if isinstance(mine, dict) else {"version": mine})}
-    if "verl" in out:
-        out["verl"] = megatron.verl_value(out["verl"], layer.extra)
-    return out, layer
 
 
 def _strings(ctx: Ctx, t: dict[str, Any], key: str) -> None:
