@@ -1,8 +1,10 @@
 """Load and validate ``matrix.yaml``: the reviewed compatibility matrix.
 
 Every error names the file, the line and the key (``matrix.yaml:14: targets.cuda-x86_64.packages.ray:
-...``). Unknown keys are rejected. Versions are parsed with :mod:`packaging`. The result is a tree
-of frozen dataclasses; nothing here touches the network or the Docker Engine.
+...``). The shape (keys, types, enumerations, required keys) is ``matrix.schema.json``'s, checked
+first (builder.yamldoc.validate); the grammar of each field (builder.matrix.fields) and the rules
+across fields (builder.matrix.rules) follow. The result is a tree of frozen dataclasses
+(builder.matrix.model, re-exported here); nothing here touches the network or the Docker Engine.
 """
 
 from __future__ import annotations
