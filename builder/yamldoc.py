@@ -136,10 +136,45 @@ def key_path(path: Iterator[Any] | Any) -> str:
     return out
 
 
+def _missing(err: jsonschema.ValidationError) -> str:
+    """The first required property a ``required`` error's instance lacks."""
+    if err.validator != "required" or not isinstance(err.instance, dict):
+        return ""
+    return next((str(k) for k in err.validator_value if k not in err.instance), "")
+
+
+def _kind(value: Any) -> str:
+    """The JSON type of a YAML value (``number`` for a float: YAML reads 3.10 as 3.1)."""
+    for kind, types in (("boolean", bool), ("integer", int), ("number", float), ("string", str),
+                        ("array", list), ("object", dict)):
+        if isinstance(value, types):
+            return kind
+    return "null"
+
+
+def _own_words(err: jsonschema.ValidationError) -> str | None:
+    """The message the schema gives for this keyword (``x-messages: {KEYWORD: TEXT}`` beside it,
+    or ``KEYWORD:KIND`` for an instance of one JSON type, e.g. ``type:number``), TEXT formatted with ``instance``, ``type`` (its python type's name), ``name`` (the last key)
+    and ``missing`` (a ``required`` error's absent property)."""
+    words = err.schema.get("x-messages", {}) if isinstance(err.schema, dict) else {}
+    if not isinstance(words, dict):
+        return None
+    text = words.get(f"{err.validator}:{_kind(err.instance)}", words.get(str(err.validator)))
+    if not isinstance(text, str):
+        return None
+    path = list(err.absolute_path)
+    return text.format(instance=err.instance, type=type(err.instance).__name__,
+                       name=path[-1] if path else "", missing=_missing(err))
+
+
 def describe(err: jsonschema.ValidationError) -> tuple[str, str]:
-    """(key, message) of one schema error, in the words a reviewer reads."""
+    """(key, message) of one schema error, in the words a reviewer reads: the schema's own
+    (``x-messages``) where it gives them."""
     key = key_path(err.absolute_path)
     v = err.validator
+    own = _own_words(err)
+    if own is not None:
+        return key, own
     if v == "additionalProperties":
         allowed = sorted(err.schema.get("properties", {}))
         extra = [k for k in err.instance if k not in allowed] if isinstance(err.instance, dict) \
@@ -149,6 +184,9 @@ def describe(err: jsonschema.ValidationError) -> tuple[str, str]:
             return sub, f"unknown key {extra[0]!r} (allowed: {', '.join(allowed)})"
     if v == "required":
         return key, err.message.replace("is a required property", "is missing")
+    if v == "type" and isinstance(err.instance, float) and "string" in err.validator_value:
+        # YAML reads 3.10 as the number 3.1: refuse rather than silently mangle a version
+        return key, f"write versions as quoted strings (got the number {err.instance!r})"
     if v == "type":
         want = err.validator_value
         want = " or ".join(want) if isinstance(want, list) else want
@@ -161,13 +199,25 @@ def describe(err: jsonschema.ValidationError) -> tuple[str, str]:
     return key, err.message
 
 
-def validate(doc: Doc, schema: dict[str, Any], error: ErrorMaker = SpecError) -> None:
-    """Raise ``error`` for the first (by position in the file) schema violation of ``doc``."""
+def validate(doc: Doc, schema: dict[str, Any], error: ErrorMaker = SpecError, at: str = ""
+             ) -> None:
+    """Raise ``error`` for the first (by position in the file) schema violation of ``doc``.
+    ``at``: the dotted key ``doc.data`` sits at in its file (a part checked on its own, e.g. one
+    entry once merged with its defaults): keys and lines are found below it."""
     validator = jsonschema.Draft202012Validator(schema)
     errors = list(validator.iter_errors(doc.data))
+    # a mapping with an unknown key and a missing one: the unknown key is named (often the
+    # missing one misspelt)
+    unknown = {tuple(e.absolute_path) for e in errors if e.validator == "additionalProperties"}
+    errors = [e for e in errors if not (e.validator == "required"
+                                        and tuple(e.absolute_path) in unknown)]
     if not errors:
         return
-    found = [(doc.line(k) or 0, k, m) for k, m in map(describe, errors)]
+
+    def under(key: str) -> str:
+        return key if not at else at + (key if key.startswith("[") else f".{key}" if key else "")
+
+    found = [(doc.line(under(k)) or 0, under(k), m) for k, m in map(describe, errors)]
     line, key, message = min(found, key=lambda e: (e[0], -len(e[1])))
     shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in key)
     raise error(message, file=doc.file, line=line or None, key=shown or None)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from builder.commands import _shared
 from builder.errors import SiteError
+from builder.files import atomic_write_text
+from builder.matrix.spec import with_modeline
 from builder.resolve.targets import init_site
 
 NAME = "init"
@@ -28,6 +30,9 @@ def run(args: argparse.Namespace) -> int:
                         "directory (`.` for the working directory); nothing written")
     directory = Path(args.directory)
     written = init_site(directory)
+    # the first line points editors at the schema `check` validates against
+    matrix = directory / "matrix.yaml"
+    atomic_write_text(matrix, with_modeline(matrix.read_text(encoding="utf-8")))
     if args.json:
         _shared.emit_json("init", {"site": str(directory.resolve()),
                                    "written": [str(p) for p in written]})

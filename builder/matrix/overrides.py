@@ -135,6 +135,15 @@ def replaced(overrides: Iterable[Override], requirer: str, req: Requirement) -> 
     return o
 
 
+def kept(overrides: Iterable[Override], requirer: str, reqs: Iterable[Requirement]
+         ) -> list[Requirement]:
+    """The requirements ``requirer`` declares that stand: those no override replaces. The one
+    reading of overrides that ``check`` (builder.resolve.compat) and ``propose``
+    (builder.propose.search) share, as ``lock`` hands them to uv's ``--override``."""
+    found = tuple(overrides)
+    return [r for r in reqs if replaced(found, requirer, r) is None]
+
+
 def lock_lines(overrides: Iterable[Override]) -> str:
     return "".join(o.lock_line() for o in overrides)
 

@@ -60,6 +60,10 @@ def explain(space: Space, solution: dict[str, str], name: str) -> Blocker | None
     if anchor:
         return Blocker(nxt, f"{name} is anchored at {solution[name]} ({anchor})",
                        f"drop {anchor.split(' moves')[0]}")
+    forced = space.overridden(name)
+    if forced is not None:
+        return Blocker(nxt, f"{name} is held at {forced.version} by its reviewed override "
+                            f"({forced.reason})", f"review overrides.{name} in the matrix")
     if space.fixed(name):
         return Blocker(nxt, f"{name} is built from a local source", "a new local source")
     stop = space.unusable(name, nxt)

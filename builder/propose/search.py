@@ -30,10 +30,11 @@ from packaging.version import InvalidVersion, Version
 from builder.resolve.compat import local_sources
 from builder.errors import BuildEnvError
 from builder.resolve.metadata import Release, Snapshot, local_release
+from builder.matrix import overrides
 from builder.propose import coherence
-from builder.matrix.spec import ENGINES, Package, Target
+from builder.matrix.model import Package, Target, engine_distributions
 
-PRIORITY = ("verl", *ENGINES, "torch", "transformers")
+PRIORITY = ("verl", *engine_distributions(), "torch", "transformers")
 NODE_BUDGET = 200_000
 
 
@@ -141,8 +142,9 @@ class Space:
             rel = self.release(name, version)
             pin = self.target.package(name)
             extras = pin.extras if pin is not None else ()
+            # a reviewed override replaces what it names, as in `check` and `lock`
             self._reqs[key] = [] if rel is None or self.fixed(name) else [
-                r for r in rel.requirements()
+                r for r in overrides.kept(self.target.overrides, name, rel.requirements())
                 if canonicalize_name(r.name) != name and coherence.applies(r, self.target, extras)]
         return self._reqs[key]
 
@@ -175,9 +177,16 @@ class Space:
         return coherence.unusable(self.package(name), self.release(name, version), version,
                                   self.target, self.tags)
 
+    def overridden(self, name: str) -> overrides.Override | None:
+        """The reviewed override that holds ``name`` to one version, if any."""
+        return overrides.as_map(self.target.overrides).get(name)
+
     def domain(self, name: str) -> list[str]:
         """The versions the search may choose for ``name``, newest first."""
         pin = self.package(name)
+        forced = self.overridden(name)
+        if forced is not None:  # an override holds its package to its version
+            return [forced.version]
         if self.fixed(name) or name in self.anchors.hold or (
                 self.anchors.only and name not in self.anchors.only):
             return [pin.version]

@@ -93,9 +93,8 @@ def check_target(target: Target, snapshot: Snapshot) -> list[Problem]:
             problems.append(Problem(target.where("python"), f"targets.{target.name}.python",
                                     f"python {target.python} is outside {p.name} {p.version}'s "
                                     f"Requires-Python {rel.requires_python}"))
-        for req in rel.requirements():
-            if _applies(req, target, p.extras) and not overrides.replaced(
-                    target.overrides, p.name, req):
+        for req in overrides.kept(target.overrides, p.name, rel.requirements()):
+            if _applies(req, target, p.extras):
                 constraints.setdefault(canonicalize_name(req.name), []).append((p, req))
 
     for dep, cons in sorted(constraints.items()):

@@ -1,0 +1,259 @@
+"""The matrix model: a tree of frozen dataclasses (a target, its base, its pinned packages and
+their sources), what :mod:`builder.matrix.spec` returns for a valid ``matrix.yaml``.
+
+Package names that carry meaning (the rollout engines, a distribution's import module) come from
+the upstream catalogue (:mod:`builder.catalog`), never from here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from builder import catalog, yamldoc
+from builder.errors import SpecError
+from builder.matrix import grammar
+from builder.matrix import megatron
+from builder.matrix.megatron import Layer
+from builder.matrix.overrides import Override
+
+ARCHES = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
+
+
+def engine_distributions() -> tuple[str, ...]:
+    """The distributions of the rollout engines a target can install (the catalogue's)."""
+    return tuple(e.distribution for e in catalog.shipped().engines.values() if e.installable)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a source build gets its code: a git URL (``git+https://HOST/REPO@TAG``, pinned to
+    a commit by ``lock``: builder.resolve.sources), a local
+    directory or archive (``path``, relative to the matrix file; firewalled build hosts), or an
+    archive ``url`` with its ``sha256``. Local and URL sources are copied into the build context."""
+
+    kind: str  # git | path | url
+    location: str
+    sha256: str = ""
+
+    def to_value(self) -> Any:
+        if self.kind == "git":
+            return self.location
+        return {self.kind: self.location, **({"sha256": self.sha256} if self.sha256 else {})}
+
+
+@dataclass(frozen=True)
+class Package:
+    """One pinned distribution. ``build='source'`` builds it from its sdist inside the image."""
+
+    name: str
+    version: str
+    extras: tuple[str, ...] = ()
+    build: str = "wheel"
+    enabled: bool = True
+    import_name: str = ""
+    line: int | None = None
+    source: Source | None = None  # where a source build gets its code; default: the sdist
+    # hashed wheels tried before a source build (builder.resolve.prebuilt): {url, sha256, python, arch}
+    # or {wheelhouse: DIR_OR_INDEX_URL}
+    prebuilt: tuple[dict[str, str], ...] = ()
+
+    @property
+    def requirement(self) -> str:
+        extras = f"[{','.join(self.extras)}]" if self.extras else ""
+        return f"{self.name}{extras}=={self.version}"
+
+    @property
+    def module(self) -> str:
+        return self.import_name or catalog.shipped().import_name(self.name)
+
+
+@dataclass(frozen=True)
+class Base:
+    image: str
+    digest: str | None = None
+    glibc: str | None = None
+    source_image: str | None = None  # a -devel variant for source builds (nvcc, headers)
+    vendor: str | None = None  # probe | declared: the base provides packages (builder.resolve.vendor)
+    interpreter: str | None = None  # declared vendor bases: the base's python (else probed)
+    sources: tuple[str, ...] = ()  # declared vendor bases: where the declared facts come from
+
+    @property
+    def pinned_digest(self) -> str | None:
+        """The digest the base is pinned by: ``digest:``, or the one in ``image``
+        (``name:tag@sha256:...``); None when the base is pinned by tag only."""
+        return self.digest or grammar.parse_oci_reference(self.image).digest
+
+    @property
+    def ref(self) -> str:
+        """The reference to build FROM: pinned by digest when one is declared."""
+        if self.digest:
+            return f"{self.image.split('@')[0]}@{self.digest}"
+        return self.image
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    accelerator: str
+    arch: str
+    base: Base
+    python: str
+    packages: tuple[Package, ...]
+    provided: tuple[Package, ...] = ()
+    cuda: str | None = None
+    rocm: str | None = None
+    description: str = ""
+    find_links: tuple[str, ...] = ()
+    apt: tuple[str, ...] = ()
+    file: str = "matrix.yaml"
+    lines: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
+    override: bool = False
+    # The GPUs the image must run on (sm_90, gfx942 ...): drive source builds' arch lists and
+    # the gate's device-code coverage. Empty for cpu targets.
+    gpus: tuple[str, ...] = ()
+    # Extra requirements of the source-build stage (an nvcc from the index where the base has
+    # none), locked with the build tools; never in the final image.
+    build_tools: tuple[str, ...] = ()
+    # Reviewed exceptions to the device-code coverage: a library path glob (relative to the
+    # site directory, e.g. vllm/_flashmla_C*.so) -> why it may lack code for some declared GPUs
+    # (arch-specific kernels the package loads only where they were built for).
+    coverage_allow: tuple[tuple[str, str], ...] = ()
+    # Reviewed exceptions to the gate's symbol-level ABI phase: a shared-object path glob
+    # (relative to the site directory) -> what is lost without the library it cannot load
+    # (a system library the image does not ship, for an optional path of the package).
+    abi_allow: tuple[tuple[str, str], ...] = ()
+    # Reviewed dependency overrides (builder.matrix.overrides): a version forced over what other
+    # packages declare, each with its reason; uv's --override in `build-env lock`.
+    overrides: tuple[Override, ...] = ()
+    # The Megatron layer the target switches on (builder.matrix.megatron); its packages are in
+    # ``packages`` already.
+    megatron: Layer | None = None
+
+    @property
+    def platform(self) -> str:
+        return ARCHES[self.arch]
+
+    @property
+    def enabled_packages(self) -> tuple[Package, ...]:
+        return tuple(p for p in self.packages if p.enabled)
+
+    def package(self, name: str) -> Package | None:
+        name = canonicalize_name(name)
+        for p in (*self.packages, *self.provided):
+            if p.name == name:
+                return p
+        return None
+
+    @property
+    def engine(self) -> Package | None:
+        for name in engine_distributions():
+            p = self.package(name)
+            if p is not None and p.enabled:
+                return p
+        return None
+
+    def where(self, key: str) -> str:
+        """``file:line`` for a dotted key inside this target (best effort)."""
+        line = self.lines.get(key) or self.lines.get(key.rsplit(".", 1)[0]) or self.lines.get("")
+        return f"{self.file}:{line}" if line else self.file
+
+    def to_dict(self) -> dict[str, Any]:
+        """Canonical, order-stable form used for hashing and for ``list --json``."""
+
+        def pkg(p: Package) -> dict[str, Any]:
+            d: dict[str, Any] = {"version": p.version}
+            if p.extras:
+                d["extras"] = list(p.extras)
+            if p.build != "wheel":
+                d["build"] = p.build
+            if not p.enabled:
+                d["enabled"] = False
+            if p.source:
+                d["source"] = p.source.to_value()
+            if p.prebuilt:
+                d["prebuilt"] = [dict(e) for e in p.prebuilt]
+            return d
+
+        return {
+            "name": self.name, "accelerator": self.accelerator, "arch": self.arch,
+            "base": {k: list(v) if isinstance(v, tuple) else v
+                     for k, v in vars(self.base).items() if v},
+            "python": self.python, "cuda": self.cuda, "rocm": self.rocm,
+            "packages": {p.name: pkg(p) for p in sorted(self.packages, key=lambda p: p.name)},
+            "provided": {p.name: p.version for p in sorted(self.provided, key=lambda p: p.name)},
+            "find_links": list(self.find_links), "apt": list(self.apt),
+            **({"gpus": list(self.gpus)} if self.gpus else {}),
+            **({"build_tools": list(self.build_tools)} if self.build_tools else {}),
+            **({"coverage_allow": dict(self.coverage_allow)} if self.coverage_allow else {}),
+            **({"abi_allow": dict(self.abi_allow)} if self.abi_allow else {}),
+            **({"overrides": {o.name: o.to_value() for o in self.overrides}}
+               if self.overrides else {}),
+            **({"megatron": dict(self.megatron.value)} if self.megatron else {}),
+        }
+
+    @property
+    def entry_hash(self) -> str:
+        """sha256 of the target's canonical matrix entry (independent of YAML formatting)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path
+    targets: dict[str, Target]
+    warnings: tuple[str, ...] = ()
+
+    def target(self, name: str) -> Target:
+        if name not in self.targets:
+            known = ", ".join(sorted(self.targets)) or "none"
+            raise SpecError(f"unknown target {name!r} (known: {known})", file=str(self.path),
+                            key="targets")
+        return self.targets[name]
+
+
+class LayerProblem(ValueError):
+    """A malformed Megatron layer: ``key`` is the dotted key that is wrong."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def with_layer(t: dict[str, Any], key: str, lines: dict[str, int]
+               ) -> tuple[Any, Layer | None]:
+    """The target's packages with those of its Megatron layer added (builder.matrix.megatron): a
+    package the target pins itself wins; each added one reports the layer key's line (recorded
+    in ``lines``). The layer is read here, beside the field that holds it."""
+    raw = t.get("megatron")
+    if raw is None:
+        return t["packages"], None
+    try:
+        layer = megatron.parse(raw)
+        added = megatron.packages(layer, None if t.get("cuda") is None else str(t["cuda"]))
+    except megatron.LayerError as exc:
+        raise LayerProblem(f"{key}.megatron" + (f".{exc.key}" if exc.key else ""),
+                           str(exc)) from None
+    if not isinstance(t["packages"], dict):
+        return t["packages"], layer  # read_packages names what is wrong with it
+    out = dict(t["packages"])
+    where = yamldoc.Doc("", None, lines)
+    for pname, (sub, value) in added.items():
+        if pname not in out:
+            out[pname] = value
+            lines.setdefault(f"{key}.packages.{pname}", where.line(f"{key}.megatron.{sub}") or 0)
+        elif isinstance(value, dict) and "import" in value:
+            # the target's own pin (or an override's restatement of the layer's packages,
+            # which carries no `import:`): the gate still imports what the layer names
+            mine = out[pname]
+            out[pname] = {"import": value["import"],
+                          **(mine if isinstance(mine, dict) else {"version": mine})}
+    if "verl" in out:
+        out["verl"] = megatron.verl_value(out["verl"], layer.extra)
+    return out, layer
