@@ -18,8 +18,8 @@ from packaging.utils import canonicalize_name
 from builder import catalog, yamldoc
 from builder.errors import SpecError
 from builder.matrix import grammar
-from builder.matrix import megatron
-from builder.matrix.megatron import Layer
+from builder.matrix import layers
+from builder.matrix.layers import Layer
 from builder.matrix.overrides import Override
 
 ARCHES = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
@@ -131,9 +131,9 @@ class Target:
     # Reviewed dependency overrides (builder.matrix.overrides): a version forced over what other
     # packages declare, each with its reason; uv's --override in `build-env lock`.
     overrides: tuple[Override, ...] = ()
-    # The Megatron layer the target switches on (builder.matrix.megatron); its packages are in
-    # ``packages`` already.
-    megatron: Layer | None = None
+    # The stack layer the target switches on (the catalogue's ``layers:``, named by its matrix
+    # key; builder.matrix.layers); its packages are in ``packages`` already.
+    layer: Layer | None = None
 
     @property
     def platform(self) -> str:
@@ -194,7 +194,7 @@ class Target:
             **({"abi_allow": dict(self.abi_allow)} if self.abi_allow else {}),
             **({"overrides": {o.name: o.to_value() for o in self.overrides}}
                if self.overrides else {}),
-            **({"megatron": dict(self.megatron.value)} if self.megatron else {}),
+            **({self.layer.name: dict(self.layer.value)} if self.layer else {}),
         }
 
     @property
@@ -219,7 +219,7 @@ class Matrix:
 
 
 class LayerProblem(ValueError):
-    """A malformed Megatron layer: ``key`` is the dotted key that is wrong."""
+    """A malformed stack layer: ``key`` is the dotted key that is wrong."""
 
     def __init__(self, key: str, message: str) -> None:
         super().__init__(message)
@@ -228,17 +228,21 @@ class LayerProblem(ValueError):
 
 def with_layer(t: dict[str, Any], key: str, lines: dict[str, int]
                ) -> tuple[Any, Layer | None]:
-    """The target's packages with those of its Megatron layer added (builder.matrix.megatron): a
-    package the target pins itself wins; each added one reports the layer key's line (recorded
-    in ``lines``). The layer is read here, beside the field that holds it."""
-    raw = t.get("megatron")
-    if raw is None:
+    """The target's packages with those of the stack layer it switches on added (a catalogue
+    layer, by its matrix key): a package the target pins itself wins; each added one reports
+    the layer key's line (recorded in ``lines``). The layer is read here, beside the field that
+    holds it."""
+    named = [n for n in layers.names() if t.get(n) is not None]
+    if not named:
         return t["packages"], None
+    if len(named) > 1:
+        raise LayerProblem(f"{key}.{named[1]}", f"one stack layer per target (also: {named[0]})")
+    name = named[0]
     try:
-        layer = megatron.parse(raw)
-        added = megatron.packages(layer, None if t.get("cuda") is None else str(t["cuda"]))
-    except megatron.LayerError as exc:
-        raise LayerProblem(f"{key}.megatron" + (f".{exc.key}" if exc.key else ""),
+        layer = layers.parse(t[name], name)
+        added = layers.packages(layer, None if t.get("cuda") is None else str(t["cuda"]))
+    except layers.LayerError as exc:
+        raise LayerProblem(f"{key}.{name}" + (f".{exc.key}" if exc.key else ""),
                            str(exc)) from None
     if not isinstance(t["packages"], dict):
         return t["packages"], layer  # read_packages names what is wrong with it
@@ -247,7 +251,7 @@ def with_layer(t: dict[str, Any], key: str, lines: dict[str, int]
     for pname, (sub, value) in added.items():
         if pname not in out:
             out[pname] = value
-            lines.setdefault(f"{key}.packages.{pname}", where.line(f"{key}.megatron.{sub}") or 0)
+            lines.setdefault(f"{key}.packages.{pname}", where.line(f"{key}.{name}.{sub}") or 0)
         elif isinstance(value, dict) and "import" in value:
             # the target's own pin (or an override's restatement of the layer's packages,
             # which carries no `import:`): the gate still imports what the layer names
@@ -255,5 +259,5 @@ def with_layer(t: dict[str, Any], key: str, lines: dict[str, int]
             out[pname] = {"import": value["import"],
                           **(mine if isinstance(mine, dict) else {"version": mine})}
     if "verl" in out:
-        out["verl"] = megatron.verl_value(out["verl"], layer.extra)
+        out["verl"] = layers.verl_value(out["verl"], layer.extra)
     return out, layer

@@ -86,7 +86,7 @@ def read_target(ctx: Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
                     abi_allow=_abi_allow(ctx, t.get("abi_allow"), f"{key}.abi_allow", name),
                     overrides=_overrides(ctx, t.get("overrides"), f"{key}.overrides", name,
                                          packages),
-                    megatron=layer)
+                    layer=layer)
     _rules(ctx, target, key)
     return target
 

@@ -31,7 +31,7 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
     imports = {p.name: p.module for p in (*target.enabled_packages, *target.provided)
                if p.name in {"verl", "vllm", "sglang", "torch", "ray", "transformers",
                              "tensordict", "flash-attn", "hydra-core"} or p.import_name}
-    imports.update(megatron.imports(target.enabled_packages) if target.megatron else {})
+    imports.update(megatron.imports(target.enabled_packages) if target.layer else {})
     return {
         "schema": MANIFEST_SCHEMA, "target": target.name, "accelerator": target.accelerator,
         "arch": target.arch, "python": target.python, "cuda": target.cuda, "rocm": target.rocm,

@@ -60,7 +60,7 @@ def _line(path: Path, text: str) -> int:
 @pytest.mark.parametrize("name", TARGETS)
 def test_the_shipped_megatron_targets_switch_the_layer_on(name: str) -> None:
     t = load_matrix(REPO / "matrix.yaml").target(name)
-    assert t.megatron is not None and t.megatron.extra == "mcore"
+    assert t.layer is not None and t.layer.name == "megatron" and t.layer.extra == "mcore"
     pins = {p.name: p for p in t.enabled_packages}
     assert {n: pins[n].version for n in ("megatron-core", "mbridge", "transformer-engine",
                                          "transformer-engine-cu13",
@@ -159,7 +159,7 @@ def test_overrides_keep_the_layer_and_reach_its_packages() -> None:
     t = load_matrix(REPO / "matrix.yaml").target("cuda-x86_64-megatron")
     o = apply_overrides(t, ["python=3.11", "packages.megatron-core=0.16.0",
                             "packages.transformer-engine-torch.enabled=false"])
-    assert o.megatron == t.megatron and o.override
+    assert o.layer == t.layer and o.override
     assert o.package("megatron-core").version == "0.16.0"
     # found in the acceptance run: an override build lost the gate's imports of the layer
     assert {p.name: p.module for p in o.enabled_packages if p.import_name} == {
