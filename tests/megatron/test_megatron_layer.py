@@ -210,4 +210,4 @@ def test_a_layer_for_the_documented_example_parses(tmp_path: Path) -> None:
     block = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
     layer = "".join("    " + line + "\n" for line in textwrap.dedent(block).splitlines()[1:])
     t = load_matrix(_matrix(tmp_path, layer.rstrip("\n"))).target("t")
-    assert t.megatron is not None and t.package("transformer-engine-torch") is not None
+    assert t.layer is not None and t.package("transformer-engine-torch") is not None
