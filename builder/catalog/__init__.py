@@ -49,6 +49,7 @@ class Distribution:
     archs: Archs | None = None
     abi: Mapping[str, Any] = field(default_factory=dict)  # loader rules (the self-test's model)
     notes: str = ""
+    imported: bool = False  # the entry names its ``import``: the gate imports it when pinned
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,12 @@ class Catalog:
     def is_named(self, name: str) -> bool:
         """Whether the catalogue knows the distribution (the gate imports what it knows)."""
         return name in self.distributions
+
+    def imported(self, name: str) -> bool:
+        """Whether the gate imports the distribution when a target pins or provides it (its
+        entry names an ``import``; an entry kept only for its ABI rules does not)."""
+        d = self.distributions.get(name)
+        return d is not None and d.imported
 
     def prominent(self) -> frozenset[str]:
         """The distributions an SBOM summary shows first."""
@@ -133,7 +140,8 @@ def _distribution(name: str, e: dict[str, Any]) -> Distribution:
         name=name, module=e.get("import", name.replace("-", "_")), native=e.get("native", False),
         sbom=e.get("sbom", "normal"), block=e.get("block"),
         extensions=tuple(tuple(x) for x in e.get("extensions", ())), archs=archs,
-        abi=MappingProxyType(dict(e.get("abi", {}))), notes=e.get("notes", ""))
+        abi=MappingProxyType(dict(e.get("abi", {}))), notes=e.get("notes", ""),
+        imported="import" in e)
 
 
 def build(data: dict[str, Any], sources: tuple[str, ...]) -> Catalog:

@@ -9,18 +9,19 @@ object as the process will meet it (stdlib only):
   (torch 2.11: cuBLASLt, cuBLAS, cuDNN, NVRTC, …, cuFile, then nvToolsExt if present). An
   extension naming ``libnvrtc.so.13`` without a search path gets that loaded copy. The list is
   read from the image's own ``torch/__init__.py`` (``ast``), not copied here.
-* **Libraries a package loads before its extensions** (:data:`PACKAGE_LOADS`, each verified in
-  the real image by the package's own loader): ``import tvm_ffi`` loads
-  ``tvm_ffi/lib/libtvm_ffi.so`` ``RTLD_GLOBAL`` (``tvm_ffi/__init__.py``) before xgrammar's
-  bindings; CuTe DSL's ``cute.runtime.load_module`` loads ``libcute_dsl_runtime.so``
-  (``ctypes.CDLL``) before the module tokenspeed-mla ships; ``import transformer_engine``
-  (``transformer_engine/common/__init__.py``) loads, each ``RTLD_GLOBAL``, every cuDNN
-  library, NVRTC, cuRAND, cuBLAS(Lt) and the CUDA runtime from the nvidia wheels, then its core
-  ``libtransformer_engine.so``, before its torch extension (whose ``nvte_*`` symbols the core
-  library defines). A load names globs tried in order, as TE's loader does; every file of the
-  first that matches is loaded.
-* **Alternatives** (:data:`ALTERNATIVES`): files of which a package loads one, chosen at run
-  time; only the one(s) this image takes must load, the others are named as not taken.
+* **Libraries a package loads before its extensions** (:attr:`Rules.loads`): a library a
+  package's own loader opens (``RTLD_GLOBAL`` or not) before one of its shared objects, e.g.
+  a runtime library its Python package loads before importing its bindings. A load names globs
+  tried in order; every file of the first that matches is loaded.
+* **Alternatives** (:attr:`Rules.alternatives`): files of which a package loads one, chosen at
+  run time; only the one(s) this image takes must load, the others are named as not taken.
+
+The facts (which package loads what, torch's preload function's names, which files are
+alternatives and how each is picked) are reviewed data in the build's catalogue
+(``builder/catalog/packages.yaml``), carried into the image manifest's ``abi_loader`` section
+by the build; this module keeps the loader's mechanics (globs, matching, picking strategies
+by name: :data:`PICKS`). A manifest without the section (an older image, a foreign one) gives
+:data:`NO_RULES`: nothing a package loads itself is modelled, and the phase says so.
 * **Files for another interpreter**: ``X.cpython-313-x86_64-linux-gnu.so`` is never imported by
   a Python 3.11 (its ``EXT_SUFFIX`` differs): not loadable here, reported, never checked.
 """
@@ -33,36 +34,45 @@ import glob
 import os
 import re
 from dataclasses import dataclass
-from typing import Callable
-
-PRELOAD_FUNCTION = "_preload_cuda_deps"
-PRELOAD_LIST = "cuda_libs"
-PRELOAD_ONE = "_preload_cuda_lib"
+from typing import Any, Callable
 
 
-def torch_preload_list(init_py: str) -> list[tuple[str, str, bool]]:
+@dataclass(frozen=True)
+class Preload:
+    """The names of torch's CUDA preloading in ``torch/__init__.py``: the function, the list
+    of (folder, glob) it walks, and the function it calls for each optional one."""
+
+    function: str
+    list: str
+    one: str
+
+
+def torch_preload_list(init_py: str, names: Preload | None) -> list[tuple[str, str, bool]]:
     """(folder, glob, required) in the order torch preloads them, read from ``init_py``
-    (``torch/__init__.py``); [] when it has no such function (a CPU-only or older torch)."""
+    (``torch/__init__.py``); [] when it has no such function (a CPU-only or older torch) or
+    no names are known."""
+    if names is None:
+        return []
     try:
         with open(init_py, encoding="utf-8") as f:
             tree = ast.parse(f.read())
     except (OSError, SyntaxError, ValueError):
         return []
     fn = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
-               and n.name == PRELOAD_FUNCTION), None)
+               and n.name == names.function), None)
     if fn is None:
         return []
     out: list[tuple[str, str, bool]] = []
     for node in ast.walk(fn):
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.List):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == PRELOAD_LIST for t in targets):
+            if any(isinstance(t, ast.Name) and t.id == names.list for t in targets):
                 out += [(e.elts[0].value, e.elts[1].value, True) for e in node.value.elts
                         if isinstance(e, ast.Tuple) and len(e.elts) == 2
                         and all(isinstance(x, ast.Constant) and isinstance(x.value, str)
                                 for x in e.elts)]
     for node in ast.walk(fn):  # the optional ones, called after the list's loop
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == PRELOAD_ONE and \
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == names.one and \
                 len(node.args) == 2 and all(isinstance(a, ast.Constant) for a in node.args):
             required = next((bool(k.value.value) for k in node.keywords
                              if k.arg == "required" and isinstance(k.value, ast.Constant)), True)
@@ -93,13 +103,15 @@ def torch_version(torch_dir: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def torch_preloads(torch_dir: str, search: list[str]) -> tuple[list[str], str | None]:
+def torch_preloads(torch_dir: str, search: list[str],
+                   names: Preload | None) -> tuple[list[str], str | None]:
     """The files torch's ``_preload_cuda_deps`` loads, in order, searching ``search`` (the
     interpreter's ``sys.path``) as torch does; and the required one it stopped at, if any
     (torch swallows that error: what came before it stays loaded)."""
     major = torch_cuda_major(torch_dir)
     out = []
-    for folder, pattern, required in torch_preload_list(os.path.join(torch_dir, "__init__.py")):
+    for folder, pattern, required in torch_preload_list(os.path.join(torch_dir, "__init__.py"),
+                                                          names):
         found = None
         for path in search:
             cands = sorted(glob.glob(os.path.join(path, "nvidia", folder, "lib", pattern)))
@@ -117,60 +129,14 @@ def torch_preloads(torch_dir: str, search: list[str]) -> tuple[list[str], str | 
     return out, None
 
 
-# TransformerEngine 2.19's loader (transformer_engine/common/__init__.py): for each CUDA library,
-# the first of these layouts under <purelib>/nvidia that has one, every file of it
-# (``_load_cuda_library_from_python``: cu13/NAME/lib/lib*, cu13/lib/libNAME*,
-# NAME/lib/lib*, cuda_NAME/lib/lib*; TE hard-codes its CUDA major, read here as cu<N>).
-# A toolkit under CUDA_HOME or /usr/local/cuda would be taken first for cuDNN, NVRTC and cuRAND;
-# the images ship none.
-def _te_cuda(name: str) -> tuple[str, ...]:
-    so = ".so.*[0-9]"
-    return (f"nvidia/cu[0-9]*/{name}/lib/lib*{so}", f"nvidia/cu[0-9]*/lib/lib{name}*{so}",
-            f"nvidia/{name}/lib/lib*{so}", f"nvidia/cuda_{name}/lib/lib*{so}")
+# A library loaded first: globs tried in order (every file of the first that matches), and
+# whether it is loaded RTLD_GLOBAL.
+Load = tuple[tuple[str, ...], bool]
 
 
-# cudnn, nvrtc, curand (_load_cuda_library); then, without a toolkit's nvrtc and curand, cublas,
-# cudart and cudnn again (strict); then the core library, RTLD_GLOBAL | RTLD_LAZY.
-TE_CORE = "transformer_engine/wheel_lib/libtransformer_engine.so"
-TE_CUDA_LOADS: tuple[tuple[tuple[str, ...], bool], ...] = tuple(
-    (_te_cuda(n), True) for n in ("cudnn", "nvrtc", "curand", "cublas", "cudart"))
-
-Load = tuple[str | tuple[str, ...], bool]
-
-# consumer glob (relative to its site directory) -> (library glob relative to a site directory,
-# or globs tried in order; loaded RTLD_GLOBAL) the package loads first, in order. Each was
-# checked in the real image by the package's own loader (docs/abi-real-stack.md,
-# docs/megatron.md).
-PACKAGE_LOADS: dict[str, tuple[Load, ...]] = {
-    # xgrammar/base.py imports tvm_ffi, whose __init__ loads libtvm_ffi.so RTLD_GLOBAL
-    "xgrammar/*.so": (("tvm_ffi/lib/libtvm_ffi.so", True),),
-    # tokenspeed_mla/fmha_binary.py: cute.runtime.load_module(..., enable_tvm_ffi=True) imports
-    # tvm_ffi, CDLL-s the CuTe DSL runtime (find_runtime_libraries), then loads the module
-    "tokenspeed_mla/objs/*.so": (("tvm_ffi/lib/libtvm_ffi.so", True),
-                                 ("nvidia_cutlass_dsl/lib/libcute_dsl_runtime.so", False)),
-    # cuda-core's tensor bridge takes the AOTI C ABI from libtorch: cuda.core._memoryview
-    # (_get_tensor_bridge) CDLL-s torch._C RTLD_GLOBAL first (cuda/core/_include/aoti_shim.h)
-    "cuda/core/*/_tensor_bridge*.so": (("torch/_C.*.so", True),),
-    # sgl-deep-gemm: deep_gemm/__init__.py imports tvm_ffi (libtvm_ffi.so RTLD_GLOBAL) before
-    # its _C module (checked by dlopen in the real cuda-x86_64-sglang image:
-    # docs/acceptance-sglang.md)
-    "deep_gemm/_C*.so": (("tvm_ffi/lib/libtvm_ffi.so", True),),
-    # scipy's auditwheel-vendored libgfortran has no RUNPATH: it is only ever loaded as a
-    # dependency of scipy's Fortran extensions (interpolate/_fitpack, linalg/_fblas ...), whose
-    # RPATH reaches scipy.libs/ and brings its sibling libquadmath into the same load (each of
-    # them dlopen-s in the real image: docs/acceptance-sglang.md)
-    "scipy.libs/libgfortran-*.so*": (("scipy.libs/libquadmath-*.so*", False),),
-    # TransformerEngine: its core library after the CUDA libraries its loader opens; its torch
-    # extension (load_framework_extension) after both
-    TE_CORE: TE_CUDA_LOADS,
-    "transformer_engine/wheel_lib/transformer_engine_torch*.so": (*TE_CUDA_LOADS,
-                                                                   (TE_CORE, True)),
-}
-
-
-def _first_match(lib: str | tuple[str, ...], roots: list[str]) -> list[str]:
+def _first_match(lib: tuple[str, ...], roots: list[str]) -> list[str]:
     """Every file of the first glob (of ``lib``'s, in order) that matches under a root."""
-    for pattern in (lib,) if isinstance(lib, str) else lib:
+    for pattern in lib:
         for r in roots:
             found = [p for p in sorted(glob.glob(os.path.join(r, pattern))) if os.path.isfile(p)]
             if found:
@@ -178,10 +144,10 @@ def _first_match(lib: str | tuple[str, ...], roots: list[str]) -> list[str]:
     return []
 
 
-def package_loads(rel: str, roots: list[str]) -> list[tuple[str, bool]]:
+def package_loads(rel: str, roots: list[str], rules: Rules) -> list[tuple[str, bool]]:
     """What the package of ``rel`` loads before it (realpaths that exist, global flag)."""
-    out = []
-    for pattern, loads in PACKAGE_LOADS.items():
+    out: list[tuple[str, bool]] = []
+    for pattern, loads in rules.loads:
         if not fnmatch.fnmatchcase(rel, pattern):
             continue
         for lib, global_ in loads:
@@ -199,8 +165,9 @@ class Alternatives:
     package: str
     pattern: str  # regex on the path relative to the site directory, group ``v``
     how: str  # how the package picks, for the report
-    # the variants this image takes (from torch's version); None: the first that loads
-    pick: Callable[[str | None], set[str]] | None = None
+    # the strategy (:data:`PICKS`) naming the variants this image takes; None: the first
+    # that loads
+    pick: str | None = None
 
 
 def _torch_variant(torch_dir: str | None) -> set[str]:
@@ -208,24 +175,67 @@ def _torch_variant(torch_dir: str | None) -> set[str]:
     return {f"{ver[0]}{ver[1]}"} if ver else set()
 
 
-ALTERNATIVES = (
-    Alternatives("torchcodec", r"torchcodec/libtorchcodec_(?:core|custom_ops)(?P<v>\d+)\.so",
-                 "one per FFmpeg major version; torchcodec tries 9, 8, 7, 6, 5, 4 and keeps the "
-                 "first that loads (torchcodec/_internally_replaced_utils.py)"),
-    Alternatives("torch-c-dlpack-ext",
-                 r"torch_c_dlpack_ext/libtorch_c_dlpack_addon_torch(?P<v>\d+)-(?:cpu|cuda)\.so",
-                 "one per torch minor; torch_c_dlpack_ext/core.py loads the one for the "
-                 "installed torch and raises ImportError without one, which tvm_ffi catches",
-                 _torch_variant),
-    Alternatives("numba", r"numba/np/ufunc/(?P<v>tbbpool|omppool|workqueue)\.[^/]*so",
-                 "numba's threading layers; it takes the first that loads (tbb, omp, "
-                 "workqueue) unless NUMBA_THREADING_LAYER names one"),
-)
+# How a package picks its variant, by the name the catalogue gives it: torch_dir -> variants.
+PICKS: dict[str, Callable[[str | None], set[str]]] = {"torch-minor": _torch_variant}
 
 
-def alternative(rel: str) -> tuple[Alternatives, str] | None:
+def picked(alt: Alternatives, torch_dir: str | None) -> set[str] | None:
+    """The variants ``alt``'s strategy takes here; None when it takes the first that loads
+    (also for a strategy this self-test does not know: the safe reading)."""
+    fn = PICKS.get(alt.pick) if alt.pick else None
+    return fn(torch_dir) if fn else None
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The manifest's ``abi_loader`` section, read: what the image's packages load."""
+
+    loads: tuple[tuple[str, tuple[Load, ...]], ...] = ()
+    alternatives: tuple[Alternatives, ...] = ()
+    preload: Preload | None = None
+    present: bool = False  # the manifest carried the section
+
+
+NO_RULES = Rules()
+
+
+def _load(entry: Any) -> Load:
+    lib = entry.get("lib") if isinstance(entry, dict) else None
+    globs = (lib,) if isinstance(lib, str) else tuple(str(x) for x in lib or ())
+    return globs, bool(entry.get("global")) if isinstance(entry, dict) else False
+
+
+def _regex(pattern: Any) -> bool:
+    if not isinstance(pattern, str):
+        return False
+    try:
+        return "v" in re.compile(pattern).groupindex
+    except re.error:
+        return False
+
+
+def rules(manifest: dict[str, Any]) -> Rules:
+    """The loader rules a manifest carries (:data:`NO_RULES` without an ``abi_loader``
+    section); malformed entries are left out."""
+    section = manifest.get("abi_loader")
+    if not isinstance(section, dict):
+        return NO_RULES
+    loads = tuple((str(pattern), tuple(l for l in map(_load, libs) if l[0]))
+                  for pattern, libs in (section.get("loads") or {}).items()
+                  if isinstance(libs, list))
+    alts = tuple(Alternatives(str(a.get("package", "")), a["pattern"], str(a.get("how", "")),
+                              a.get("pick"))
+                 for a in section.get("alternatives") or ()
+                 if isinstance(a, dict) and _regex(a.get("pattern")))
+    p = section.get("preload")
+    preload = Preload(p["function"], p["list"], p["one"]) if isinstance(p, dict) and all(
+        isinstance(p.get(k), str) for k in ("function", "list", "one")) else None
+    return Rules(loads, alts, preload, present=True)
+
+
+def alternative(rel: str, rules: Rules) -> tuple[Alternatives, str] | None:
     """The alternatives entry ``rel`` belongs to and its variant."""
-    for alt in ALTERNATIVES:
+    for alt in rules.alternatives:
         m = re.fullmatch(alt.pattern, rel)
         if m:
             return alt, m.group("v")

@@ -59,3 +59,22 @@ class Result:
         """All check ids."""
         assert self.report is not None
         return {c["id"] for c in self.report["checks"]}
+
+
+def catalog_manifest() -> dict[str, Any]:
+    """The manifest sections the build carries from its catalogue for every catalogued
+    distribution: ``abi_loader`` (what packages load themselves) and ``extensions``."""
+    from builder import catalog
+    from builder.render.baked import abi_loader
+
+    cat = catalog.shipped()
+    return {"abi_loader": abi_loader(cat, cat.distributions),
+            "extensions": {n: [list(c) for c in d.extensions]
+                           for n, d in cat.distributions.items() if d.extensions}}
+
+
+def loader_rules() -> Any:
+    """The self-test's reading of the catalogue's loader rules (an image's manifest's)."""
+    from builder.selftest import abiload
+
+    return abiload.rules(catalog_manifest())
