@@ -34,7 +34,10 @@ def manifest_for(installed: dict[str, str], accelerator: str = "cpu",
     return {"schema": "verl-env/manifest/v1", "target": f"test-{accelerator}",
             "accelerator": accelerator, "arch": "x86_64", "python": "3.11",
             "cuda": "13.0" if accelerator == "cuda" else None, "rocm": None,
-            "pins": pins, "provided": {}, "imports": imports, **fields}
+            "pins": pins, "provided": {}, "imports": imports,
+            # as the build carries them from its catalogue
+            "extensions": {n: e for n, e in catalog_manifest()["extensions"].items()
+                           if n in imports}, **fields}
 
 
 @dataclass
@@ -75,6 +78,6 @@ def catalog_manifest() -> dict[str, Any]:
 
 def loader_rules() -> Any:
     """The self-test's reading of the catalogue's loader rules (an image's manifest's)."""
-    from builder.selftest import abiload
+    from builder.selftest.elf import abiload
 
     return abiload.rules(catalog_manifest())

@@ -10,7 +10,8 @@ from pathlib import Path
 from builder import catalog
 from builder.matrix.spec import load_matrix
 from builder.render.baked import abi_loader, manifest
-from builder.selftest import abiload, imports
+from builder.selftest.elf import abiload
+from builder.selftest.phases import imports
 from builder.selftest.manifest import load_manifest
 from builder.selftest.phase import Run
 

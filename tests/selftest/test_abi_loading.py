@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.selftest import abi, abiload, abimodel
+from builder.selftest.elf import abiload, abimodel
+
+from builder.selftest.phases import abi
 from builder.selftest.report import FAIL, PASS
 
 from . import abifixture as fx

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.selftest import abi, abiload
+from builder.selftest.elf import abiload
+
+from builder.selftest.phases import abi
 from builder.selftest.report import FAIL, PASS
 
 from . import abifixture as fx

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from builder.selftest import cpu, gpu, imports, rayphase, versions
+from builder.selftest.phases import cpu, gpu, imports, rayphase, versions
 from builder.selftest.manifest import resolve_expectation
 from .helpers import catalog_manifest
-from builder.selftest.ranks import SpawnResult, decide_allreduce, human_bytes
+from builder.selftest.launch.ranks import SpawnResult, decide_allreduce, human_bytes
 
 BUILD_HOST = resolve_expectation(None, "cuda", 0)
 EIGHT = resolve_expectation(None, "cuda", 8)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.selftest import imports
+from builder.selftest.phases import imports
 from builder.selftest.manifest import GpuExpectation
 from builder.selftest.phase import Run
 

@@ -20,8 +20,8 @@ import importlib.metadata
 import importlib.util
 from typing import Any
 
-from .phase import Run, Step, skip
-from .report import FAIL, PASS, Check
+from ..phase import Run, Step, skip
+from ..report import FAIL, PASS, Check
 
 PHASE = "imports"
 

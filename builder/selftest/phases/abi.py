@@ -31,14 +31,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import abiload
-from .abimodel import Process, Unbound, bind, expected_provider, scope_name
+from ..elf import abiload
+from ..elf.abimodel import Process, Unbound, bind, expected_provider, scope_name
 from .coverage import UNOWNED, owners, shared_objects, site_dirs
-from .elfdyn import SEP, DynInfo, relocated
-from .elfread import DevcodeError, elf_header
-from .ldsearch import Searcher, default_dirs, env_paths, load_cache
-from .phase import Run, Step
-from .report import FAIL, PASS, SKIP, WARN, Check
+from ..elf.elfdyn import SEP, DynInfo, relocated
+from ..elf.elfread import DevcodeError, elf_header
+from ..elf.ldsearch import Searcher, default_dirs, env_paths, load_cache
+from ..phase import Run, Step
+from ..report import FAIL, PASS, SKIP, WARN, Check
 
 PHASE = "abi"
 ET_DYN = 3
