@@ -23,7 +23,7 @@ import time
 sys.path.insert(0, "/opt/verl-env")
 
 from verl_env_selftest import abi  # noqa: E402
-from verl_env_selftest.coverage import site_dirs  # noqa: E402
+from verl_env_selftest.phases.coverage import site_dirs  # noqa: E402
 
 
 def main() -> int:

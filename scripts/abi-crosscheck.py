@@ -40,7 +40,7 @@ from typing import Any
 sys.path.insert(0, "/opt/verl-env")
 
 from verl_env_selftest import abi, abiload, abimodel  # noqa: E402
-from verl_env_selftest.coverage import shared_objects, site_dirs  # noqa: E402
+from verl_env_selftest.phases.coverage import shared_objects, site_dirs  # noqa: E402
 
 LDD_SYM = re.compile(r"\s*undefined symbol: ([^,\s]+)(?:, version \S+)?\s+\((.*)\)$")
 LDD_MISSING = re.compile(r"\s*(\S+) => not found")

@@ -49,6 +49,7 @@ class Distribution:
     archs: Archs | None = None
     abi: Mapping[str, Any] = field(default_factory=dict)  # loader rules (the self-test's model)
     notes: str = ""
+    imported: bool = False  # the entry names its ``import``: the gate imports it when pinned
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,12 @@ class Catalog:
         """Whether the catalogue knows the distribution (the gate imports what it knows)."""
         return name in self.distributions
 
+    def imported(self, name: str) -> bool:
+        """Whether the gate imports the distribution when a target pins or provides it (its
+        entry names an ``import``; an entry kept only for its ABI rules does not)."""
+        d = self.distributions.get(name)
+        return d is not None and d.imported
+
     def prominent(self) -> frozenset[str]:
         """The distributions an SBOM summary shows first."""
         return frozenset(n for n, d in self.distributions.items() if d.sbom == "prominent")
@@ -182,7 +189,8 @@ def _distribution(name: str, e: dict[str, Any]) -> Distribution:
         name=name, module=e.get("import", name.replace("-", "_")), native=e.get("native", False),
         sbom=e.get("sbom", "normal"), block=e.get("block"),
         extensions=tuple(tuple(x) for x in e.get("extensions", ())), archs=archs,
-        abi=MappingProxyType(dict(e.get("abi", {}))), notes=e.get("notes", ""))
+        abi=MappingProxyType(dict(e.get("abi", {}))), notes=e.get("notes", ""),
+        imported="import" in e)
 
 
 def _engine(name: str, e: dict[str, Any]) -> Engine:

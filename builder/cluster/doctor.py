@@ -30,7 +30,7 @@ from typing import Mapping
 
 from builder.engine import Engine, HostFacts, find_buildkit_cli
 from builder.errors import BuildEnvError, redact
-from builder.selftest import envlint, gpu, preflight
+from builder.selftest.phases import envlint, gpu, preflight
 from builder.selftest.report import Check
 from builder.cluster.ports import RayPorts
 

@@ -3,10 +3,11 @@ and the OCI labels, both computed from the target, the hashes and the source pin
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-from builder import __version__
-from builder.matrix import megatron
+from builder import __version__, catalog
 from builder.matrix import overrides
 from builder.resolve import vendor as vendor_base
 from builder.resolve.sources import Pin, describe
@@ -19,28 +20,37 @@ MANIFEST_SCHEMA = "verl-env/manifest/v1"
 def manifest(target: Target, matrix_hash: str, lock_hash: str,
              base_record: dict[str, Any] | None = None,
              sources: dict[str, Pin] | None = None,
-             decided: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+             decided: dict[str, dict[str, Any]] | None = None,
+             installed: Iterable[str] = ()) -> dict[str, Any]:
     """What the image must hold; the self-test asserts it (schema in docs/architecture.md).
     ``gpus``: the GPU architectures the image must run on (the coverage phase holds every ELF
     shared object to them). A vendor base adds the ``base`` section
     (builder.resolve.vendor.manifest_section); ``source_pins`` says what each source build was built
-    from (git commit, tree or archive sha256, sdist hash)."""
+    from (git commit, tree or archive sha256, sdist hash). ``installed``: the lock's
+    distributions, whose catalogued loader rules (``abi_loader``) travel with the image."""
+    cat = catalog.load(Path(target.file).parent)
     pins = {p.name: p.version for p in target.enabled_packages}
     provided = {p.name: p.version for p in target.provided}
-    # and every package whose import the matrix names (sglang-kernel: sgl_kernel)
+    # what the catalogue imports, and every package whose import the matrix names
+    # (sglang-kernel: sgl_kernel)
     imports = {p.name: p.module for p in (*target.enabled_packages, *target.provided)
-               if p.name in {"verl", "vllm", "sglang", "torch", "ray", "transformers",
-                             "tensordict", "flash-attn", "hydra-core"} or p.import_name}
-    imports.update(megatron.imports(target.enabled_packages) if target.layer else {})
+               if cat.imported(p.name) or p.import_name}
+    extensions = {n: [list(c) for c in d.extensions] for n in imports
+                  if (d := cat.get(n)) is not None and d.extensions}
+    loader = abi_loader(cat, {*pins, *provided, *installed})
     return {
         "schema": MANIFEST_SCHEMA, "target": target.name, "accelerator": target.accelerator,
         "arch": target.arch, "python": target.python, "cuda": target.cuda, "rocm": target.rocm,
         "pins": dict(sorted(pins.items())), "provided": dict(sorted(provided.items())),
         "imports": dict(sorted(imports.items())),
+        **({"extensions": dict(sorted(extensions.items()))} if extensions else {}),
         "source_builds": sorted(p.name for p in target.enabled_packages if p.build == "source"),
         "gpus": list(target.gpus),
         **({"coverage_allow": dict(target.coverage_allow)} if target.coverage_allow else {}),
         **({"abi_allow": dict(target.abi_allow)} if target.abi_allow else {}),
+        # what the installed packages load themselves (the catalogue's abi rules): the self-test
+        # keeps only the loader's mechanics
+        **({"abi_loader": loader} if loader else {}),
         # reviewed dependency overrides (builder.matrix.overrides): the gate's requirement check
         # accepts exactly the requirements each one replaces
         **({"overrides": {o.name: o.to_value() for o in target.overrides}}
@@ -52,6 +62,28 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
         "matrix_hash": matrix_hash, "lock_hash": lock_hash, "override": target.override,
         **({"base": vendor_base.manifest_section(target, base_record)} if base_record else {}),
     }
+
+
+def abi_loader(cat: catalog.Catalog, names: Iterable[str]) -> dict[str, Any]:
+    """The catalogue's ABI loader rules of the distributions ``names``, merged: ``loads``
+    (object glob -> libraries loaded first), ``alternatives`` (each with its ``package``) and
+    torch's ``preload`` names; {} when none has rules."""
+    loads: dict[str, list[dict[str, Any]]] = {}
+    alternatives: list[dict[str, Any]] = []
+    preload: dict[str, str] = {}
+    for name in sorted(set(names)):
+        d = cat.get(name)
+        if d is None or not d.abi:
+            continue
+        for pattern, libs in d.abi.get("loads", {}).items():
+            loads.setdefault(pattern, []).extend(
+                {"lib": [lib["lib"]] if isinstance(lib["lib"], str) else list(lib["lib"]),
+                 "global": lib["global"]} for lib in libs)
+        alternatives += [{"package": name, **alt} for alt in d.abi.get("alternatives", ())]
+        preload.update(d.abi.get("preload", {}))
+    return {**({"loads": loads} if loads else {}),
+            **({"alternatives": alternatives} if alternatives else {}),
+            **({"preload": preload} if preload else {})}
 
 
 def labels(target: Target, matrix_hash: str, lock_hash: str, ca_hash: str | None,

@@ -127,7 +127,8 @@ def compute(target: Target, lock_text: str, snapshot: Snapshot, *,
         ca_hash=ca_hash, base_record=base_record,
         venv_replaced=tuple(sorted({"pip", "setuptools", "wheel"} & set(locked))),
         site_index=bool(index_url or os.environ.get("VERL_ENV_INDEX_URL")),
-        manifest=manifest(target, matrix_hash, lock_hash, base_record, pins, decided),
+        manifest=manifest(target, matrix_hash, lock_hash, base_record, pins, decided,
+                          installed=tuple(locked)),
         labels=labels(target, matrix_hash, lock_hash, ca_hash, pins, decided))
 
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import DEFAULT_MANIFEST, SCHEMA, __version__
-from .bandwidth import FAIL_FRAC, WARN_FRAC, BwRefError, load_reference
-from .distributed import run_distributed
-from .gpu import decide_device_count
-from .launcher import LauncherError, RankInfo, detect
+from .phases.bandwidth import FAIL_FRAC, WARN_FRAC, BwRefError, load_reference
+from .launch.distributed import run_distributed
+from .phases.gpu import decide_device_count
+from .launch.launcher import LauncherError, RankInfo, detect
 from .manifest import (ManifestError, load_manifest, needs_detection, parse_expect,
                        parse_size, resolve_expectation)
 from .report import (EXIT_ERROR, Check, ReportMeta, apply_strict, build_report, exit_code,

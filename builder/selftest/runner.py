@@ -170,7 +170,7 @@ def run_phase(phase: str, ctx_path: str, timeout: float, workdir: str,
         result.attempts = attempt + 1
         out = os.path.join(workdir, f"{phase}.{attempt}.jsonl")
         log = os.path.join(workdir, f"{phase}.{attempt}.log")
-        cmd = [python, "-m", f"{pkg}.worker", "--phase", phase, "--ctx", ctx_path,
+        cmd = [python, "-m", f"{pkg}.launch.worker", "--phase", phase, "--ctx", ctx_path,
                "--out", out, "--done", ",".join(done)]
         with open(log, "wb") as logf:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,

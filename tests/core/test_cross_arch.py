@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from builder.engine import ContainerEngine, Engine, ImageInfo, emulation_problem
-from builder.selftest.cpu import decide_source_build, elf_machine
+from builder.selftest.phases.cpu import decide_source_build, elf_machine
 from builder.gate.plan import EMULATION_FACTOR, arch_plan, plan_selftest
 
 
@@ -116,7 +116,7 @@ def test_source_build_verdicts(modules: dict, errors: list, smoke: object,
 
 def test_ray_startup_deadlines_scale(monkeypatch: pytest.MonkeyPatch) -> None:
     """The wait behind "The current node timed out during startup" gets the scaled default."""
-    from builder.selftest import rayphase
+    from builder.selftest.phases import rayphase
 
     seen = {}
 
@@ -173,7 +173,7 @@ class _FakeRay:
 
 
 def test_emulated_ray_start_gets_more_attempts_only_on_a_startup_timeout() -> None:
-    from builder.selftest.rayphase import init_ray
+    from builder.selftest.phases.rayphase import init_ray
 
     ray = _FakeRay(1)
     assert "started on attempt 2" in init_ray(ray, "/t", 0, 10.0)
@@ -189,7 +189,7 @@ def test_emulated_ray_start_gets_more_attempts_only_on_a_startup_timeout() -> No
 
 
 def test_raylet_alive_reads_proc(tmp_path: Path) -> None:
-    from builder.selftest.rayphase import raylet_alive
+    from builder.selftest.phases.rayphase import raylet_alive
 
     (tmp_path / "12").mkdir()
     (tmp_path / "12" / "cmdline").write_bytes(b"/usr/bin/python3\0-m\0x\0")

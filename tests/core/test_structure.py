@@ -22,8 +22,9 @@ BUILDER = Path(__file__).resolve().parents[2] / "builder"
 # The command layers: build-env's (cli.py, argtypes.py, commands/) and the self-test's own entry
 # points, which ship inside images as a separate stdlib-only program (`python -m
 # verl_env_selftest`, its rank and worker processes) and so parse their own command lines.
-ARGPARSE_ALLOWED = ("cli.py", "argtypes.py", "commands/", "selftest/cli.py", "selftest/rank.py",
-                    "selftest/worker.py", "selftest/distributed.py")
+ARGPARSE_ALLOWED = ("cli.py", "argtypes.py", "commands/", "selftest/cli.py",
+                    "selftest/launch/rank.py", "selftest/launch/worker.py",
+                    "selftest/launch/distributed.py")
 MAX_INNER_IMPORTS = 15
 MAX_FUNCTION_LINES = 80
 

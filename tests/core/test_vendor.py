@@ -1,6 +1,6 @@
 """Vendor bases, pure logic: the probe's record, the lock's constraints, what the layers leave
 out, rendering into the base's own interpreter, the gate's decisions, declared bases, the ROCm
-family's data (builder.resolve.vendor, builder.render, builder.selftest.versions, builder.matrix.families)."""
+family's data (builder.resolve.vendor, builder.render, builder.selftest.phases.versions, builder.matrix.families)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from builder.matrix.families import FAMILIES
 from builder.resolve.lock import input_hash, lock_path, parse_lock
 from builder.resolve.metadata import load_snapshot
 from builder.render import render_context
-from builder.selftest.versions import decide_base_files, decide_pin
+from builder.selftest.phases.versions import decide_base_files, decide_pin
 from builder.cluster.inputs import Inputs
 from builder.cluster.job import SlurmJob, training_command
 from builder.matrix.spec import Base, Package, load_matrix

@@ -25,8 +25,9 @@ PYTHON = "/opt/venv/bin/python"
 # ldd -r per file, then a real dlopen of each file after import torch.
 SCRIPT = r"""
 import ctypes, json, os, re, subprocess, sys, time
-from verl_env_selftest import abi, abimodel
-from verl_env_selftest.coverage import shared_objects, site_dirs
+from verl_env_selftest.elf import abimodel
+from verl_env_selftest.phases import abi
+from verl_env_selftest.phases.coverage import shared_objects, site_dirs
 
 roots = site_dirs()
 t0 = time.monotonic()

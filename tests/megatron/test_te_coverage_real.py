@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.selftest.coverage import allowance, decide_dist, scan
-from builder.selftest.devcode import read_device_code
-from builder.selftest.fatbin import CudaImage
+from builder.selftest.phases.coverage import allowance, decide_dist, scan
+from builder.selftest.elf.devcode import read_device_code
+from builder.selftest.elf.fatbin import CudaImage
 from builder.matrix.spec import load_matrix
 from tests.support import wheels
 

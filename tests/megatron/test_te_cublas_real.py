@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.selftest.abimodel import bind
-from builder.selftest.elfdyn import read_dynamic
+from builder.selftest.elf.abimodel import bind
+from builder.selftest.elf.elfdyn import read_dynamic
 from builder.matrix.spec import load_matrix
 from tests.megatron.test_te_coverage_real import _te_wheel
 from tests.support import wheels

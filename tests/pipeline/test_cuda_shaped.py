@@ -237,7 +237,7 @@ def test_the_fixtures_extension_is_read_as_cuobjdump_reads_it(built: dict, tmp_p
     import io
     import tarfile
 
-    from builder.selftest.devcode import read_device_code
+    from builder.selftest.elf.devcode import read_device_code
     from tests.selftest.test_devcode_real import as_cuobjdump, cuobjdump
     from tests.support import wheels
 

@@ -34,7 +34,10 @@ def manifest_for(installed: dict[str, str], accelerator: str = "cpu",
     return {"schema": "verl-env/manifest/v1", "target": f"test-{accelerator}",
             "accelerator": accelerator, "arch": "x86_64", "python": "3.11",
             "cuda": "13.0" if accelerator == "cuda" else None, "rocm": None,
-            "pins": pins, "provided": {}, "imports": imports, **fields}
+            "pins": pins, "provided": {}, "imports": imports,
+            # as the build carries them from its catalogue
+            "extensions": {n: e for n, e in catalog_manifest()["extensions"].items()
+                           if n in imports}, **fields}
 
 
 @dataclass
@@ -59,3 +62,22 @@ class Result:
         """All check ids."""
         assert self.report is not None
         return {c["id"] for c in self.report["checks"]}
+
+
+def catalog_manifest() -> dict[str, Any]:
+    """The manifest sections the build carries from its catalogue for every catalogued
+    distribution: ``abi_loader`` (what packages load themselves) and ``extensions``."""
+    from builder import catalog
+    from builder.render.baked import abi_loader
+
+    cat = catalog.shipped()
+    return {"abi_loader": abi_loader(cat, cat.distributions),
+            "extensions": {n: [list(c) for c in d.extensions]
+                           for n, d in cat.distributions.items() if d.extensions}}
+
+
+def loader_rules() -> Any:
+    """The self-test's reading of the catalogue's loader rules (an image's manifest's)."""
+    from builder.selftest.elf import abiload
+
+    return abiload.rules(catalog_manifest())

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from builder.selftest import abi, abimodel, ldsearch
-from builder.selftest.elfdyn import SEP, DynInfo, read_dynamic
-from builder.selftest.elfread import ElfHeader
+from builder.selftest.elf import abimodel, ldsearch
+
+from builder.selftest.phases import abi
+from builder.selftest.elf.elfdyn import SEP, DynInfo, read_dynamic
+from builder.selftest.elf.elfread import ElfHeader
 from builder.selftest.report import FAIL, PASS, SKIP
 
 from . import abifixture as fx
@@ -353,7 +355,7 @@ def test_reads_a_real_library() -> None:
 DLOPEN = r"""
 import ctypes, json, os, sys
 sys.path.insert(0, sys.argv[1])
-from verl_env_selftest.coverage import shared_objects, site_dirs
+from verl_env_selftest.phases.coverage import shared_objects, site_dirs
 import torch  # noqa: F401 - extensions load after torch, as in a training job
 failed, n = [], 0
 for root in site_dirs():

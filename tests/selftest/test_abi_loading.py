@@ -13,10 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from builder.selftest import abi, abiload, abimodel
+from builder.selftest.elf import abiload, abimodel
+
+from builder.selftest.phases import abi
 from builder.selftest.report import FAIL, PASS
 
 from . import abifixture as fx
+from .helpers import catalog_manifest, loader_rules
+
+PRELOAD = loader_rules().preload
 
 needs_cc = pytest.mark.skipif(fx.compilers() is not None, reason=str(fx.compilers()))
 EXT = {"ext": {"ext/_C.so": "needs_nvrtc"}}
@@ -30,7 +35,8 @@ def objs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def phase(root: Path, allow: dict[str, str] | None = None, accelerator: str = "cuda") -> dict:
-    run = abi.Run({"manifest": {"accelerator": accelerator, "abi_allow": allow or {}},
+    run = abi.Run({"manifest": {"accelerator": accelerator, "abi_allow": allow or {},
+                                "abi_loader": catalog_manifest()["abi_loader"]},
                    "options": {}})
     return {c.id: c for c in abi.check_abi(run, [str(root)])}
 
@@ -41,14 +47,14 @@ def phase(root: Path, allow: dict[str, str] | None = None, accelerator: str = "c
 def test_the_preload_list_is_read_from_torchs_own_source(tmp_path: Path) -> None:
     init = tmp_path / "__init__.py"
     init.write_text(fx.TORCH_INIT)
-    assert abiload.torch_preload_list(str(init)) == [
+    assert abiload.torch_preload_list(str(init), PRELOAD) == [
         ("cuda_nvrtc", "libnvrtc.so.*[0-9]", True), ("cufile", "libcufile.so.*[0-9]", True),
         ("nvtx", "libnvToolsExt.so.*[0-9]", False)]
     (tmp_path / "version.py").write_text(fx.TORCH_VERSION)
     assert abiload.torch_cuda_major(str(tmp_path)) == "13"
     assert abiload.torch_version(str(tmp_path)) == (2, 11)
     init.write_text("def other():\n    pass\n")
-    assert abiload.torch_preload_list(str(init)) == []
+    assert abiload.torch_preload_list(str(init), PRELOAD) == []
 
 
 def test_preloads_are_searched_as_torch_does_and_stop_at_a_missing_required_one(
@@ -61,10 +67,10 @@ def test_preloads_are_searched_as_torch_does_and_stop_at_a_missing_required_one(
     lib.mkdir(parents=True)
     (lib / "libnvrtc.so.13").write_bytes(b"x")
     # nvrtc from nvidia/cu13/lib, then cufile is required and absent: torch stops there
-    assert abiload.torch_preloads(str(torch), [str(tmp_path / "site")]) == \
+    assert abiload.torch_preloads(str(torch), [str(tmp_path / "site")], PRELOAD) == \
         ([str(lib / "libnvrtc.so.13")], "libcufile.so.*[0-9]")
     (lib / "libcufile.so.0").write_bytes(b"x")
-    assert abiload.torch_preloads(str(torch), [str(tmp_path / "site")]) == \
+    assert abiload.torch_preloads(str(torch), [str(tmp_path / "site")], PRELOAD) == \
         ([str(lib / "libnvrtc.so.13"), str(lib / "libcufile.so.0")], None)
 
 
@@ -105,7 +111,8 @@ def test_an_object_torch_loaded_is_judged_in_that_loads_scope(objs: dict[str, Pa
 def test_a_library_the_package_loads_first_is_in_scope(objs: dict[str, Path],
                                                        tmp_path: Path) -> None:
     """xgrammar's bindings name libtvm_ffi.so, which ``import tvm_ffi`` loads RTLD_GLOBAL
-    from its own wheel first (abiload.PACKAGE_LOADS); without tvm_ffi they fail."""
+    from its own wheel first (the catalogue's abi loads, carried by the manifest); without
+    tvm_ffi they fail."""
     members = {"xgrammar": {"xgrammar/libxgrammar_bindings.so": "needs_tvm"},
                "apache-tvm-ffi": {"tvm_ffi/lib/libtvm_ffi.so": "tvm"}}
     assert phase(fx.loading_site(objs, tmp_path / "a", members))["abi.xgrammar"].status == PASS
@@ -116,6 +123,48 @@ def test_a_library_the_package_loads_first_is_in_scope(objs: dict[str, Path],
     other = {"other": {"other/libxgrammar_bindings.so": "needs_tvm"},
              "apache-tvm-ffi": {"tvm_ffi/lib/libtvm_ffi.so": "tvm"}}
     assert phase(fx.loading_site(objs, tmp_path / "c", other))["abi.other"].status == FAIL
+
+
+@needs_cc
+def test_a_load_rule_added_only_in_the_manifest_makes_an_extension_loadable(
+        objs: dict[str, Path], tmp_path: Path) -> None:
+    """The loader's rules are data: a package no code knows (its extension needs a library
+    its own runtime package loads first) loads with one ``abi_loader`` rule in the manifest,
+    and fails without it; a manifest without the section says what that loses."""
+    members = {"newpkg": {"newpkg/_bindings.so": "needs_tvm"},
+               "newpkg-runtime": {"newpkg_rt/lib/libtvm_ffi.so": "tvm"}}
+    site = fx.loading_site(objs, tmp_path, members)
+    rule = {"loads": {"newpkg/*.so": [{"lib": ["newpkg_rt/lib/libtvm_ffi.so"], "global": True}]}}
+
+    def run(manifest: dict) -> dict:
+        r = abi.Run({"manifest": {"accelerator": "cuda", **manifest}, "options": {}})
+        return {c.id: c for c in abi.check_abi(r, [str(site)])}
+
+    with_rule = run({"abi_loader": rule})
+    assert with_rule["abi.newpkg"].status == PASS, with_rule["abi.newpkg"].reason
+    assert with_rule["abi.scan"].value["loader_rules"] is True
+    assert "no abi_loader rules" not in with_rule["abi.scan"].reason
+    c = run({"abi_loader": {}})["abi.newpkg"]
+    assert c.status == FAIL and "needs libtvm_ffi.so, which the loader cannot find" in c.reason
+    bare = run({})
+    assert bare["abi.newpkg"].status == FAIL
+    assert bare["abi.scan"].value["loader_rules"] is False
+    assert "the manifest carries no abi_loader rules" in bare["abi.scan"].reason
+
+
+def test_rules_read_from_a_manifest_leave_malformed_entries_out() -> None:
+    got = abiload.rules({"abi_loader": {
+        "loads": {"a/*.so": [{"lib": "x/libx.so", "global": True}, {"lib": []}], "b": "no"},
+        "alternatives": [{"pattern": "p/(?P<v>\\d+)\\.so", "how": "h", "pick": "torch-minor"},
+                         {"pattern": "(unclosed"}, {"pattern": "no-group"}],
+        "preload": {"function": "f", "list": 3}}})
+    assert got.present and got.loads == (("a/*.so", ((("x/libx.so",), True),)),)
+    assert [(a.pattern, a.pick) for a in got.alternatives] == [("p/(?P<v>\\d+)\\.so",
+                                                                "torch-minor")]
+    assert got.preload is None
+    assert abiload.rules({}) is abiload.NO_RULES and not abiload.NO_RULES.present
+    unknown = abiload.Alternatives("p", "x(?P<v>1)", "h", pick="no-such-strategy")
+    assert abiload.picked(unknown, None) is None
 
 
 def test_sglangs_package_loads_deep_gemm_and_scipys_vendored_gfortran(objs: dict[str, Path],

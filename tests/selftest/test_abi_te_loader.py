@@ -12,10 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from builder.selftest import abi, abiload
+from builder.selftest.elf import abiload
+
+from builder.selftest.phases import abi
 from builder.selftest.report import FAIL, PASS
 
 from . import abifixture as fx
+from .helpers import catalog_manifest, loader_rules
+
+TE_CORE = "transformer_engine/wheel_lib/libtransformer_engine.so"
 
 CORE_C = "extern int cudnnBackendExecute(void);\n" \
          "int nvte_cublas_gemm(void) { return cudnnBackendExecute(); }\n"
@@ -39,7 +44,8 @@ def objs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def phase(root: Path) -> dict:
-    run = abi.Run({"manifest": {"accelerator": "cuda", "abi_allow": {}}, "options": {}})
+    run = abi.Run({"manifest": {"accelerator": "cuda", "abi_allow": {},
+                                **catalog_manifest()}, "options": {}})
     return {c.id: c for c in abi.check_abi(run, [str(root)])}
 
 
@@ -76,18 +82,19 @@ def test_loads_follow_te_layouts_in_order(tmp_path: Path) -> None:
                 "nvidia/cu13/lib/libcudnn_stale.so.9", "nvidia/cu13/lib/libcurand.so.10",
                 "nvidia/cu13/lib/libcublas.so.13", "nvidia/cu13/lib/libcublasLt.so.13",
                 "nvidia/cu13/lib/libcudart.so.13", "nvidia/cu13/lib/libcudart_static.a",
-                abiload.TE_CORE):
+                TE_CORE):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(b"")
     ext = f"transformer_engine/wheel_lib/transformer_engine_torch{TAG}"
     got = [Path(p).relative_to(tmp_path).as_posix() + ("" if g else " local")
-           for p, g in abiload.package_loads(ext, [str(tmp_path)])]
+           for p, g in abiload.package_loads(ext, [str(tmp_path)], loader_rules())]
     # cu13/lib/libcudnn* is TE's second layout: the first would be cu13/cudnn/lib; TE takes
     # cu13/lib/libcudnn* before nvidia/cudnn/lib only when cu13/cudnn is absent, as here
     assert got == ["nvidia/cu13/lib/libcudnn_stale.so.9",
                    "nvidia/cu13/lib/libnvrtc-builtins.so.13.0", "nvidia/cu13/lib/libnvrtc.so.13",
                    "nvidia/cu13/lib/libcurand.so.10", "nvidia/cu13/lib/libcublas.so.13",
                    "nvidia/cu13/lib/libcublasLt.so.13", "nvidia/cu13/lib/libcudart.so.13",
-                   abiload.TE_CORE]
-    assert [p for p, _g in abiload.package_loads(abiload.TE_CORE, [str(tmp_path)])][-1] \
+                   TE_CORE]
+    assert [p for p, _g in abiload.package_loads(TE_CORE, [str(tmp_path)],
+                                                    loader_rules())][-1] \
         .endswith("libcudart.so.13")

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from builder.selftest import bandwidth as bw
-from builder.selftest import distributed as dd
-from builder.selftest import launcher as ln
+from builder.selftest.phases import bandwidth as bw
+from builder.selftest.launch import distributed as dd
+from builder.selftest.launch import launcher as ln
 from builder.selftest.report import Check
 
 TABLE = bw.load_reference()

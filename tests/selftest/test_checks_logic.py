@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from builder.selftest import cpu, gpu, imports, rayphase, versions
+from builder.selftest.phases import cpu, gpu, imports, rayphase, versions
 from builder.selftest.manifest import resolve_expectation
-from builder.selftest.ranks import SpawnResult, decide_allreduce, human_bytes
+from .helpers import catalog_manifest
+from builder.selftest.launch.ranks import SpawnResult, decide_allreduce, human_bytes
 
 BUILD_HOST = resolve_expectation(None, "cuda", 0)
 EIGHT = resolve_expectation(None, "cuda", 8)
@@ -23,7 +24,8 @@ def test_import_plan_follows_manifest() -> None:
     from builder.selftest.phase import Run
 
     run = Run(ctx={"manifest": {"imports": {"vllm": "vllm", "verl": "verl",
-                                            "flash-attn": "flash_attn"}}})
+                                            "flash-attn": "flash_attn"},
+                                "extensions": catalog_manifest()["extensions"]}})
     ids = [s.id for s in imports.plan(run)]
     assert ids == ["imports.flash-attn", "imports.verl", "imports.verl.single_controller",
                    "imports.vllm", "imports.vllm._C"]

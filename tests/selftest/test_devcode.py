@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from builder.selftest import devcode, offload
-from builder.selftest.coverage import Library, check_coverage, decide_dist, plan, scan
-from builder.selftest.devcode import CudaImage, HipImage, read_device_code
-from builder.selftest.devcompat import (NATIVE, NONE, PTX_JIT, SPIRV_JIT, decide_cuda,
+from builder.selftest.elf import devcode, offload
+from builder.selftest.phases.coverage import Library, check_coverage, decide_dist, plan, scan
+from builder.selftest.elf.devcode import CudaImage, HipImage, read_device_code
+from builder.selftest.elf.devcompat import (NATIVE, NONE, PTX_JIT, SPIRV_JIT, decide_cuda,
                                         decide_rocm)
 from builder.selftest.manifest import ManifestError, parse_manifest
 from builder.selftest.phase import Run
@@ -334,8 +334,8 @@ def test_a_reviewed_exception_names_its_reason_instead_of_failing() -> None:
     """coverage_allow: an arch-specific library (vLLM's FlashMLA, Hopper/Blackwell only) may
     lack code for a declared GPU; the check says so with the matrix's reason, and any other
     library without code still fails."""
-    from builder.selftest.coverage import Library, allowance, decide_dist
-    from builder.selftest.devcompat import Decision
+    from builder.selftest.phases.coverage import Library, allowance, decide_dist
+    from builder.selftest.elf.devcompat import Decision
 
     allow = {"vllm/_flashmla_C*.so": "FlashMLA kernels: vLLM loads them only on sm_90/sm_100"}
     gpus = ["sm_80", "sm_90"]

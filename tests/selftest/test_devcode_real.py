@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.selftest.coverage import scan
-from builder.selftest import offload
-from builder.selftest.devcode import CudaImage, read_device_code
+from builder.selftest.phases.coverage import scan
+from builder.selftest.elf import offload
+from builder.selftest.elf.devcode import CudaImage, read_device_code
 from tests.support import wheels
 
 from .helpers import clean_env
@@ -289,7 +289,7 @@ def test_scan_time_on_a_large_tree() -> None:
     this interpreter's site-packages are read in seconds."""
     if not wheels.CACHE.is_dir():
         pytest.skip("no wheel cache yet")
-    from builder.selftest.coverage import site_dirs
+    from builder.selftest.phases.coverage import site_dirs
 
     roots = [str(wheels.CACHE)] + site_dirs()
     t0 = time.monotonic()

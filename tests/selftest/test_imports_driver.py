@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.selftest import imports
+from builder.selftest.phases import imports
 from builder.selftest.manifest import GpuExpectation
 from builder.selftest.phase import Run
 
@@ -19,10 +19,12 @@ LOADER = ("ImportError('libcuda.so.1: cannot open shared object file: No such fi
           "directory')")
 
 
-def _run(expected: bool, imports_map: dict[str, str]) -> Run:
+def _run(expected: bool, imports_map: dict[str, str],
+         extensions: dict[str, list[list[str]]] | None = None) -> Run:
     expect = GpuExpectation(expected, 8 if expected else 0, True,
                             None if expected else "no GPU expected")
-    return Run(ctx={"manifest": {"imports": imports_map}, "expect": expect.to_dict()})
+    return Run(ctx={"manifest": {"imports": imports_map, "extensions": extensions or {}},
+                    "expect": expect.to_dict()})
 
 
 @pytest.fixture
@@ -62,8 +64,8 @@ def test_any_other_missing_library_still_fails(site: Path) -> None:
 
 def test_the_extension_after_a_driver_skip_is_skipped_not_required(
         site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(imports.EXTRA_MODULES, "vdrv", (("vllm_drv_x._C",),))
-    checks = _checks(_run(False, {"vdrv": "vllm_drv_x"}))
+    checks = _checks(_run(False, {"vdrv": "vllm_drv_x"},
+                          extensions={"vdrv": [["vllm_drv_x._C"]]}))
     assert checks["imports.vdrv"].status == "skip"
     sub = checks["imports.vllm_drv_x._C"]
     assert sub.status == "skip" and sub.required is False and "GPU driver" in sub.reason

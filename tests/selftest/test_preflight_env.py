@@ -7,8 +7,8 @@ import resource
 
 import pytest
 
-from builder.selftest import envlint as el
-from builder.selftest import preflight as pf
+from builder.selftest.phases import envlint as el
+from builder.selftest.phases import preflight as pf
 from builder.selftest.manifest import resolve_expectation
 
 GiB = 2**30
@@ -210,7 +210,7 @@ class TestHfCache:
 def test_node_devices_the_job_bound_must_be_in_the_container() -> None:
     """NVL72: the job lists the IMEX channels it found on the node (VERL_ENV_NODE_DEVICES); the
     self-test records them, and fails when one did not reach the container."""
-    from builder.selftest.preflight import decide_node_devices
+    from builder.selftest.phases.preflight import decide_node_devices
 
     imex = "/dev/nvidia-caps-imex-channels"
     assert decide_node_devices(None, {}).status == "skip"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.selftest import requires
+from builder.selftest.phases import requires
 
 OVERRIDE = {"transformers": {"version": "5.9.0", "reason": "sglang pins 5.6.0; verl excludes it"}}
 
@@ -62,7 +62,7 @@ def test_the_override_must_be_what_is_installed(tmp_path: Path) -> None:
 
 
 def _versions_checks(manifest: dict, site: Path, monkeypatch) -> dict:
-    from builder.selftest import versions
+    from builder.selftest.phases import versions
     from builder.selftest.phase import Run
 
     # the versions phase reads this interpreter's distributions: point it at the test site

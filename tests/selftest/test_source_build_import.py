@@ -45,7 +45,7 @@ _spec.loader.exec_module(_mod)
 
 STEP = """
 import json, sys
-from builder.selftest.cpu import source_build_step
+from builder.selftest.phases.cpu import source_build_step
 from builder.selftest.phase import Run
 arch = {"x86_64": "x86_64", "aarch64": "aarch64"}.get(__import__("platform").machine())
 c = source_build_step("dupext").fn(Run(ctx={"manifest": {"arch": arch}}))

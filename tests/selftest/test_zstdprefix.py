@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from builder.selftest.zstdprefix import ZstdError, decompress_prefix
+from builder.selftest.elf.zstdprefix import ZstdError, decompress_prefix
 
 zstandard = pytest.importorskip("zstandard", reason="the test extra installs zstandard")
 

@@ -745,16 +745,16 @@ def test_pyxis_step_starts_from_the_image_env_and_the_pass_list(tmp_path: Path) 
 
 
 def test_jobtools_report_lists_failing_checks(tmp_path: Path) -> None:
-    from builder.selftest import jobtools
+    from builder.selftest.launch import jobtools
 
     (tmp_path / "selftest-n1.json").write_text(json.dumps({
         "overall": "fail", "world_size": 2, "checks": [
             {"id": "env.visible", "status": "fail", "reason": "HIP != CUDA"},
             {"id": "imports.verl", "status": "pass"},
             {"id": "gpu.count", "status": "skip", "required": True, "reason": "no GPU"}]}))
-    proc = subprocess.run([sys.executable, "-m", "builder.selftest.jobtools", "report",
+    proc = subprocess.run([sys.executable, "-m", "builder.selftest.launch.jobtools", "report",
                            str(tmp_path / "selftest-n1.json"), str(tmp_path / "missing.json")],
-                          capture_output=True, text=True, cwd=Path(slurm.__file__).parents[1])
+                          capture_output=True, text=True, cwd=Path(slurm.__file__).parents[2])
     assert proc.returncode == 0
     assert proc.stdout.splitlines() == ["self-test report selftest-n1.json: fail, world 2, 3 checks",
                                         "  fail env.visible: HIP != CUDA",

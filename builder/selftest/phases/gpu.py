@@ -13,9 +13,9 @@ import os
 import re
 from typing import Any
 
-from .manifest import GpuExpectation
-from .phase import Run, Step, gpu_skip, skip
-from .report import FAIL, PASS, SKIP, WARN, Check, threshold
+from ..manifest import GpuExpectation
+from ..phase import Run, Step, gpu_skip, skip
+from ..report import FAIL, PASS, SKIP, WARN, Check, threshold
 
 PHASE = "gpu"
 

@@ -1,4 +1,4 @@
-"""Phase subprocess: ``python -m verl_env_selftest.worker --phase P --ctx CTX --out OUT``.
+"""Phase subprocess: ``python -m verl_env_selftest.launch.worker --phase P --ctx CTX --out OUT``.
 
 Writes JSON lines to OUT as it goes: ``plan`` (the step ids), ``begin`` before each step,
 ``check`` and ``fact`` records, ``end``. Anything the libraries print goes to this process's
@@ -14,10 +14,12 @@ import sys
 import time
 from typing import Any, Callable
 
-from .phase import Run, Step, maybe_inject
-from .report import FAIL, SKIP, Check
+from ..phase import Run, Step, maybe_inject
+from ..report import FAIL, SKIP, Check
 
-# phase name -> (module, plan function name)
+# the self-test package (verl_env_selftest in an image, builder.selftest here)
+ROOT = (__package__ or "verl_env_selftest.launch").rpartition(".")[0]
+# phase name -> (module of .phases, plan function name)
 PHASES: dict[str, tuple[str, str]] = {
     "detect": ("gpu", "detect_plan"),
     "preflight": ("preflight", "plan"),
@@ -36,7 +38,7 @@ PHASES: dict[str, tuple[str, str]] = {
 def load_plan(phase: str) -> Callable[[Run], list[Step]]:
     """The plan function of a phase (imports only the stdlib-level phase module)."""
     module, fn = PHASES[phase]
-    return getattr(importlib.import_module(f"{__package__}.{module}"), fn)
+    return getattr(importlib.import_module(f"{ROOT}.phases.{module}"), fn)
 
 
 def run_steps(phase: str, run: Run, steps: list[Step], done: set[str],
@@ -71,7 +73,7 @@ def run_steps(phase: str, run: Run, steps: list[Step], done: set[str],
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the phase subprocess."""
-    p = argparse.ArgumentParser(prog="verl_env_selftest.worker")
+    p = argparse.ArgumentParser(prog="verl_env_selftest.launch.worker")
     p.add_argument("--phase", required=True, choices=sorted(PHASES))
     p.add_argument("--ctx", required=True)
     p.add_argument("--out", required=True)

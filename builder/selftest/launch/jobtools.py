@@ -1,9 +1,9 @@
 """Small helpers the generated Slurm job runs inside the image (``builder/templates/job/``).
 
-``python3 -m verl_env_selftest.jobtools ray-wait NODES TIMEOUT``
+``python3 -m verl_env_selftest.launch.jobtools ray-wait NODES TIMEOUT``
     poll the Ray GCS at ``$RAY_ADDRESS`` until NODES nodes are alive (exit 0) or TIMEOUT seconds
     pass (exit 1); print the nodes and the cluster's CPU and GPU totals.
-``python3 -m verl_env_selftest.jobtools report FILE...``
+``python3 -m verl_env_selftest.launch.jobtools report FILE...``
     summarise self-test JSON reports, failing checks first (always exit 0).
 
 Standard library only, except ``ray`` for ``ray-wait`` (imported there, from the image).

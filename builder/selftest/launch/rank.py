@@ -1,4 +1,4 @@
-"""One locally spawned rank: ``python -m verl_env_selftest.rank --backend gloo|nccl ...``.
+"""One locally spawned rank: ``python -m verl_env_selftest.launch.rank --backend gloo|nccl ...``.
 
 Rendezvous through a ``torch.distributed.FileStore`` in a temp dir (no port, so parallel
 builds on one host cannot collide). Writes its result as JSON to ``--out``.
@@ -14,13 +14,13 @@ import socket
 import sys
 import time
 
-from .allreduce import allreduce_test
-from .phase import fault
+from ..phases.allreduce import allreduce_test
+from ..phase import fault
 
 
 def main(argv: list[str] | None = None) -> int:
     """Init the process group, run the all-reduce test, write the result."""
-    p = argparse.ArgumentParser(prog="verl_env_selftest.rank")
+    p = argparse.ArgumentParser(prog="verl_env_selftest.launch.rank")
     p.add_argument("--backend", choices=["gloo", "nccl"], required=True)
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)

@@ -3,7 +3,7 @@ collective over all ranks (NCCL/RCCL with GPUs, gloo without), gathers every ran
 records, and the ranks all-reduce their verdicts so they agree on one; rank 0 writes it.
 
 ``run_distributed`` is the parent side (stdlib); ``main`` is the subprocess
-(``python -m verl_env_selftest.distributed``), which imports torch.
+(``python -m verl_env_selftest.launch.distributed``), which imports torch.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import sys
 import time
 from typing import Any
 
-from .allreduce import allreduce_test
-from .bandwidth import describe_transport, parse_nccl_log
-from .collective import IDS, judge
+from ..phases.allreduce import allreduce_test
+from ..phases.bandwidth import describe_transport, parse_nccl_log
+from ..phases.collective import IDS, judge
 from .launcher import RankInfo, dist_env
-from .phase import Run, fault
+from ..phase import Run, fault
 from .ranks import SpawnResult, decide_allreduce
-from .report import FAIL, SEVERITY, Check, apply_strict, verdict
-from .runner import ACTIVE, kill_session, summarize_log
+from ..report import FAIL, SEVERITY, Check, apply_strict, verdict
+from ..runner import ACTIVE, kill_session, summarize_log
 
 GLOO_BW = 16 << 20
 
@@ -70,7 +70,7 @@ def _nccl_logs(log_dir: str) -> list[Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """The per-rank collective subprocess."""
-    p = argparse.ArgumentParser(prog="verl_env_selftest.distributed")
+    p = argparse.ArgumentParser(prog="verl_env_selftest.launch.distributed")
     p.add_argument("--ctx", required=True)
     p.add_argument("--local", required=True)
     p.add_argument("--out", required=True)
@@ -146,7 +146,7 @@ def run_distributed(info: RankInfo, ctx_path: str, local: list[Check], workdir: 
                     timeout: float) -> dict[str, Any]:
     """Parent side: run the collective subprocess for this rank with a watchdog. On a hang
     or crash this rank reports a failed collective (the other ranks time out the same way)."""
-    pkg = __package__ or "verl_env_selftest"
+    pkg = __package__ or "verl_env_selftest.launch"
     local_path = os.path.join(workdir, "local.json")
     out = os.path.join(workdir, "distributed.json")
     log = os.path.join(workdir, "distributed.log")

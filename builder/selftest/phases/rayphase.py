@@ -9,9 +9,9 @@ import tempfile
 import time
 from typing import Any
 
-from .manifest import GpuExpectation, declared
-from .phase import Run, Step, gpu_skip
-from .report import FAIL, PASS, SKIP, Check
+from ..manifest import GpuExpectation, declared
+from ..phase import Run, Step, gpu_skip
+from ..report import FAIL, PASS, SKIP, Check
 
 PHASE = "ray"
 OBJECT_STORE = 128 << 20

@@ -18,9 +18,9 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any, Iterable, Mapping
 
-from .manifest import normalize
-from .phase import skip
-from .report import FAIL, PASS, Check, threshold
+from ..manifest import normalize
+from ..phase import skip
+from ..report import FAIL, PASS, Check, threshold
 
 PHASE = "versions"
 CHECK_ID = "versions.requires"

@@ -25,11 +25,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .devcode import DeviceCode, read_device_code
-from .devcompat import NATIVE, NONE, Decision, decide_cuda, decide_rocm, worst
-from .manifest import normalize
-from .phase import Run, Step, skip
-from .report import CPU_TARGET, FAIL, PASS, SKIP, WARN, Check, threshold
+from ..elf.devcode import DeviceCode, read_device_code
+from ..elf.devcompat import NATIVE, NONE, Decision, decide_cuda, decide_rocm, worst
+from ..manifest import normalize
+from ..phase import Run, Step, skip
+from ..report import CPU_TARGET, FAIL, PASS, SKIP, WARN, Check, threshold
 
 PHASE = "coverage"
 UNOWNED = "unowned"

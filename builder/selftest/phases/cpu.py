@@ -13,10 +13,10 @@ import platform
 import struct
 import sys
 
-from .manifest import declared
-from .phase import Run, Step, rank_timeout
-from .ranks import decide_allreduce, spawn_local
-from .report import FAIL, PASS, Check
+from ..manifest import declared
+from ..phase import Run, Step, rank_timeout
+from ..launch.ranks import decide_allreduce, spawn_local
+from ..report import FAIL, PASS, Check
 
 PHASE = "cpu"
 GLOO_CHECK_BYTES = 4 << 20

@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .bandwidth import expand_debug_file
-from .report import FAIL, PASS, Check, threshold
-from .runner import describe_rc, summarize_log
+from ..phases.bandwidth import expand_debug_file
+from ..report import FAIL, PASS, Check, threshold
+from ..runner import describe_rc, summarize_log
 
 
 @dataclass
@@ -40,7 +40,7 @@ def spawn_local(backend: str, world: int, devices: list[str], check_bytes: int,
                 ) -> SpawnResult:
     """Run ``world`` rank processes (device ``devices[r]``) and collect their results.
     Their scratch dir goes under ``workdir`` (the run's, removed by the CLI) when given."""
-    pkg = __package__ or "verl_env_selftest"
+    pkg = __package__ or "verl_env_selftest.launch"
     tmp = tempfile.mkdtemp(prefix="vst-ranks-",
                            dir=workdir if workdir and os.path.isdir(workdir) else None)
     res = SpawnResult(backend, world, timeout)

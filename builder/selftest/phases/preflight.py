@@ -11,9 +11,9 @@ import platform
 import resource
 import sys
 
-from .manifest import GpuExpectation
-from .phase import Run, Step, skip
-from .report import FAIL, PASS, WARN, Check, threshold
+from ..manifest import GpuExpectation
+from ..phase import Run, Step, skip
+from ..report import FAIL, PASS, WARN, Check, threshold
 
 PHASE = "preflight"
 GiB = 2**30

@@ -1,6 +1,9 @@
 """Imports, driven by the manifest's ``imports`` map (distribution → module): a target
 imports only what it pins or provides. Compiled extensions that a plain import can miss are
-imported explicitly (vLLM's ``_C``: ``import vllm`` only warns when it fails to load).
+imported explicitly, as the manifest's ``extensions`` map says (distribution -> lists of
+alternative modules, the first that exists imported: a package whose import only warns when
+its extension fails to load). The build carries that map from its catalogue; a manifest
+without it imports no extra module.
 
 A compiled GPU extension links the driver's user-space library (``libcuda.so.1``, ROCm's
 ``libamdhip64``/``libhsa-runtime64``), which exists only where a driver is installed. On a build
@@ -17,17 +20,11 @@ import importlib.metadata
 import importlib.util
 from typing import Any
 
-from .phase import Run, Step, skip
-from .report import FAIL, PASS, Check
+from ..phase import Run, Step, skip
+from ..report import FAIL, PASS, Check
 
 PHASE = "imports"
 
-# Extra modules imported after the main one, per distribution. A tuple of alternatives names
-# one check: the first that exists is imported (vLLM >= 0.24 ships ``_C_stable_libtorch``).
-EXTRA_MODULES: dict[str, tuple[tuple[str, ...], ...]] = {
-    "vllm": (("vllm._C", "vllm._C_stable_libtorch"),),
-    "verl": (("verl.single_controller",),),
-}
 DRIVER_LIBS = ("libcuda.so", "libamdhip64.so", "libhsa-runtime64.so", "libnvidia-ml.so")
 
 
@@ -38,6 +35,14 @@ def driver_missing(error: str | None) -> str | None:
             if lib in error:
                 return lib
     return None
+
+
+def extra_modules(manifest: dict[str, Any], dist: str) -> tuple[tuple[str, ...], ...]:
+    """The extra modules imported after ``dist``'s (the manifest's ``extensions``): each a
+    tuple of alternatives, one check, the first that exists imported."""
+    entry = (manifest.get("extensions") or {}).get(dist) or ()
+    return tuple(tuple(str(m) for m in c) for c in entry
+                 if isinstance(c, list) and c and all(isinstance(m, str) for m in c))
 
 
 def first_existing(candidates: tuple[str, ...]) -> str:
@@ -110,7 +115,7 @@ def plan(run: Run) -> list[Step]:
             return check
 
         steps.append(Step((f"imports.{dist}",), main))
-        for candidates in EXTRA_MODULES.get(dist, ()):
+        for candidates in extra_modules(run.manifest, dist):
             cid = f"imports.{candidates[0]}"
 
             def sub(r: Run, candidates: tuple[str, ...] = candidates, dist: str = dist,

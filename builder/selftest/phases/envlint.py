@@ -13,9 +13,9 @@ import tempfile
 from dataclasses import dataclass
 from typing import Mapping
 
-from .manifest import truthy
-from .phase import Run, Step
-from .report import FAIL, PASS, WARN, Check
+from ..manifest import truthy
+from ..phase import Run, Step
+from ..report import FAIL, PASS, WARN, Check
 
 PHASE = "env"
 APPTAINER_ENV = "/.singularity.d/env/90-environment.sh"

@@ -14,9 +14,9 @@ import re
 from typing import Any, Callable, Iterable
 
 from . import requires
-from .manifest import declared, pin_matches
-from .phase import Run, Step, skip
-from .report import FAIL, PASS, WARN, Check, threshold
+from ..manifest import declared, pin_matches
+from ..phase import Run, Step, skip
+from ..report import FAIL, PASS, WARN, Check, threshold
 
 PHASE = "versions"
 RAY_MIN = "2.40"

@@ -31,14 +31,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import abiload
-from .abimodel import Process, Unbound, bind, expected_provider, scope_name
+from ..elf import abiload
+from ..elf.abimodel import Process, Unbound, bind, expected_provider, scope_name
 from .coverage import UNOWNED, owners, shared_objects, site_dirs
-from .elfdyn import SEP, DynInfo, relocated
-from .elfread import DevcodeError, elf_header
-from .ldsearch import Searcher, default_dirs, env_paths, load_cache
-from .phase import Run, Step
-from .report import FAIL, PASS, SKIP, WARN, Check
+from ..elf.elfdyn import SEP, DynInfo, relocated
+from ..elf.elfread import DevcodeError, elf_header
+from ..elf.ldsearch import Searcher, default_dirs, env_paths, load_cache
+from ..phase import Run, Step
+from ..report import FAIL, PASS, SKIP, WARN, Check
 
 PHASE = "abi"
 ET_DYN = 3
@@ -52,6 +52,11 @@ DRIVER_LIBS = {
              "libhsa-runtime64.so.1", "libdrm_amdgpu.so.1", "libdrm.so.2",
              "librocm_smi64.so.5", "librocm_smi64.so.6", "librocm_smi64.so.7"),
 }
+NO_LOADER_RULES = (
+    "; the manifest carries no abi_loader rules (an image built before they travelled with it, "
+    "or not built by verl-env): what packages load themselves (torch's CUDA preloads, a "
+    "library loaded before an extension, alternatives of which one is taken) is not modelled, "
+    "so an object that needs such a load may be reported as failing")
 SHOWN = 8  # problems named in a check's reason (all of them are in its value)
 
 
@@ -138,10 +143,12 @@ def torch_libs(roots: list[str]) -> tuple[str | None, list[str]]:
 
 
 def make_process(executable: str, roots: list[str], env: dict[str, str],
-                 search: list[str] | None = None) -> tuple[Process, str]:
+                 search: list[str] | None = None,
+                 preload: abiload.Preload | None = None) -> tuple[Process, str]:
     """The interpreter's process after ``import torch`` (when torch is installed), and where
     the loader's cache came from. ``search``: the interpreter's ``sys.path``, along which torch
-    looks for the CUDA libraries it preloads (default: ``roots`` then this ``sys.path``)."""
+    looks for the CUDA libraries it preloads (default: ``roots`` then this ``sys.path``);
+    ``preload``: the names of torch's preloading (none: no preloads modelled)."""
     header = interpreter_header(executable)
     if header is None:
         raise DevcodeError(f"{executable}: the interpreter is not an ELF file")
@@ -160,7 +167,7 @@ def make_process(executable: str, roots: list[str], env: dict[str, str],
             paths = search if search is not None else roots + [
                 p for p in sys.path if p not in roots]
             proc.preloaded, proc.preload_stop = abiload.torch_preloads(
-                os.path.join(os.path.dirname(os.path.dirname(global_deps))), paths)
+                os.path.join(os.path.dirname(os.path.dirname(global_deps))), paths, preload)
             for lib in proc.preloaded:
                 proc.load(lib, False)
     for path in local:
@@ -181,7 +188,7 @@ def driver_owes(key: bytes, missing: list[str], info: DynInfo) -> str | None:
 def check_object(proc: Process, path: str, res: ObjectResult, drivers: tuple[str, ...],
                  loads: list[tuple[str, bool]] | None = None) -> None:
     """Fill ``res`` for the shared object at ``path`` (a realpath). ``loads``: what its package
-    loads itself first (:data:`.abiload.PACKAGE_LOADS`). An object already loaded (torch's
+    loads itself first (:func:`.abiload.package_loads`). An object already loaded (torch's
     own libraries) is judged in the scope of the load that brought it in."""
     info = proc.dyn(path)
     res.refs = len(info.refs)
@@ -229,12 +236,13 @@ def looked_up(path: str, unbound: set[bytes]) -> set[bytes]:
 
 def scan(roots: list[str], accelerator: str, executable: str = sys.executable,
          env: dict[str, str] | None = None, allow: dict[str, str] | None = None,
-         soabi: str | None = None) -> Scan:
+         soabi: str | None = None, rules: abiload.Rules = abiload.NO_RULES) -> Scan:
     """Check every ELF shared object under ``roots``. ``allow``: the matrix's ``abi_allow``
-    (object glob -> reason); ``soabi``: the interpreter's ``SOABI`` (default: this one's)."""
+    (object glob -> reason); ``soabi``: the interpreter's ``SOABI`` (default: this one's);
+    ``rules``: what the packages load themselves (the manifest's ``abi_loader``)."""
     env = dict(os.environ) if env is None else env
     soabi = soabi or sysconfig.get_config_var("SOABI")
-    proc, source = make_process(executable, roots, env)
+    proc, source = make_process(executable, roots, env, preload=rules.preload)
     out = Scan(roots, loader=loader_facts(proc, env, source))
     drivers = DRIVER_LIBS.get(accelerator, ())
     seen: set[tuple[int, int]] = set()
@@ -258,11 +266,12 @@ def scan(roots: list[str], accelerator: str, executable: str = sys.executable,
                 if abiload.other_interpreter(os.path.basename(rel), soabi):
                     out.other_interpreter.append(rel)
                     continue
-                check_object(proc, real, res, drivers, abiload.package_loads(rel, roots))
+                check_object(proc, real, res, drivers,
+                             abiload.package_loads(rel, roots, rules))
             except (OSError, DevcodeError, struct.error, ValueError) as e:
                 res.problems.append(Problem(rel, "unreadable", str(e) or type(e).__name__))
             out.results.append(res)
-    settle_alternatives(out.results, proc.torch_global)
+    settle_alternatives(out.results, proc.torch_global, rules)
     for r in out.results:
         r.allowed = allowance(r.library, allow or {}) if r.problems else None
     demangle([p for r in out.results for p in r.problems if p.kind == "symbol"])
@@ -275,20 +284,22 @@ def allowance(path: str, allow: dict[str, str]) -> str | None:
                  if fnmatch.fnmatchcase(path, pattern)), None)
 
 
-def settle_alternatives(results: list[ObjectResult], torch_global: str | None) -> None:
-    """Of each set of alternatives (:data:`.abiload.ALTERNATIVES`), only what the package
+def settle_alternatives(results: list[ObjectResult], torch_global: str | None,
+                        rules: abiload.Rules) -> None:
+    """Of each set of alternatives (``rules.alternatives``), only what the package
     loads here is judged: the variant(s) it picks (from torch's version), or, when it takes the
     first that loads, every variant that loads; the others are named as not taken. When no
     variant loads, every variant keeps its problems."""
     torch_dir = os.path.dirname(os.path.dirname(torch_global)) if torch_global else None
     groups: dict[abiload.Alternatives, dict[str, list[ObjectResult]]] = {}
     for r in results:
-        hit = abiload.alternative(r.library)
+        hit = abiload.alternative(r.library, rules)
         if hit:
             groups.setdefault(hit[0], {}).setdefault(hit[1], []).append(r)
     for alt, variants in groups.items():
         loads = {v for v, rs in variants.items() if not any(r.problems for r in rs)}
-        taken = alt.pick(torch_dir) if alt.pick else (loads or set(variants))
+        pick = abiload.picked(alt, torch_dir)
+        taken = pick if pick is not None else (loads or set(variants))
         for v, rs in variants.items():
             if v in taken:
                 continue
@@ -409,13 +420,15 @@ def check_abi(run: Run, roots: list[str] | None = None) -> list[Check]:
     """The phase's one step: scan, then one check per distribution."""
     roots = roots if roots is not None else (run.options.get("abi_roots") or site_dirs())
     t0 = time.monotonic()
-    found = scan(roots, run.accelerator, allow=run.manifest.get("abi_allow") or {})
+    rules = abiload.rules(run.manifest)
+    found = scan(roots, run.accelerator, allow=run.manifest.get("abi_allow") or {}, rules=rules)
     elapsed = time.monotonic() - t0
     dists = sorted({r.dist for r in found.results})
     refs = sum(r.refs for r in found.results)
     value = {"roots": roots, "elf_files": found.elf_files, "objects": len(found.results),
              "symbols": refs, "foreign": found.foreign, "seconds": round(elapsed, 3),
-             "other_interpreter": found.other_interpreter, "loader": found.loader}
+             "other_interpreter": found.other_interpreter, "loader": found.loader,
+             "loader_rules": rules.present}
     reason = (f"{_n(found.elf_files, 'ELF file')}, {len(found.results)} shared objects of "
               f"{_n(len(dists), 'distribution')} checked, {_n(refs, 'undefined symbol')}, "
               f"in {elapsed:.2f} s")
@@ -432,6 +445,8 @@ def check_abi(run: Run, roots: list[str] | None = None) -> list[Check]:
     if found.loader.get("torch_preload_stop"):
         reason += (f" (torch stops preloading at {found.loader['torch_preload_stop']}, which it "
                    "does not find)")
+    if not rules.present:
+        reason += NO_LOADER_RULES
     checks = [Check(f"{PHASE}.scan", PHASE, PASS if found.results else WARN, value=value,
                     duration_s=elapsed, reason=reason if found.results else
                     reason + f"; no shared object under {', '.join(roots) or 'no root'}")]

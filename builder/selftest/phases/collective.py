@@ -13,9 +13,9 @@ from typing import Any
 from .bandwidth import (WARN_FRAC, FAIL_FRAC, decide_busbw, decide_transport,
                         describe_transport, guess_interconnect, lookup_reference,
                         parse_nccl_log)
-from .phase import Run, Step, gpu_skip, rank_timeout, skip
-from .ranks import decide_allreduce, spawn_local
-from .report import Check
+from ..phase import Run, Step, gpu_skip, rank_timeout, skip
+from ..launch.ranks import decide_allreduce, spawn_local
+from ..report import Check
 
 PHASE = "collective"
 IDS = ("collective.nccl_allreduce", "collective.busbw", "collective.transport")

@@ -12,8 +12,8 @@ import os
 import re
 from typing import Any, Iterable
 
-from . import BW_REF_SCHEMA
-from .report import FAIL, PASS, SKIP, WARN, Check, threshold
+from .. import BW_REF_SCHEMA
+from ..report import FAIL, PASS, SKIP, WARN, Check, threshold
 
 DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bw_ref.json")
 WARN_FRAC, FAIL_FRAC = 0.9, 0.75

@@ -1,0 +1,1 @@
+"""What the self-test reads of ELF files and how the dynamic loader would resolve them (stdlib only): ELF headers and dynamic sections, the loader's search, CUDA fatbins and HIP offload bundles, the device code they carry, and the process model the ABI phase judges in."""
