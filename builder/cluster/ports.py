@@ -5,12 +5,9 @@ sharing a node do not share ports (``port_slots``, :func:`port_span`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from builder.errors import SlurmError
-
-if TYPE_CHECKING:
-    from builder.cluster.job import SlurmJob
 
 
 @dataclass(frozen=True)
@@ -61,7 +58,20 @@ SHARED_SELFTEST_PORT = 20003
 PORT_CEILING = 32767
 
 
-def port_claims(job: SlurmJob) -> list[tuple[int, str]]:
+class PortedJob(Protocol):
+    """What of a job its ports depend on (:class:`builder.cluster.job.SlurmJob` has it)."""
+
+    target: str
+    nodes: int | None
+    port_stride: int
+    port_slots: int | None
+    selftest_port: int | None
+
+    @property
+    def ports(self) -> RayPorts: ...
+
+
+def port_claims(job: PortedJob) -> list[tuple[int, str]]:
     """Every port the job opens before its job-id shift, with what opens it."""
     ports = job.ports
     claims = [(p, f"head {n}") for n, p in ports.head_only().items()]
@@ -72,13 +82,13 @@ def port_claims(job: SlurmJob) -> list[tuple[int, str]]:
     return claims
 
 
-def port_span(job: SlurmJob) -> int:
+def port_span(job: PortedJob) -> int:
     """How far apart two jobs' port blocks are: the span of the job's ports."""
     claimed = [p for p, _ in port_claims(job)]
     return max(claimed) - min(claimed) + 1
 
 
-def slot_count(job: SlurmJob) -> int:
+def slot_count(job: PortedJob) -> int:
     """How many job-id slots fit between the job's ports and PORT_CEILING (at least 1)."""
     try:
         top = max(p for p, _ in port_claims(job))
@@ -87,7 +97,7 @@ def slot_count(job: SlurmJob) -> int:
         return 1
 
 
-def check_ports(job: SlurmJob) -> None:
+def check_ports(job: PortedJob) -> None:
     ports = job.ports
     seen: dict[int, str] = {}
     if ports.min_worker > ports.max_worker:
@@ -108,5 +118,5 @@ def check_ports(job: SlurmJob) -> None:
 
 
 
-def _fail(message: str, job: SlurmJob) -> SlurmError:
+def _fail(message: str, job: PortedJob) -> SlurmError:
     return SlurmError(message, target=job.target)

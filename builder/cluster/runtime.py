@@ -6,13 +6,17 @@ each takes and the SIF cache's file name."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from builder.errors import SlurmError
 from builder.matrix.families import FAMILIES
 
-if TYPE_CHECKING:
-    from builder.cluster.job import SlurmJob
+
+class RuntimeJob(Protocol):
+    """What of a job its devices depend on (:class:`builder.cluster.job.SlurmJob` has it)."""
+
+    family: str
+    runtime: str
 
 RUNTIMES = ("apptainer", "singularity", "pyxis", "ch-run")
 #: The template part (``job/runtime/<part>.j2``) of each runtime.
@@ -53,7 +57,7 @@ def pyxis_image(source: str) -> str:
     return ref
 
 
-def job_devices(job: SlurmJob) -> tuple[str, ...]:
+def job_devices(job: RuntimeJob) -> tuple[str, ...]:
     """Device paths bound into the container when a node has them. ch-run shares the host's
     /dev; pyxis leaves NVIDIA GPUs and InfiniBand to enroot's hooks."""
     profile = FAMILIES[job.family]
