@@ -10,7 +10,10 @@ list of its files, :func:`copy_selftest` writes them to a directory."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+from builder import catalog
 
 PACKAGE = Path(__file__).resolve().parent
 
@@ -32,11 +35,19 @@ def selftest_dir() -> Path:
     return PACKAGE / "selftest"
 
 
+# The shipped catalogue's ABI loader rules, carried with the self-test: the ABI phase falls back
+# on them when it holds an image whose manifest has none (built before the rules travelled in
+# the manifest, or not by verl-env).
+LOADER_RULES = "loader_rules.json"
+
+
 def selftest_files() -> list[tuple[str, bytes]]:
     """The self-test payload: (path relative to the package, content), sorted; no byte code."""
     root = selftest_dir()
-    return [(str(p.relative_to(root)), p.read_bytes()) for p in sorted(root.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+    files = [(str(p.relative_to(root)), p.read_bytes()) for p in sorted(root.rglob("*"))
+             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+    rules = json.dumps(catalog.shipped().abi_loader(), indent=1, sort_keys=True) + "\n"
+    return sorted([*files, (LOADER_RULES, rules.encode())])
 
 
 def copy_selftest(dest: Path) -> Path:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -141,6 +141,28 @@ class Catalog:
     def with_block(self) -> dict[str, str]:
         """distribution -> its source-build block."""
         return {n: d.block for n, d in self.distributions.items() if d.block}
+
+    def abi_loader(self, names: Iterable[str] | None = None) -> dict[str, Any]:
+        """The ABI loader rules of the distributions ``names`` (None: every one), merged as
+        the image manifest's ``abi_loader`` section: ``loads`` (object glob -> libraries
+        loaded first), ``alternatives`` (each with its ``package``) and torch's ``preload``
+        names; {} when none has rules."""
+        loads: dict[str, list[dict[str, Any]]] = {}
+        alternatives: list[dict[str, Any]] = []
+        preload: dict[str, str] = {}
+        for name in sorted(set(self.distributions if names is None else names)):
+            d = self.get(name)
+            if d is None or not d.abi:
+                continue
+            for pattern, libs in d.abi.get("loads", {}).items():
+                loads.setdefault(pattern, []).extend(
+                    {"lib": [lib["lib"]] if isinstance(lib["lib"], str) else list(lib["lib"]),
+                     "global": lib["global"]} for lib in libs)
+            alternatives += [{"package": name, **alt} for alt in d.abi.get("alternatives", ())]
+            preload.update(d.abi.get("preload", {}))
+        return {**({"loads": loads} if loads else {}),
+                **({"alternatives": alternatives} if alternatives else {}),
+                **({"preload": preload} if preload else {})}
 
     def engine_names(self) -> tuple[str, ...]:
         return tuple(n for n, e in self.engines.items() if e.installable)

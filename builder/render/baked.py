@@ -37,7 +37,7 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
                if cat.imported(p.name) or p.import_name}
     extensions = {n: [list(c) for c in d.extensions] for n in imports
                   if (d := cat.get(n)) is not None and d.extensions}
-    loader = abi_loader(cat, {*pins, *provided, *installed})
+    loader = cat.abi_loader({*pins, *provided, *installed})
     return {
         "schema": MANIFEST_SCHEMA, "target": target.name, "accelerator": target.accelerator,
         "arch": target.arch, "python": target.python, "cuda": target.cuda, "rocm": target.rocm,
@@ -62,28 +62,6 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
         "matrix_hash": matrix_hash, "lock_hash": lock_hash, "override": target.override,
         **({"base": vendor_base.manifest_section(target, base_record)} if base_record else {}),
     }
-
-
-def abi_loader(cat: catalog.Catalog, names: Iterable[str]) -> dict[str, Any]:
-    """The catalogue's ABI loader rules of the distributions ``names``, merged: ``loads``
-    (object glob -> libraries loaded first), ``alternatives`` (each with its ``package``) and
-    torch's ``preload`` names; {} when none has rules."""
-    loads: dict[str, list[dict[str, Any]]] = {}
-    alternatives: list[dict[str, Any]] = []
-    preload: dict[str, str] = {}
-    for name in sorted(set(names)):
-        d = cat.get(name)
-        if d is None or not d.abi:
-            continue
-        for pattern, libs in d.abi.get("loads", {}).items():
-            loads.setdefault(pattern, []).extend(
-                {"lib": [lib["lib"]] if isinstance(lib["lib"], str) else list(lib["lib"]),
-                 "global": lib["global"]} for lib in libs)
-        alternatives += [{"package": name, **alt} for alt in d.abi.get("alternatives", ())]
-        preload.update(d.abi.get("preload", {}))
-    return {**({"loads": loads} if loads else {}),
-            **({"alternatives": alternatives} if alternatives else {}),
-            **({"preload": preload} if preload else {})}
 
 
 def labels(target: Target, matrix_hash: str, lock_hash: str, ca_hash: str | None,

@@ -68,10 +68,9 @@ def catalog_manifest() -> dict[str, Any]:
     """The manifest sections the build carries from its catalogue for every catalogued
     distribution: ``abi_loader`` (what packages load themselves) and ``extensions``."""
     from builder import catalog
-    from builder.render.baked import abi_loader
 
     cat = catalog.shipped()
-    return {"abi_loader": abi_loader(cat, cat.distributions),
+    return {"abi_loader": cat.abi_loader(),
             "extensions": {n: [list(c) for c in d.extensions]
                            for n, d in cat.distributions.items() if d.extensions}}
 

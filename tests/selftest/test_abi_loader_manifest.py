@@ -9,7 +9,7 @@ from pathlib import Path
 
 from builder import catalog
 from builder.matrix.spec import load_matrix
-from builder.render.baked import abi_loader, manifest
+from builder.render.baked import manifest
 from builder.selftest.elf import abiload
 from builder.selftest.phases import imports
 from builder.selftest.manifest import load_manifest
@@ -41,7 +41,7 @@ def test_only_the_installed_distributions_rules_travel(tmp_path: Path) -> None:
 def test_te_rules_keep_the_loaders_order() -> None:
     """TE's torch extension: the five CUDA libraries (YAML anchors shared with the core
     library's rule), then the core library."""
-    loader = abi_loader(catalog.shipped(), ["transformer-engine-cu13",
+    loader = catalog.shipped().abi_loader(["transformer-engine-cu13",
                                             "transformer-engine-torch"])
     core = loader["loads"]["transformer_engine/wheel_lib/libtransformer_engine.so"]
     ext = loader["loads"]["transformer_engine/wheel_lib/transformer_engine_torch*.so"]
@@ -54,4 +54,4 @@ def test_te_rules_keep_the_loaders_order() -> None:
 def test_a_manifest_without_rules_or_extensions() -> None:
     assert abiload.rules({"imports": {}}) is abiload.NO_RULES
     assert imports.extra_modules({"imports": {"vllm": "vllm"}}, "vllm") == ()
-    assert abi_loader(catalog.shipped(), ["verl", "ray"]) == {}
+    assert catalog.shipped().abi_loader(["verl", "ray"]) == {}

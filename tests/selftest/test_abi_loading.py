@@ -7,12 +7,14 @@ matrix's reviewed ``abi_allow``."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from builder import catalog, shipped
 from builder.selftest.elf import abiload, abimodel
 
 from builder.selftest.phases import abi
@@ -142,7 +144,7 @@ def test_a_load_rule_added_only_in_the_manifest_makes_an_extension_loadable(
 
     with_rule = run({"abi_loader": rule})
     assert with_rule["abi.newpkg"].status == PASS, with_rule["abi.newpkg"].reason
-    assert with_rule["abi.scan"].value["loader_rules"] is True
+    assert with_rule["abi.scan"].value["loader_rules"] == "manifest"
     assert "no abi_loader rules" not in with_rule["abi.scan"].reason
     c = run({"abi_loader": {}})["abi.newpkg"]
     assert c.status == FAIL and "needs libtvm_ffi.so, which the loader cannot find" in c.reason
@@ -150,6 +152,37 @@ def test_a_load_rule_added_only_in_the_manifest_makes_an_extension_loadable(
     assert bare["abi.newpkg"].status == FAIL
     assert bare["abi.scan"].value["loader_rules"] is False
     assert "the manifest carries no abi_loader rules" in bare["abi.scan"].reason
+
+
+def test_without_manifest_rules_the_payloads_copy_of_the_catalogue_is_used(
+        objs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image whose manifest has no ``abi_loader`` (built before the rules travelled with
+    it, or not by verl-env) is held with the catalogue's rules the self-test was shipped with
+    (``loader_rules.json`` in its payload, :func:`builder.shipped.selftest_files`); a manifest
+    that has the section, even empty, is taken as it is."""
+    members = {"newpkg": {"newpkg/_bindings.so": "needs_tvm"},
+               "newpkg-runtime": {"newpkg_rt/lib/libtvm_ffi.so": "tvm"}}
+    site = fx.loading_site(objs, tmp_path, members)
+    payload = tmp_path / "loader_rules.json"
+    payload.write_text(json.dumps({"loads": {"newpkg/*.so": [
+        {"lib": ["newpkg_rt/lib/libtvm_ffi.so"], "global": True}]}}))
+    monkeypatch.setattr(abi, "PAYLOAD_RULES", str(payload))
+
+    def run(manifest: dict) -> dict:
+        r = abi.Run({"manifest": {"accelerator": "cuda", **manifest}, "options": {}})
+        return {c.id: c for c in abi.check_abi(r, [str(site)])}
+
+    bare = run({})
+    assert bare["abi.newpkg"].status == PASS, bare["abi.newpkg"].reason
+    assert bare["abi.scan"].value["loader_rules"] == abi.PAYLOAD
+    assert "the catalogue's rules shipped with this self-test were used" in bare["abi.scan"].reason
+    assert run({"abi_loader": {}})["abi.newpkg"].status == FAIL
+
+
+def test_the_payload_carries_the_catalogues_loader_rules() -> None:
+    files = dict(shipped.selftest_files())
+    assert json.loads(files[shipped.LOADER_RULES]) == catalog.shipped().abi_loader()
+    assert list(files) == sorted(files)
 
 
 def test_rules_read_from_a_manifest_leave_malformed_entries_out() -> None:

@@ -21,6 +21,7 @@ expected to provide it, a library the loader cannot find, or a version a library
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import shutil
 import struct
@@ -52,6 +53,12 @@ DRIVER_LIBS = {
              "libhsa-runtime64.so.1", "libdrm_amdgpu.so.1", "libdrm.so.2",
              "librocm_smi64.so.5", "librocm_smi64.so.6", "librocm_smi64.so.7"),
 }
+PAYLOAD = "self-test payload"
+PAYLOAD_RULES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "loader_rules.json")
+FALLBACK_RULES = ("; the manifest carries no abi_loader rules (an image built before they "
+                  "travelled with it, or not built by verl-env): the catalogue's rules shipped "
+                  "with this self-test were used")
 NO_LOADER_RULES = (
     "; the manifest carries no abi_loader rules (an image built before they travelled with it, "
     "or not built by verl-env): what packages load themselves (torch's CUDA preloads, a "
@@ -416,11 +423,26 @@ def decide_driver(results: list[ObjectResult]) -> Check | None:
                  reason="resolved at run time by the driver: " + "; ".join(parts))
 
 
+def loader_rules(manifest: dict[str, Any]) -> tuple[abiload.Rules, str | None]:
+    """The loader rules the phase uses and where they came from: the manifest's, else the
+    catalogue's copy this self-test was shipped with (``loader_rules.json`` beside the package;
+    absent when it runs from a source tree), else none."""
+    rules = abiload.rules(manifest)
+    if rules.present:
+        return rules, "manifest"
+    try:
+        with open(PAYLOAD_RULES, encoding="utf-8") as f:
+            shipped = abiload.rules({"abi_loader": json.load(f)})
+    except (OSError, ValueError):
+        return rules, None
+    return (shipped, PAYLOAD) if shipped.present else (rules, None)
+
+
 def check_abi(run: Run, roots: list[str] | None = None) -> list[Check]:
     """The phase's one step: scan, then one check per distribution."""
     roots = roots if roots is not None else (run.options.get("abi_roots") or site_dirs())
     t0 = time.monotonic()
-    rules = abiload.rules(run.manifest)
+    rules, source = loader_rules(run.manifest)
     found = scan(roots, run.accelerator, allow=run.manifest.get("abi_allow") or {}, rules=rules)
     elapsed = time.monotonic() - t0
     dists = sorted({r.dist for r in found.results})
@@ -428,7 +450,7 @@ def check_abi(run: Run, roots: list[str] | None = None) -> list[Check]:
     value = {"roots": roots, "elf_files": found.elf_files, "objects": len(found.results),
              "symbols": refs, "foreign": found.foreign, "seconds": round(elapsed, 3),
              "other_interpreter": found.other_interpreter, "loader": found.loader,
-             "loader_rules": rules.present}
+             "loader_rules": source or False}
     reason = (f"{_n(found.elf_files, 'ELF file')}, {len(found.results)} shared objects of "
               f"{_n(len(dists), 'distribution')} checked, {_n(refs, 'undefined symbol')}, "
               f"in {elapsed:.2f} s")
@@ -445,7 +467,9 @@ def check_abi(run: Run, roots: list[str] | None = None) -> list[Check]:
     if found.loader.get("torch_preload_stop"):
         reason += (f" (torch stops preloading at {found.loader['torch_preload_stop']}, which it "
                    "does not find)")
-    if not rules.present:
+    if source == PAYLOAD:
+        reason += FALLBACK_RULES
+    elif not rules.present:
         reason += NO_LOADER_RULES
     checks = [Check(f"{PHASE}.scan", PHASE, PASS if found.results else WARN, value=value,
                     duration_s=elapsed, reason=reason if found.results else
