@@ -18,8 +18,8 @@ from packaging.utils import canonicalize_name
 from builder import catalog, yamldoc
 from builder.errors import SpecError
 from builder.matrix import grammar
-from builder.matrix import layers
-from builder.matrix.layers import Layer
+from builder.matrix import stack_layer
+from builder.matrix.stack_layer import Layer
 from builder.matrix.overrides import Override
 
 ARCHES = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
@@ -132,7 +132,7 @@ class Target:
     # packages declare, each with its reason; uv's --override in `build-env lock`.
     overrides: tuple[Override, ...] = ()
     # The stack layer the target switches on (the catalogue's ``layers:``, named by its matrix
-    # key; builder.matrix.layers); its packages are in ``packages`` already.
+    # key; builder.matrix.stack_layer); its packages are in ``packages`` already.
     layer: Layer | None = None
 
     @property
@@ -232,16 +232,16 @@ def with_layer(t: dict[str, Any], key: str, lines: dict[str, int]
     layer, by its matrix key): a package the target pins itself wins; each added one reports
     the layer key's line (recorded in ``lines``). The layer is read here, beside the field that
     holds it."""
-    named = [n for n in layers.names() if t.get(n) is not None]
+    named = [n for n in stack_layer.names() if t.get(n) is not None]
     if not named:
         return t["packages"], None
     if len(named) > 1:
         raise LayerProblem(f"{key}.{named[1]}", f"one stack layer per target (also: {named[0]})")
     name = named[0]
     try:
-        layer = layers.parse(t[name], name)
-        added = layers.packages(layer, None if t.get("cuda") is None else str(t["cuda"]))
-    except layers.LayerError as exc:
+        layer = stack_layer.parse(t[name], name)
+        added = stack_layer.packages(layer, None if t.get("cuda") is None else str(t["cuda"]))
+    except stack_layer.LayerError as exc:
         raise LayerProblem(f"{key}.{name}" + (f".{exc.key}" if exc.key else ""),
                            str(exc)) from None
     if not isinstance(t["packages"], dict):
@@ -259,5 +259,5 @@ def with_layer(t: dict[str, Any], key: str, lines: dict[str, int]
             out[pname] = {"import": value["import"],
                           **(mine if isinstance(mine, dict) else {"version": mine})}
     if "verl" in out:
-        out["verl"] = layers.verl_value(out["verl"], layer.extra)
+        out["verl"] = stack_layer.verl_value(out["verl"], layer.extra)
     return out, layer

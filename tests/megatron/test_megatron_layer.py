@@ -1,4 +1,4 @@
-"""The Megatron layer as matrix data (the catalogue's layers: megatron:, builder.matrix.layers): a target switches it on with
+"""The Megatron layer as matrix data (the catalogue's layers: megatron:, builder.matrix.stack_layer): a target switches it on with
 ``megatron:``; it adds verl's mcore extra, megatron-core, mbridge and TransformerEngine's three
 distributions; bad entries are refused naming file:line:key; `check` and `list` see it."""
 
