@@ -160,7 +160,7 @@ def check_nccl_env(env: Mapping[str, str], sysfs: Path) -> list[Finding]:
 
 
 # The node checks the self-test also runs inside the image, reused here with the same ids and
-# the same wording (builder/selftest/envlint.py, preflight.py, gpu.py); the doctor adds a fix.
+# the same wording (builder/selftest/phases/envlint.py, preflight.py, gpu.py); the doctor adds a fix.
 FIXES = {
     "env.hip_cuda_visible_devices": 'export HIP_VISIBLE_DEVICES="$CUDA_VISIBLE_DEVICES"',
     "env.rocr_visible_devices": 'export HIP_VISIBLE_DEVICES="$ROCR_VISIBLE_DEVICES"; '

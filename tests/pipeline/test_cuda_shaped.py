@@ -144,7 +144,7 @@ def test_changing_one_source_rebuilds_only_its_own_stage(built: dict, site: Path
 
 
 def test_one_gpu_too_many_is_refused_naming_the_so(built: dict, site: Path) -> None:
-    """The device-code coverage phase (builder/selftest/coverage.py): the image compiled for
+    """The device-code coverage phase (builder/selftest/phases/coverage.py): the image compiled for
     sm_80/sm_90, held to a target that also declares sm_103, fails a ``coverage.*`` check
     naming the extension's shared object."""
     proc = run_build_env("verify", f"verl-env:{TARGET}", "--target",

@@ -1,4 +1,4 @@
-"""The ABI phase (``builder/selftest/abi.py``): the pure rules on synthetic data, then shared
+"""The ABI phase (``builder/selftest/phases/abi.py``): the pure rules on synthetic data, then shared
 objects compiled here (``abifixture``): an extension built against one ``libc10.so`` beside
 another fails naming the distribution, the ``.so``, the demangled symbol and the library; the
 same tree with the matching library passes; versions a library lacks are caught; the driver's

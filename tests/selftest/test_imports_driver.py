@@ -1,4 +1,4 @@
-"""The imports phase at the GPU driver boundary (builder/selftest/imports.py): a manifest
+"""The imports phase at the GPU driver boundary (builder/selftest/phases/imports.py): a manifest
 import whose top-level module loads a GPU extension (``import sgl_kernel`` needs
 ``libcuda.so.1``) is a skip naming that library where no GPU is expected, and a failure where
 GPUs are expected; any other import error stays a failure. The modules are real files on a

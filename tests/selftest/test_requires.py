@@ -1,4 +1,4 @@
-"""The gate's requirement check (builder/selftest/requires.py, issue 31 item 1) on real
+"""The gate's requirement check (builder/selftest/phases/requires.py, issue 31 item 1) on real
 dist-info directories read by importlib.metadata: every installed distribution's requirements
 hold, and the manifest's reviewed override is the only accepted exception."""
 
