@@ -49,24 +49,10 @@ TARGET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 def load_matrix(path: str | Path) -> Matrix:
     """Parse and validate a matrix file. Raises :class:`SpecError` naming file:line:key."""
     path = Path(path)
-    file = str(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SpecError(f"cannot read matrix: {exc.strerror}", file=file) from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise SpecError(f"not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r})",
-                        file=file, line=line) from None
-    node = yamldoc.compose(text, file)
-    if node is None:
-        raise SpecError("empty matrix file", file=file)
-    lines: dict[str, int] = {}
-    raw = yamldoc.plain(node, "", lines, file)
+    doc = yamldoc.read(path, "matrix")
+    file, raw, lines = doc.file, doc.data, doc.lines
     ctx = Ctx(file, lines)
-    yamldoc.validate(yamldoc.Doc(file, raw, lines), schema())  # the shape: matrix.schema.json
+    yamldoc.validate(doc, schema())  # the shape: matrix.schema.json
     targets_raw: dict[str, Any] = raw["targets"]
     defaults: dict[str, Any] = raw.get("defaults") or {}
     targets: dict[str, Target] = {}
