@@ -173,7 +173,7 @@ class _FakeRay:
 
 
 def test_emulated_ray_start_gets_more_attempts_only_on_a_startup_timeout() -> None:
-    from builder.selftest.phases.rayphase import init_ray
+    from builder.selftest.phases.rayphase import EMULATED_ATTEMPTS, init_ray
 
     ray = _FakeRay(1)
     assert "started on attempt 2" in init_ray(ray, "/t", 0, 10.0)
@@ -183,9 +183,10 @@ def test_emulated_ray_start_gets_more_attempts_only_on_a_startup_timeout() -> No
         init_ray(_FakeRay(1), "/t", 0, 1.0)  # native: no second attempt
     with pytest.raises(Exception, match="boom"):
         init_ray(_FakeRay(1, "boom"), "/t", 0, 10.0)  # not a startup timeout
-    assert "started on attempt 4" in init_ray(_FakeRay(3), "/t", 0, 10.0)
-    with pytest.raises(Exception, match="timed out during startup"):
-        init_ray(_FakeRay(4), "/t", 0, 10.0)
+    last = EMULATED_ATTEMPTS
+    assert f"started on attempt {last}" in init_ray(_FakeRay(last - 1), "/t", 0, 10.0)
+    with pytest.raises(Exception, match=f"each of {last} starts timed out during startup"):
+        init_ray(_FakeRay(last), "/t", 0, 10.0)
 
 
 def test_raylet_alive_reads_proc(tmp_path: Path) -> None:
