@@ -124,10 +124,6 @@ class Catalog:
         d = self.distributions.get(name)
         return d.module if d else name.replace("-", "_")
 
-    def is_named(self, name: str) -> bool:
-        """Whether the catalogue knows the distribution (the gate imports what it knows)."""
-        return name in self.distributions
-
     def imported(self, name: str) -> bool:
         """Whether the gate imports the distribution when a target pins or provides it (its
         entry names an ``import``; an entry kept only for its ABI rules does not)."""
@@ -137,10 +133,6 @@ class Catalog:
     def prominent(self) -> frozenset[str]:
         """The distributions an SBOM summary shows first."""
         return frozenset(n for n, d in self.distributions.items() if d.sbom == "prominent")
-
-    def with_block(self) -> dict[str, str]:
-        """distribution -> its source-build block."""
-        return {n: d.block for n, d in self.distributions.items() if d.block}
 
     def abi_loader(self, names: Iterable[str] | None = None) -> dict[str, Any]:
         """The ABI loader rules of the distributions ``names`` (None: every one), merged as
