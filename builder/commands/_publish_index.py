@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.publish import index as lib
+from builder.publish import transfer
 from builder.gate import verdicts
 from builder.commands import _shared
 from builder.engine import Engine
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace, targets: list[str]) -> int:
     problem = lib.refusal(chosen, require)
     if problem is not None:  # known here: the registry is not even asked
         raise problem
-    lib.preflight(args.registry, insecure=args.insecure, attempts=max(1, min(args.attempts, 2)))
+    transfer.preflight(args.registry, insecure=args.insecure, attempts=max(1, min(args.attempts, 2)))
     record = lib.publish_index(
         engine, chosen, args.registry, tag=args.tag,
         record_path=args.record or Path("build") / args.tag / "publish-index.json",
