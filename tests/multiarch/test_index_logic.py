@@ -126,3 +126,27 @@ def test_index_options_that_cannot_apply_are_usage_errors(extra: tuple[str, ...]
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and says in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_members_with_passing_verdicts_reach_the_registry_preflight(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Past the refusals, the registry is asked before anything is pushed: with nothing
+    listening on port 1 that is a PublishError naming the registry (the multi-platform publish
+    once died here with AttributeError). The engine and the two images are stand-ins: what is
+    tested is the command's order, not Docker (the real publish is in test_index_publish.py)."""
+    import argparse
+
+    from builder.commands import _publish_index
+    from builder.errors import PublishError
+
+    chosen = [_member("cpu-x", AMD, "amd64", verdict_record(target="cpu-x")),
+              _member("cpu-arm64", ARM, "arm64", verdict_record())]
+    monkeypatch.setattr(_publish_index, "members", lambda args, targets: (object(), chosen))
+    pushed: list[str] = []
+    monkeypatch.setattr(_publish_index.lib, "publish_index", lambda *a, **k: pushed.append("x"))
+    args = argparse.Namespace(tag="s", force=False, sif=None, sif_tag=None, attach=False,
+                              sign_key=tmp_path / "k", report=None, require="build",
+                              registry="127.0.0.1:1/x", insecure=True, attempts=1)
+    with pytest.raises(PublishError, match="127.0.0.1:1"):
+        _publish_index.run(args, ["cpu-x", "cpu-arm64"])
+    assert pushed == []
