@@ -128,6 +128,9 @@ class Target:
     # (relative to the site directory) -> what is lost without the library it cannot load
     # (a system library the image does not ship, for an optional path of the package).
     abi_allow: tuple[tuple[str, str], ...] = ()
+    # Reviewed exceptions to the gate's one-owner-per-file check (abi.records): a path glob
+    # (relative to the site directory) two distributions' RECORDs may both claim -> why.
+    record_shared: tuple[tuple[str, str], ...] = ()
     # Reviewed dependency overrides (builder.matrix.overrides): a version forced over what other
     # packages declare, each with its reason; uv's --override in `build-env lock`.
     overrides: tuple[Override, ...] = ()
@@ -192,6 +195,7 @@ class Target:
             **({"build_tools": list(self.build_tools)} if self.build_tools else {}),
             **({"coverage_allow": dict(self.coverage_allow)} if self.coverage_allow else {}),
             **({"abi_allow": dict(self.abi_allow)} if self.abi_allow else {}),
+            **({"record_shared": dict(self.record_shared)} if self.record_shared else {}),
             **({"overrides": {o.name: o.to_value() for o in self.overrides}}
                if self.overrides else {}),
             **({self.layer.name: dict(self.layer.value)} if self.layer else {}),

@@ -25,6 +25,7 @@ from builder.matrix.fields import (
 )
 from builder.matrix.model import LayerProblem, Package, Target, engine_distributions, with_layer
 from builder.matrix.overrides import Override
+from builder.selftest.phases import allowpath
 
 # The matrix's shape (types, allowed and required keys, enumerations): what `check` validates
 # against first, and what editors complete from (the modeline `build-env init` writes).
@@ -84,6 +85,8 @@ def read_target(ctx: Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
                     coverage_allow=_coverage_allow(ctx, accel, t.get("coverage_allow"),
                                                    f"{key}.coverage_allow", name),
                     abi_allow=_abi_allow(ctx, t.get("abi_allow"), f"{key}.abi_allow", name),
+                    record_shared=_allowances(ctx, t.get("record_shared"),
+                                              f"{key}.record_shared", name, _RECORD),
                     overrides=_overrides(ctx, t.get("overrides"), f"{key}.overrides", name,
                                          packages),
                     layer=layer)
@@ -116,6 +119,8 @@ _COVERAGE = _Allowance("library globs", "may lack code for a declared GPU", "lib
                        "why this library may lack code for a declared GPU")
 _ABI = _Allowance("shared-object globs", "may not load in the image", "shared objects",
                   "what the object needs that the image lacks, and what is lost")
+_RECORD = _Allowance("path globs", "may be claimed by two distributions' RECORDs", "files",
+                     "which distributions claim the path, and why both may")
 
 
 def _coverage_allow(ctx: Ctx, accel: str, value: Any, key: str, name: str
@@ -135,8 +140,9 @@ def _abi_allow(ctx: Ctx, value: Any, key: str, name: str) -> tuple[tuple[str, st
 
 def _allowances(ctx: Ctx, value: Any, key: str, name: str, kind: _Allowance
                 ) -> tuple[tuple[str, str], ...]:
-    """A reviewed exception list ``{GLOB: REASON}``: each glob names objects (not everything),
-    each reason is words on one line; both held to their grammars."""
+    """A reviewed exception list ``{GLOB: REASON}``: each glob names objects of one package
+    (anchored: builder.selftest.phases.allowpath, the self-test's own matcher), each reason is
+    words on one line; both held to their grammars."""
     if value is None:
         return ()
     if not isinstance(value, dict) or not value:
@@ -148,6 +154,9 @@ def _allowances(ctx: Ctx, value: Any, key: str, name: str, kind: _Allowance
             raise ctx.error(f"{key}.{glob}", f"a glob must name {kind.objects} (not match "
                                              "everything)", name)
         ctx.checked(grammar.path, glob, f"{key}.{glob}")
+        unanchored = allowpath.problem(glob)
+        if unanchored:
+            raise ctx.error(f"{key}.{glob}", unanchored, name)
         if isinstance(why, str):
             ctx.checked(grammar.plain, why, f"{key}.{glob}")
         if not isinstance(why, str) or len(why.strip()) < 10:

@@ -48,6 +48,7 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
         "gpus": list(target.gpus),
         **({"coverage_allow": dict(target.coverage_allow)} if target.coverage_allow else {}),
         **({"abi_allow": dict(target.abi_allow)} if target.abi_allow else {}),
+        **({"record_shared": dict(target.record_shared)} if target.record_shared else {}),
         # what the installed packages load themselves (the catalogue's abi rules): the self-test
         # keeps only the loader's mechanics
         **({"abi_loader": loader} if loader else {}),

@@ -50,17 +50,19 @@ def parse_manifest(data: Any, path: str = "manifest.json") -> dict[str, Any]:
     out.setdefault("cuda", None)
     out.setdefault("rocm", None)
     out["gpus"] = parse_gpus(data.get("gpus"), acc, path)
-    allow = data.get("coverage_allow") or {}
+    for key, what in (("coverage_allow", "library globs"), ("abi_allow", "shared-object globs"),
+                      ("record_shared", "path globs")):
+        out[key] = _allowances(data.get(key), key, what, path)
+    return out
+
+
+def _allowances(raw: Any, key: str, what: str, path: str) -> dict[str, str]:
+    """A reviewed allowance map (``{GLOB: REASON}``, matched by :mod:`.phases.allowpath`)."""
+    allow = raw or {}
     if not isinstance(allow, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                               for k, v in allow.items()):
-        raise ManifestError(f"{path}: 'coverage_allow' must map library globs to reasons")
-    out["coverage_allow"] = dict(allow)
-    abi_allow = data.get("abi_allow") or {}
-    if not isinstance(abi_allow, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                  for k, v in abi_allow.items()):
-        raise ManifestError(f"{path}: 'abi_allow' must map shared-object globs to reasons")
-    out["abi_allow"] = dict(abi_allow)
-    return out
+        raise ManifestError(f"{path}: '{key}' must map {what} to reasons")
+    return dict(allow)
 
 
 _GPU_ID = {"cuda": (re.compile(r"^sm_\d{2,3}[af]?$"), "sm_XY (e.g. sm_90, sm_100)"),

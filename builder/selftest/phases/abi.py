@@ -20,7 +20,6 @@ expected to provide it, a library the loader cannot find, or a version a library
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..elf import abiload
+from . import allowpath, records
 from ..elf.abimodel import Process, Unbound, bind, expected_provider, scope_name
 from .coverage import UNOWNED, owners, shared_objects, site_dirs
 from ..elf.elfdyn import SEP, DynInfo, relocated
@@ -286,9 +286,30 @@ def scan(roots: list[str], accelerator: str, executable: str = sys.executable,
 
 
 def allowance(path: str, allow: dict[str, str]) -> str | None:
-    """The reason of the first ``abi_allow`` glob that matches the object's path."""
-    return next((why for pattern, why in sorted(allow.items())
-                 if fnmatch.fnmatchcase(path, pattern)), None)
+    """The reason of the first ``abi_allow`` glob that matches the object's path (a glob's
+    ``*`` stays within one path segment: :mod:`.allowpath`)."""
+    return allowpath.reason(path, allow)
+
+
+def decide_allowances(results: list[ObjectResult], allow: dict[str, str],
+                      strict: bool) -> Check | None:
+    """``abi.allowances``: every ``abi_allow`` entry must excuse an object that would fail
+    here (one with problems); one that excuses none is stale: a warning naming it, a failure
+    under ``--strict``. None when the matrix allows nothing."""
+    if not allow:
+        return None
+    cid = f"{PHASE}.allowances"
+    excused = [r.library for r in results if r.problems]
+    old = allowpath.stale(allow, excused)
+    value = {"allowances": len(allow), "stale": old,
+             "excused": sorted(r.library for r in results if r.problems and r.allowed)}
+    if old:
+        return Check(cid, PHASE, FAIL if strict else WARN, value=value,
+                     reason=allowpath.stale_text("abi_allow", old, "object that fails to load")
+                     + (" (--strict)" if strict else ""))
+    return Check(cid, PHASE, PASS, value=value,
+                 reason=f"abi_allow: {len(allow)} of {len(allow)} entries excuse an object "
+                        "that would fail here")
 
 
 def settle_alternatives(results: list[ObjectResult], torch_global: str | None,
@@ -477,7 +498,9 @@ def check_abi(run: Run, roots: list[str] | None = None) -> list[Check]:
     driver = decide_driver(found.results)
     checks += [driver] if driver else []
     checks += [decide_dist(d, [r for r in found.results if r.dist == d]) for d in dists]
-    return checks
+    allowances = decide_allowances(found.results, run.manifest.get("abi_allow") or {},
+                                   bool(run.options.get("strict")))
+    return checks + ([allowances] if allowances else [])
 
 
 def _n(count: int, noun: str) -> str:
@@ -485,5 +508,6 @@ def _n(count: int, noun: str) -> str:
 
 
 def plan(run: Run) -> list[Step]:
-    """One step, required on every family (a CPU torch has extensions too)."""
-    return [Step((f"{PHASE}.scan",), check_abi)]
+    """Two steps, required on every family (a CPU torch has extensions too): the scan, and
+    one owner per file (:mod:`.records`)."""
+    return [Step((f"{PHASE}.scan",), check_abi), Step((records.CHECK,), records.check_records)]

@@ -14,7 +14,6 @@ cells read ``NONE (allowed)`` and the check names the exception instead of faili
 
 from __future__ import annotations
 
-import fnmatch
 import glob
 import os
 import site
@@ -28,6 +27,7 @@ from typing import Any, Iterable
 from ..elf.devcode import DeviceCode, read_device_code
 from ..elf.devcompat import NATIVE, NONE, Decision, decide_cuda, decide_rocm, worst
 from ..manifest import normalize
+from . import allowpath
 from ..phase import Run, Step, skip
 from ..report import CPU_TARGET, FAIL, PASS, SKIP, WARN, Check, threshold
 
@@ -173,9 +173,33 @@ def _status(lib: Library, gpu: str) -> str:
 
 
 def allowance(path: str, allow: dict[str, str]) -> str | None:
-    """The reason of the first ``coverage_allow`` glob that matches the library's path."""
-    return next((why for pattern, why in sorted(allow.items())
-                 if fnmatch.fnmatchcase(path, pattern)), None)
+    """The reason of the first ``coverage_allow`` glob that matches the library's path (a
+    glob's ``*`` stays within one path segment: :mod:`.allowpath`)."""
+    return allowpath.reason(path, allow)
+
+
+def lacking(lib: Library, gpus: list[str]) -> list[str]:
+    """The declared GPUs the library has no code for (none when its code was not read)."""
+    return [g for g in gpus if lib.images and _status(lib, g) == NONE]
+
+
+def decide_allowances(libs: list[Library], gpus: list[str], allow: dict[str, str],
+                      strict: bool) -> Check | None:
+    """``coverage.allowances``: every ``coverage_allow`` entry must excuse a library that lacks
+    code for a declared GPU here; one that excuses none is stale: a warning naming it, a
+    failure under ``--strict``. None when the matrix allows nothing."""
+    if not allow:
+        return None
+    old = allowpath.stale(allow, [lib.path for lib in libs if lacking(lib, gpus)])
+    value = {"allowances": len(allow), "stale": old}
+    if old:
+        return Check(f"{PHASE}.allowances", PHASE, FAIL if strict else WARN, value=value,
+                     reason=allowpath.stale_text("coverage_allow", old,
+                                                 "library lacking code for a declared GPU")
+                     + (" (--strict)" if strict else ""))
+    return Check(f"{PHASE}.allowances", PHASE, PASS, value=value,
+                 reason=f"coverage_allow: {len(allow)} of {len(allow)} entries excuse a library "
+                        "that lacks code for a declared GPU here")
 
 
 def decide_dist(dist: str, libs: list[Library], gpus: list[str]) -> Check:
@@ -187,12 +211,12 @@ def decide_dist(dist: str, libs: list[Library], gpus: list[str]) -> Check:
     thr = threshold("runs on", gpus, "manifest gpus")
     missing, allowed = [], []
     for lib in libs:
-        lacking = [g for g in gpus if lib.images and _status(lib, g) == NONE]
-        if lacking and lib.allowed:
-            allowed.append(f"{lib.path} has no code for {', '.join(lacking)}, allowed by the "
+        gaps_ = lacking(lib, gpus)
+        if gaps_ and lib.allowed:
+            allowed.append(f"{lib.path} has no code for {', '.join(gaps_)}, allowed by the "
                            f"matrix: {lib.allowed}")
-        elif lacking:
-            missing.append(f"{lib.path} has no code for {', '.join(lacking)} "
+        elif gaps_:
+            missing.append(f"{lib.path} has no code for {', '.join(gaps_)} "
                            f"(has {','.join(lib.images)})")
     unread = [f"{lib.path}: {'; '.join(lib.problems[:2])}" for lib in libs if lib.problems]
     if missing:
@@ -250,7 +274,9 @@ def check_coverage(run: Run, roots: list[str] | None = None) -> list[Check]:
     checks = [Check(f"{PHASE}.scan", PHASE, PASS if libs else WARN, value=value,
                     duration_s=elapsed, reason=reason)]
     checks += [decide_dist(d, [lib for lib in libs if lib.dist == d], gpus) for d in dists]
-    return checks
+    allowances = decide_allowances(libs, gpus, run.manifest.get("coverage_allow") or {},
+                                   bool(run.options.get("strict")))
+    return checks + ([allowances] if allowances else [])
 
 
 def _n(count: int, noun: str) -> str:
