@@ -4,12 +4,12 @@
 carries was held to the same rule).
 
 A pattern is anchored to one package's files: its first path segment is a package directory,
-named literally (``torchcodec/libtorchcodec_core*.so``); a pattern of one segment names a file
+named literally (``PKG/libname*.so``); a pattern of one segment names a file
 at the top of the site directory exactly, with no wildcard
-(``torch_memory_saver_hook_mode_preload.abi3.so``). ``*``, ``?`` and ``[...]`` match within one
-path segment, never across ``/`` (``torch/lib/*.so`` matches ``torch/lib/a.so``, not
-``torch/lib/x/a.so``); ``**`` is refused. The last segment must name files: one that only
-matches by a shared-object suffix (``torchcodec/*.so``, ``nvidia/*.so.*``) would swallow every
+(``_module.abi3.so``). ``*``, ``?`` and ``[...]`` match within one
+path segment, never across ``/`` (``pkg/lib/*.so`` matches ``pkg/lib/a.so``, not
+``pkg/lib/x/a.so``); ``**`` is refused. The last segment must name files: one that only
+matches by a shared-object suffix (``pkg/*.so``, ``pkg/lib/*.so.*``) would swallow every
 object of the directory.
 
 An allowance that excuses nothing in the image is stale: :func:`stale` names them, and the
@@ -37,7 +37,7 @@ def problem(pattern: str) -> str | None:
     first = segments[0]
     if any(c in first for c in WILDCARDS):
         return (f"{pattern!r} could match files of any package: start the pattern with the "
-                "package directory, named literally (e.g. torchcodec/libtorchcodec_core*.so), "
+                "package directory, named literally (e.g. PKG/libname*.so), "
                 "or name a top-level file exactly")
     if "**" in pattern:
         return ("'**' is not supported: name each directory ('*' matches within one path "
@@ -45,7 +45,7 @@ def problem(pattern: str) -> str | None:
     last = segments[-1]
     if len(segments) > 1 and not _names_files(last):
         return (f"{pattern!r} would match every shared object under {'/'.join(segments[:-1])}/: "
-                "name the files (e.g. libtorchcodec_core*.so)")
+                "name the files (e.g. libname*.so)")
     return None
 
 

@@ -1,7 +1,7 @@
 """One owner per file: no two installed distributions may claim the same path in their
 ``*.dist-info/RECORD`` (the second install overwrote the first one's file, and removing or
-upgrading either breaks the other: flash-attn-4 writes into ``flash_attn/cute/``, which
-flash-attn 2 owns). Stdlib only; run as the ABI phase's second step (``abi.records``).
+upgrading either breaks the other: one package writing into another's directory, as
+docs/stacks.md tells for two kernels packages). Stdlib only; run as the ABI phase's second step (``abi.records``).
 
 A path both claim with the same content (the same RECORD hash: the empty ``__init__.py`` of a
 namespace several wheels ship) is shared, named in the value, not failed; a ``.pyc`` both list
@@ -40,7 +40,7 @@ class Claims:
 
 
 def dist_label(dist_info: str) -> str:
-    """``flash_attn-2.8.3.dist-info`` -> ``flash-attn 2.8.3``."""
+    """``my_pkg-2.8.3.dist-info`` -> ``my-pkg 2.8.3``."""
     stem = os.path.basename(dist_info)[: -len(".dist-info")]
     name, _, version = stem.partition("-")
     return f"{normalize(name)} {version}".strip()
