@@ -82,7 +82,7 @@ def test_an_override_equal_to_the_pin_warns_in_one_line(tmp_path: Path) -> None:
     site = _site(tmp_path, PINS_END, ECHO)
     proc = run_build_env("check", "--matrix", str(site / "matrix.yaml"), "--target", T)
     assert proc.returncode == 0, proc.stderr
-    line = _line_of(site, "      transformers:")
+    line = _line_of(site, "    overrides:") + 1  # the override's key, not the pin's
     warned = [ln for ln in proc.stderr.splitlines()
               if ln.startswith(f"warning: {site / 'matrix.yaml'}:{line}: "
                                f"targets.{T}.overrides.transformers: ")]
