@@ -428,6 +428,7 @@ def lock_for(matrix_path: Path, target: Target, snapshot: Snapshot, workdir: Pat
     if problems:
         raise CompatError("; ".join(str(p) for p in problems), target=target.name)
     path = lock_path(matrix_path, target)
+    refuse_unmeant(target, snapshot, path)  # what `check` refuses as bad input, render does too
     if target.override:
         committed = path
         path = workdir / f"{target.name}.override-lock.txt"

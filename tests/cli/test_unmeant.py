@@ -52,14 +52,17 @@ def _one_error(stderr: str) -> str:
 
 
 @pytest.mark.parametrize("argv", [["check"], ["check", "--locked"],
-                                  ["lock", "--offline", "--no-fetch"]],
-                         ids=["check", "check-locked", "lock"])
+                                  ["lock", "--offline", "--no-fetch"],
+                                  ["render", "--output", "{tmp}/ctx"]],
+                         ids=["check", "check-locked", "lock", "render"])
 def test_an_override_of_a_package_the_target_does_not_install(tmp_path: Path,
                                                                argv: list[str]) -> None:
     site = _site(tmp_path, PINS_END, LEFTPAD)
     before = _files(site)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     proc = run_build_env(*argv, "--matrix", str(site / "matrix.yaml"), "--target", T)
     assert proc.returncode == 2, proc.stderr
+    assert not (tmp_path / "ctx").exists()
     line = _line_of(site, "leftpad:")
     assert _one_error(proc.stderr).startswith(
         f"error: {site / 'matrix.yaml'}:{line}: targets.{T}.overrides.leftpad: leftpad is not "
