@@ -9,7 +9,7 @@ from typing import Any
 from builder.resolve import sources
 from builder.commands import _shared
 from builder.resolve.compat import check_target, index_pins, local_sources, overridden
-from builder.resolve.lock import lock_edits, lock_path, stale_reason
+from builder.resolve.lock import lock_edits, lock_path, refuse_unmeant, stale_reason
 from builder.resolve.metadata import IndexClient, load_snapshot, refresh, save_snapshot
 
 NAME = "check"
@@ -65,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
     snapshot = site.snapshot(targets)
     warnings = [w for w in site.matrix.warnings
                 if names is None or any(f"targets.{n}." in w for n in names)]
+    # what the matrix asks for that cannot be meant (an override of a package the target does
+    # not install, an extra its package does not declare): bad input, refused before anything
+    # is reported (builder.resolve.closure)
+    for t in targets:
+        warnings += refuse_unmeant(t, snapshot, lock_path(site.path, t))
     if not args.quiet:
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)

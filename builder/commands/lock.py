@@ -16,7 +16,8 @@ from builder.commands import _shared
 from builder.resolve.compat import check_target
 from builder.engine import Engine
 from builder.errors import CompatError, LockError
-from builder.resolve.lock import compile_lock, lock_path, moved_pins, parse_lock
+from builder.resolve.lock import (compile_lock, lock_path, moved_pins, parse_lock,
+                                  refuse_unmeant)
 
 NAME = "lock"
 HELP = "resolve the full dependency lock (with hashes) for a target"
@@ -79,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
         if wanted - known:
             raise LockError(f"--upgrade-package {', '.join(sorted(wanted - known))}: not in the "
                             "lock or the matrix", target=t.name)
+        # an unknown extra, an override of a package the lock shows the target does not
+        # install: refused before any target resolves (builder.resolve.closure); what cannot be
+        # told yet is judged on the resolution, before its lock is written (compile_lock)
+        for w in refuse_unmeant(t, snapshot, lock_path(site.path, t)):
+            if not args.quiet:
+                print(f"warning: {w}", file=sys.stderr)
     results = []
     for t in targets:
         problems = check_target(t, snapshot)

@@ -122,6 +122,21 @@ def pin_conflict(overrides: Iterable[Override], pins: dict[str, str]) -> tuple[s
     return None
 
 
+def pin_echoes(overrides: Iterable[Override], pins: dict[str, str]) -> list[Override]:
+    """The overrides that say again the version the target's own pin of the package says (the
+    pin already installs it: such an override is needed only where another package's
+    requirement excludes that version)."""
+    return [o for o in overrides if pins.get(o.name) == o.version]
+
+
+def outside(overrides: Iterable[Override], closure: Iterable[str]) -> list[Override]:
+    """The overrides of packages outside ``closure`` (normalised names of what the target
+    installs): uv's ``--override`` never adds a package, so such an override changes nothing,
+    and a lock can never hold it."""
+    names = {canonicalize_name(n) for n in closure}
+    return [o for o in overrides if o.name not in names]
+
+
 def as_map(overrides: Iterable[Override]) -> dict[str, Override]:
     return {o.name: o for o in overrides}
 

@@ -130,18 +130,49 @@ def overridden(target: Target, snapshot: Snapshot) -> list[tuple[str, str]]:
     pins that a reviewed override replaces (builder.matrix.overrides), e.g. ``sglang 0.5.12 requires
     transformers==5.6.0``; an override that replaces none of them is listed with ``None`` said
     in words (it may still replace a requirement deeper in the graph)."""
+    hits = replacing(target, snapshot)
     out: list[tuple[str, str]] = []
     for o in target.overrides:
-        hits = []
-        for p in target.enabled_packages:
-            rel = snapshot.release(p.name, p.version)
-            for req in rel.requirements() if rel is not None else ():
-                if (_applies(req, target, p.extras)
-                        and overrides.replaced(target.overrides, p.name, req) == o
-                        and not req.specifier.contains(o.version, prereleases=True)):
-                    hits.append(f"{p.name} {p.version} requires {req.name}{_fmt(req.specifier)}")
-        out += [(o.name, h) for h in hits] or [
+        out += [(o.name, h) for h in hits[o.name]] or [
             (o.name, "no pinned package's declared requirement (a deeper one, if any)")]
+    return out
+
+
+def replacing(target: Target, snapshot: Snapshot) -> dict[str, list[str]]:
+    """``{override name: [what it replaces]}``: each declared requirement of a pin (recorded
+    metadata, markers applied) that an override replaces and that excludes its version."""
+    out: dict[str, list[str]] = {o.name: [] for o in target.overrides}
+    for p in target.enabled_packages:
+        rel = snapshot.release(p.name, p.version)
+        for req in rel.requirements() if rel is not None else ():
+            o = overrides.replaced(target.overrides, p.name, req)
+            if (o is not None and _applies(req, target, p.extras)
+                    and not req.specifier.contains(o.version, prereleases=True)):
+                out[o.name].append(f"{p.name} {p.version} requires {req.name}"
+                                   f"{_fmt(req.specifier)}")
+    return out
+
+
+def declared(target: Target, snapshot: Snapshot) -> set[str]:
+    """The pins and what their recorded metadata requires directly (markers for the target,
+    with the extras asked for, a package's extras that name its own other extras followed:
+    verl[vllm] asks verl[verl-core]); normalised names. The closure's part known without a
+    resolution."""
+    out = {p.name for p in (*target.enabled_packages, *target.provided)}
+    for p in target.enabled_packages:
+        rel = snapshot.release(p.name, p.version)
+        extras, todo = set(p.extras), True
+        while rel is not None and todo:
+            todo = False
+            for req in rel.requirements():
+                if not _applies(req, target, tuple(sorted(extras))):
+                    continue
+                name = canonicalize_name(req.name)
+                out.add(name)
+                more = {canonicalize_name(e) for e in req.extras} - extras
+                if name == p.name and more:
+                    extras |= more
+                    todo = True
     return out
 
 

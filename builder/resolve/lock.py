@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from builder.matrix import overrides
 from builder.resolve import prebuilt
 from builder.resolve import sources
 from builder.resolve import vendor
+from builder.resolve import closure
 
 # antlr4-python3-runtime 4.9.3 (hydra-core 1.3's dependency) is sdist-only and pure python:
 # without this exception, binary-only resolution silently downgrades hydra-core to 0.11.3.
@@ -272,6 +273,9 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
         prefer=prefer.read_text() if prefer is not None and prefer.is_file() else None,
         upgrade_packages=upgrade_packages,
         forced=tuple(o.requirement for o in target.overrides))
+    unmeant = closure.unresolved_errors(target, parse_lock(body), _shown(out))
+    if unmeant:  # an override of a package the resolution does not install: nothing written
+        raise unmeant[0]
     text = header(target, ihash, body) + body
     build_text = None
     if any(p.build == "source" for p in target.enabled_packages):
@@ -353,6 +357,45 @@ def stale_reason(target: Target, snapshot: Snapshot, path: Path) -> str | None:
     return None
 
 
+def _shown(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}"
+
+
+def lock_scope(target: Target, snapshot: Snapshot, path: Path) -> tuple[set[str] | None, bool]:
+    """The package names of the target's lock (None: none, or not readable as one) and whether
+    it was resolved from the target's inputs as they are, overrides apart (the same input hash
+    with the overrides its header records, and no override it records or resolves changed
+    since): then it is the target's closure (builder.resolve.closure)."""
+    if not path.is_file():
+        return None, False
+    try:
+        lock = read_lock(path)
+        record = vendor.load_record(target, path)
+    except LockError:
+        return None, False
+    names = set(parse_lock(lock.text))
+    head = lock.text.split("\n# regenerate: ", 1)[0]
+    was = overrides.recorded(head)
+    now = {o.name: o.version for o in target.overrides}
+    as_locked = replace(target, overrides=tuple(
+        overrides.Override(n, v, "as the lock records it") for n, v in sorted(was.items())))
+    changed = {n for n in was.keys() | now.keys() if was.get(n) != now.get(n)}
+    same = input_hash(as_locked, snapshot, record) == lock.input_hash
+    return names, same and not (changed & names)
+
+
+def refuse_unmeant(target: Target, snapshot: Snapshot, path: Path) -> list[str]:
+    """Raise the first thing the target asks for that cannot be meant (an unknown extra of a
+    pin, an override outside its closure: builder.resolve.closure), else return the warnings
+    (what cannot be told without a resolution, an override that repeats its pin)."""
+    errors, warnings = closure.extra_errors(target, snapshot)
+    locked, authoritative = lock_scope(target, snapshot, path)
+    more, unsure = closure.override_errors(target, snapshot, locked, authoritative, _shown(path))
+    if errors or more:
+        raise (errors + more)[0]
+    return warnings + unsure + closure.echo_warnings(target, snapshot)
+
+
 def locked_pins(target: Target, snapshot: Snapshot) -> list[tuple[str, str]]:
     """The matrix pins the lock itself must hold, at their versions: all but the packages it
     leaves out (wheel-less and local-only ones; provided ones are never among them)."""
@@ -385,6 +428,7 @@ def lock_for(matrix_path: Path, target: Target, snapshot: Snapshot, workdir: Pat
     if problems:
         raise CompatError("; ".join(str(p) for p in problems), target=target.name)
     path = lock_path(matrix_path, target)
+    refuse_unmeant(target, snapshot, path)  # what `check` refuses as bad input, render does too
     if target.override:
         committed = path
         path = workdir / f"{target.name}.override-lock.txt"

@@ -60,6 +60,10 @@ class MetadataError(BuildEnvError):
     stage = "metadata"
 
 
+# ``extra == "name"`` (or the reverse) in a requirement's marker
+_EXTRA_MARK = re.compile(r"""extra\s*==\s*["']([^"']+)["']|["']([^"']+)["']\s*==\s*extra""")
+
+
 @dataclass(frozen=True)
 class Release:
     name: str
@@ -71,6 +75,19 @@ class Release:
     # the release's wheel file names (their tags tell the platforms), recorded by `propose
     # --online`; empty when unknown (``has_wheel`` still says whether there is any wheel)
     wheels: tuple[str, ...] = ()
+    # the release's Provides-Extra, recorded by `check --online` since issue 37; empty when the
+    # snapshot predates it (:meth:`extras` then reads the extras its Requires-Dist names)
+    provides_extra: tuple[str, ...] = ()
+
+    def extras(self) -> tuple[frozenset[str], bool]:
+        """The extras the release declares (normalised, PEP 685) and whether that is its
+        recorded ``Provides-Extra`` (exact) or only the extras its ``Requires-Dist`` markers
+        name (an extra that adds no requirement is then not seen)."""
+        if self.provides_extra:
+            return frozenset(canonicalize_name(e) for e in self.provides_extra), True
+        named = {canonicalize_name(a or b) for line in self.requires_dist
+                 for a, b in _EXTRA_MARK.findall(line.partition(";")[2])}
+        return frozenset(named), False
 
     def requirements(self) -> list[Requirement]:
         out = []
@@ -99,7 +116,9 @@ class Snapshot:
                              "requires_dist": list(r.requires_dist),
                              "sdist_sha256": r.sdist_sha256,
                              "has_wheel": r.has_wheel,
-                             **({"wheels": list(r.wheels)} if r.wheels else {})}
+                             **({"wheels": list(r.wheels)} if r.wheels else {}),
+                             **({"provides_extra": list(r.provides_extra)}
+                                if r.provides_extra else {})}
                          for k, r in sorted(self.releases.items())},
             "versions": {k: v for k, v in sorted(self.versions.items())},
         }
@@ -124,7 +143,8 @@ def load_snapshot(path: Path) -> Snapshot:
         name, version = key.split("==", 1)
         releases[key] = Release(name, version, r.get("requires_python"),
                                 tuple(r.get("requires_dist") or ()), r.get("sdist_sha256"),
-                                r.get("has_wheel", True), tuple(r.get("wheels") or ()))
+                                r.get("has_wheel", True), tuple(r.get("wheels") or ()),
+                                tuple(r.get("provides_extra") or ()))
     return Snapshot(releases, dict(data.get("versions", {})), data.get("fetched", ""))
 
 
@@ -312,7 +332,8 @@ class IndexClient:
         return Release(canonicalize_name(name), version,
                        requires_python or meta.get("Requires-Python"),
                        tuple(meta.get_all("Requires-Dist") or ()),
-                       sdist["hashes"].get("sha256") if sdist else None, bool(wheels))
+                       sdist["hashes"].get("sha256") if sdist else None, bool(wheels),
+                       provides_extra=tuple(meta.get_all("Provides-Extra") or ()))
 
     def _wheel_metadata(self, f: dict[str, Any]) -> email.message.Message:
         if f.get("core-metadata") or f.get("data-dist-info-metadata"):
@@ -363,7 +384,8 @@ def local_release(name: str, version: str, find_links: Iterable[str]) -> Release
                     member = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
                     meta = email.parser.Parser().parsestr(zf.read(member).decode())
                 return Release(wname, version, meta.get("Requires-Python"),
-                               tuple(meta.get_all("Requires-Dist") or ()), None, True)
+                               tuple(meta.get_all("Requires-Dist") or ()), None, True,
+                               provides_extra=tuple(meta.get_all("Provides-Extra") or ()))
     return None
 
 
