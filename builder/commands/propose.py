@@ -19,6 +19,7 @@ from builder.propose.online import refresh_candidates
 from builder.propose.proposal import Proposal, propose
 from builder.propose.search import Anchors
 from builder.resolve.metadata import IndexClient, Snapshot, load_snapshot
+from builder.resolve.targets import Site
 
 NAME = "propose"
 HELP = "propose the newest coherent pins for a target, say why each stops, prove the candidate"
@@ -52,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "against a remote this host cannot reach)")
     p.add_argument("--output", type=Path, default=None, metavar="DIR",
                    help="write the candidate here (matrix entry, matrix.diff, snapshot, lock, "
-                        "PROPOSAL.md, proposal.json; DIR/<target> for several); never the site")
+                        "PROPOSAL.md, proposal.json; DIR/<target> for several); a new or empty "
+                        "DIR, or this tool's own earlier output; never the site")
     p.add_argument("--build", action="store_true",
                    help="render, build and gate the candidate (needs --output): the proposal is "
                         "proven only when the gate passes")
@@ -135,7 +137,7 @@ def combined_exit(codes: list[int]) -> int:
     return 0 if not failed else failed.pop() if len(failed) == 1 else 1
 
 
-def _snapshot(args: argparse.Namespace, site: Any, targets: list[Target]) -> Snapshot:
+def _snapshot(args: argparse.Namespace, site: Site, targets: list[Target]) -> Snapshot:
     if not args.online:
         return site.snapshot(targets)
     snapshot = load_snapshot(site.snapshot_file)  # refreshed in memory, never written back
@@ -152,7 +154,7 @@ class _Run:
     """One ``propose`` over its targets; ``parent``: the directory of several candidates."""
 
     args: argparse.Namespace
-    site: Any
+    site: Site
     snapshot: Snapshot
     anchors: Anchors
     parent: Path | None
