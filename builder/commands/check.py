@@ -6,10 +6,12 @@ import argparse
 import sys
 from typing import Any
 
-from builder.resolve import sources
+from builder.resolve import extras, sources
 from builder.commands import _shared
 from builder.resolve.compat import check_target, index_pins, local_sources, overridden
-from builder.resolve.lock import lock_edits, lock_path, refuse_unmeant, stale_reason
+from builder.resolve.lock import (
+    lock_edits, lock_path, parse_lock, refuse_unmeant, stale_reason,
+)
 from builder.resolve.metadata import IndexClient, load_snapshot, refresh, save_snapshot
 
 NAME = "check"
@@ -44,6 +46,22 @@ def forced_json(t: Any, snapshot: Any) -> list[dict[str, Any]]:
 def forced_lines(name: str, forced: list[dict[str, Any]]) -> list[str]:
     return [f"override: {name}: {o['name']}=={o['version']} replaces "
             f"{'; '.join(o['replaces'])} ({o['reason']})" for o in forced]
+
+
+def locked_versions(lock: Any, stale: str | None) -> dict[str, str] | None:
+    """The lock's versions, when it was resolved from the target's inputs as they are."""
+    if stale or not lock.is_file():
+        return None
+    return {n: p.version for n, p in parse_lock(lock.read_text()).items()}
+
+
+def extras_problems(t: Any, snapshot: Any, locked: dict[str, str] | None) -> list[str]:
+    """An exception no asked extra declares, and each unreviewed difference between the lock
+    and what the extras declare (builder.resolve.extras)."""
+    errors = extras.exception_errors(t, snapshot)
+    if locked is not None:
+        errors += extras.difference_errors(t, snapshot, locked)
+    return [str(e) for e in errors]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,16 +114,20 @@ def run(args: argparse.Namespace) -> int:
             if not args.quiet:
                 for w in unconfirmed:
                     print(f"warning: {t.name}: {w}", file=sys.stderr)
+        locked = locked_versions(lock, stale)
+        problems += extras_problems(t, snapshot, locked)
         for p in problems:
             print(f"error: {p}", file=sys.stderr)
         forced = forced_json(t, snapshot)
         if not args.quiet:
-            for line in forced_lines(t.name, forced):
+            for line in forced_lines(t.name, forced) + extras.summary(t, snapshot, locked):
                 print(line, file=sys.stderr)
         status = "fail" if problems else ("unlocked" if stale else "ok")
         results.append({"target": t.name, "status": status, "problems": problems,
                         "next": stale if stale and not problems else None,
-                        **({"overrides": forced} if forced else {})})
+                        **({"overrides": forced} if forced else {}),
+                        **({"extras": extras.report(t, snapshot, locked)}
+                           if extras.declared(t, snapshot) else {})})
         if problems:
             _shared.info(args, f"{t.name}: FAIL")
         elif stale:  # the pins fit together; the lock is the next step, not a failure

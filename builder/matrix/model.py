@@ -134,6 +134,11 @@ class Target:
     # Reviewed dependency overrides (builder.matrix.overrides): a version forced over what other
     # packages declare, each with its reason; uv's --override in `build-env lock`.
     overrides: tuple[Override, ...] = ()
+    # Reviewed exceptions to the extras the target's packages ask for (verl[vllm,fsdp] ...): a
+    # distribution an extra declares that the lock may lack or hold at another version -> why
+    # (not on the index, no source here, built from its own source block ...). Left out of the
+    # resolution (uv's --excludes); any other difference fails `check` (builder.resolve.extras).
+    extras_exceptions: tuple[tuple[str, str], ...] = ()
     # The stack layer the target switches on (the catalogue's ``layers:``, named by its matrix
     # key; builder.matrix.stack_layer); its packages are in ``packages`` already.
     layer: Layer | None = None
@@ -199,6 +204,8 @@ class Target:
             **({"overrides": {o.name: o.to_value() for o in self.overrides}}
                if self.overrides else {}),
             **({self.layer.name: dict(self.layer.value)} if self.layer else {}),
+            **({"extras_exceptions": dict(self.extras_exceptions)}
+               if self.extras_exceptions else {}),
         }
 
     @property

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from builder import catalog, yamldoc
@@ -21,7 +22,7 @@ from builder.matrix import grammar
 from builder.matrix import overrides
 from builder.matrix.families import FAMILIES
 from builder.matrix.fields import (
-    PYTHON, Ctx, read_base, read_packages,
+    _DIST_NAME, PYTHON, Ctx, read_base, read_packages,
 )
 from builder.matrix.model import LayerProblem, Package, Target, engine_distributions, with_layer
 from builder.matrix.overrides import Override
@@ -89,6 +90,8 @@ def read_target(ctx: Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
                                               f"{key}.record_shared", name, _RECORD),
                     overrides=_overrides(ctx, t.get("overrides"), f"{key}.overrides", name,
                                          packages),
+                    extras_exceptions=_extras_exceptions(ctx, t.get("extras_exceptions"),
+                                                         f"{key}.extras_exceptions", name),
                     layer=layer)
     _rules(ctx, target, key)
     return target
@@ -177,6 +180,30 @@ def _overrides(ctx: Ctx, value: Any, key: str, name: str, packages: tuple[Packag
     if clash:
         raise ctx.error(f"{key}.{clash[0]}", clash[1], name)
     return found
+
+
+def _extras_exceptions(ctx: Ctx, value: Any, key: str, name: str
+                       ) -> tuple[tuple[str, str], ...]:
+    """``extras_exceptions: {DIST: REASON}``: each a distribution name (PEP 503 normalised) and
+    the reason in words; whether each is declared by an extra the target asks for is checked
+    against the metadata snapshot (builder.resolve.extras)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not value:
+        raise ctx.error(key, "expected a mapping of distribution names to the reason each may "
+                             "differ from what the extras declare", name)
+    out: dict[str, str] = {}
+    for dist, why in value.items():
+        ctx.matching(_DIST_NAME, str(dist), f"{key}.{dist}", "a distribution name (PEP 508)")
+        canon = canonicalize_name(str(dist))
+        if not isinstance(why, str) or len(why.strip()) < 10:
+            raise ctx.error(f"{key}.{dist}", "give the reason in words (why the lock cannot hold "
+                                             "what the extra declares)", name)
+        ctx.checked(grammar.plain, why, f"{key}.{dist}")
+        if canon in out or canon != str(dist):
+            raise ctx.error(f"{key}.{dist}", f"write the distribution as {canon!r}, once", name)
+        out[canon] = why.strip()
+    return tuple(sorted(out.items()))
 
 
 def _gpus(ctx: Ctx, accel: str, value: Any, key: str, name: str) -> tuple[str, ...]:

@@ -41,6 +41,7 @@ from builder.resolve import prebuilt
 from builder.resolve import sources
 from builder.resolve import vendor
 from builder.resolve import closure
+from builder.resolve import extras
 
 # antlr4-python3-runtime 4.9.3 (hydra-core 1.3's dependency) is sdist-only and pure python:
 # without this exception, binary-only resolution silently downgrades hydra-core to 0.11.3.
@@ -148,6 +149,8 @@ def input_hash(target: Target, snapshot: Snapshot, record: dict | None = None) -
         constraints, excludes = vendor.resolution(target, record)
         inputs.update(excludes=excludes, constraints=constraints,
                       base=vendor.record_hash(record))
+    if target.extras_exceptions:  # reviewed exceptions to verl's extras: left out (extras.py)
+        inputs["excludes"] = sorted({*inputs["excludes"], *extras.excluded(target)})
     blob = json.dumps(inputs, sort_keys=True).encode()
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
@@ -267,6 +270,8 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
     git_pins = sources.pin_git(target, out, previous=prefer, repin=repin, fetch=fetch_git)
     wheels = prebuilt.lock_prebuilt(target)  # prebuilt first: a source build only on a miss
     constraints, excludes = vendor.resolution(target, record)
+    # the reviewed exceptions to verl's extras are never taken from the index (extras.py)
+    excludes = sorted({*excludes, *extras.excluded(target)})
     body, seconds = _uv_compile(
         target, requirements_in(target, snapshot),
         constraints=constraints, excludes=excludes, offline=offline,

@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-arm64 (linux/arm64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-arm64`.
-# matrix entry sha256:4e2052f0d3fd46c45c89c18a26523a103afe2ce5c23bd8b80cb4b268586e84c8, lock sha256:36ebbeecfddf266444cbb7bfaac768db1e2267c5043333f54038f2e5c0d3af4e
+# matrix entry sha256:87e13a8935270c0668a8a0517baeecad4ced3ec05969d9f468e4d28082e87ece, lock sha256:f87adec2c2596e4213ca4e8d93a38bd1f3b2e944b880ad36d33c65827e21a733
 
 # ---------------------------------------------------------------------------- source builds
 # Built in their own stage (compilers stay here); the final stage mounts only the wheels. Only
@@ -39,7 +39,7 @@ RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
 # tensordict 0.10.0: https://github.com/pytorch/tensordict v0.10.0, commit c34264a58b12471dc3e2913ea586b32431872d4c
 FROM source-build AS source-tensordict
 COPY source/tensordict/ /tmp/verl-env/source/tensordict/
-RUN --mount=type=cache,id=verl-env-src-tensordict-16edbecdef37,target=/root/.cache/pip \
+RUN --mount=type=cache,id=verl-env-src-tensordict-3a43828fd48c,target=/root/.cache/pip \
     pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
     TORCH_CUDA_ARCH_LIST="9.0;10.0;10.3" \
     SETUPTOOLS_SCM_PRETEND_VERSION_FOR_TENSORDICT=0.10.0 \
@@ -51,7 +51,7 @@ RUN --mount=type=cache,id=verl-env-src-tensordict-16edbecdef37,target=/root/.cac
 # (about 9 GB each).
 FROM source-build AS source-flash-attn
 COPY source/flash-attn.txt /tmp/verl-env/source/
-RUN --mount=type=cache,id=verl-env-src-flash-attn-c32e1719dbc9,target=/root/.cache/pip \
+RUN --mount=type=cache,id=verl-env-src-flash-attn-4f16e4b12d3d,target=/root/.cache/pip \
     pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
     TORCH_CUDA_ARCH_LIST="9.0;10.0;10.3" \
     SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FLASH_ATTN=2.8.3 \
@@ -89,7 +89,7 @@ COPY layers/20-engine.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt
 
-# deps: 60 packages
+# deps: 65 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
@@ -118,8 +118,8 @@ LABEL org.opencontainers.image.description="NVIDIA Grace (GH200/GB200), aarch64,
       org.verl-env.builder="0.1.0" \
       org.verl-env.cuda="13.0" \
       org.verl-env.gpus="sm_90,sm_100,sm_103" \
-      org.verl-env.lock-hash="sha256:36ebbeecfddf266444cbb7bfaac768db1e2267c5043333f54038f2e5c0d3af4e" \
-      org.verl-env.matrix-hash="sha256:4e2052f0d3fd46c45c89c18a26523a103afe2ce5c23bd8b80cb4b268586e84c8" \
+      org.verl-env.lock-hash="sha256:f87adec2c2596e4213ca4e8d93a38bd1f3b2e944b880ad36d33c65827e21a733" \
+      org.verl-env.matrix-hash="sha256:87e13a8935270c0668a8a0517baeecad4ced3ec05969d9f468e4d28082e87ece" \
       org.verl-env.override="false" \
       org.verl-env.pin.flash-attn="2.8.3 (source)" \
       org.verl-env.pin.hydra-core="1.3.2" \

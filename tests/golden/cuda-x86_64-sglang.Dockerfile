@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-x86_64-sglang (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-x86_64-sglang`.
-# matrix entry sha256:92033181d3bb248c6ec711be3c14212b24d65b28301587a13ff42a09d88606fc, lock sha256:b3f17dca637e3f9c17c1926b1c52ef58c059a748c975bb84f174fc0937204d83
+# matrix entry sha256:051a0e18c3175f0615b80f112a74372bb664a76be05968fc27cec96ab8f29ed3, lock sha256:fbc6cf4d2c040402199e84dd58e7a057a38d4916faf4f36213185acc1de05516
 
 # ---------------------------------------------------------------------------- runtime image
 FROM nvidia/cuda:13.0.2-base-ubuntu24.04
@@ -31,7 +31,7 @@ COPY layers/20-engine.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt
 
-# deps: 60 packages
+# deps: 65 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
@@ -56,8 +56,8 @@ LABEL org.opencontainers.image.description="NVIDIA x86_64 with SGLang rollout (v
       org.verl-env.cuda="13.0" \
       org.verl-env.dep-override.transformers="5.9.0 (sglang 0.5.12 pins transformers==5.6.0, which verl 0.9.1 excludes (!=5.6.0) while its sglang extra pins 5.9.0; verl's own lock forces 5.9.0 with a project-wide override, as this does)" \
       org.verl-env.gpus="sm_80,sm_90,sm_100,sm_103,sm_120" \
-      org.verl-env.lock-hash="sha256:b3f17dca637e3f9c17c1926b1c52ef58c059a748c975bb84f174fc0937204d83" \
-      org.verl-env.matrix-hash="sha256:92033181d3bb248c6ec711be3c14212b24d65b28301587a13ff42a09d88606fc" \
+      org.verl-env.lock-hash="sha256:fbc6cf4d2c040402199e84dd58e7a057a38d4916faf4f36213185acc1de05516" \
+      org.verl-env.matrix-hash="sha256:051a0e18c3175f0615b80f112a74372bb664a76be05968fc27cec96ab8f29ed3" \
       org.verl-env.override="false" \
       org.verl-env.pin.hydra-core="1.3.2" \
       org.verl-env.pin.kernels="0.12.3" \

@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-x86_64 (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-x86_64`.
-# matrix entry sha256:caae90223f59f9a2a0f05b0b6f2f2d1c870427e271ade048eb005f6b748c07e2, lock sha256:df3c3c1e492008f6074bf91b775a914dd52de786f8744379c895165dbe0f7c4f
+# matrix entry sha256:8ec11e469cf28604c65d5f0af2274c4aba58e24dc41a4875e152cf687af6da48, lock sha256:5a043bade2228df8a38890ea367e68078637cafe7af0a378a507171f05a479c3
 
 # ---------------------------------------------------------------------------- source builds
 # Built in their own stage (compilers stay here); the final stage mounts only the wheels. Only
@@ -42,7 +42,7 @@ RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
 # (about 9 GB each).
 FROM source-build AS source-flash-attn
 COPY source/flash-attn.txt /tmp/verl-env/source/
-RUN --mount=type=cache,id=verl-env-src-flash-attn-9d40d89844d0,target=/root/.cache/pip \
+RUN --mount=type=cache,id=verl-env-src-flash-attn-f0cf6df39518,target=/root/.cache/pip \
     pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
     TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0;10.3;12.0" \
     SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FLASH_ATTN=2.8.3 \
@@ -80,7 +80,7 @@ COPY layers/20-engine.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt
 
-# deps: 61 packages
+# deps: 66 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
     uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
@@ -109,8 +109,8 @@ LABEL org.opencontainers.image.description="NVIDIA x86_64 (H100/H200/B200), CUDA
       org.verl-env.builder="0.1.0" \
       org.verl-env.cuda="13.0" \
       org.verl-env.gpus="sm_80,sm_90,sm_100,sm_103,sm_120" \
-      org.verl-env.lock-hash="sha256:df3c3c1e492008f6074bf91b775a914dd52de786f8744379c895165dbe0f7c4f" \
-      org.verl-env.matrix-hash="sha256:caae90223f59f9a2a0f05b0b6f2f2d1c870427e271ade048eb005f6b748c07e2" \
+      org.verl-env.lock-hash="sha256:5a043bade2228df8a38890ea367e68078637cafe7af0a378a507171f05a479c3" \
+      org.verl-env.matrix-hash="sha256:8ec11e469cf28604c65d5f0af2274c4aba58e24dc41a4875e152cf687af6da48" \
       org.verl-env.override="false" \
       org.verl-env.pin.flash-attn="2.8.3 (source)" \
       org.verl-env.pin.hydra-core="1.3.2" \

@@ -1,5 +1,5 @@
 """The Megatron layer as matrix data (the catalogue's layers: megatron:, builder.matrix.stack_layer): a target switches it on with
-``megatron:``; it adds verl's mcore extra, megatron-core, mbridge and TransformerEngine's three
+``megatron:``; it adds verl's megatron extra, megatron-core, mbridge and TransformerEngine's three
 distributions; bad entries are refused naming file:line:key; `check` and `list` see it."""
 
 from __future__ import annotations
@@ -60,14 +60,14 @@ def _line(path: Path, text: str) -> int:
 @pytest.mark.parametrize("name", TARGETS)
 def test_the_shipped_megatron_targets_switch_the_layer_on(name: str) -> None:
     t = load_matrix(REPO / "matrix.yaml").target(name)
-    assert t.layer is not None and t.layer.name == "megatron" and t.layer.extra == "mcore"
+    assert t.layer is not None and t.layer.name == "megatron" and t.layer.extra == "megatron"
     pins = {p.name: p for p in t.enabled_packages}
     assert {n: pins[n].version for n in ("megatron-core", "mbridge", "transformer-engine",
                                          "transformer-engine-cu13",
                                          "transformer-engine-torch")} == {
         "megatron-core": "0.19.2", "mbridge": "0.15.1", "transformer-engine": "2.19.0",
         "transformer-engine-cu13": "2.19.0", "transformer-engine-torch": "2.19.0"}
-    assert pins["verl"].extras == ("mcore", "vllm")  # verl's own mcore extra (mbridge)
+    assert pins["verl"].extras == ("megatron", "vllm")  # verl's own megatron extra
     assert pins["transformer-engine-torch"].build == "source"  # an sdist only on the index
     assert pins["transformer-engine-cu13"].build == "wheel"
     assert {n: pins[n].module for n in ("megatron-core", "transformer-engine",
@@ -87,9 +87,7 @@ def test_the_cuda_major_version_names_the_core_wheel(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("layer,key,message", [
-    ('      extra: megatron\n' + LAYER, "targets.t.megatron.extra",
-     "megatron-bridge==0.5.2, which is not published"),
-    ('      extra: fsdp\n' + LAYER, "targets.t.megatron.extra", "must be one of mcore"),
+    ('      extra: fsdp\n' + LAYER, "targets.t.megatron.extra", "must be one of megatron, mcore"),
     (LAYER.replace('      mbridge: "0.15.1"\n', ""), "targets.t.megatron",
      "missing key 'mbridge'"),
     (LAYER + '\n      megatron-bridge: "0.5.2"', "targets.t.megatron.megatron-bridge",
@@ -166,7 +164,7 @@ def test_overrides_keep_the_layer_and_reach_its_packages() -> None:
         "megatron-core": "megatron.core", "mbridge": "mbridge",
         "transformer-engine": "transformer_engine.pytorch"}
     assert not o.package("transformer-engine-torch").enabled
-    assert o.package("verl").extras == ("mcore", "vllm")
+    assert o.package("verl").extras == ("megatron", "vllm")
 
 
 def test_check_names_megatron_cores_python_floor() -> None:
@@ -201,7 +199,7 @@ def test_list_shows_a_megatron_enabled_target(capsys: pytest.CaptureFixture[str]
     assert any(line.startswith("cuda-x86_64-megatron ") for line in out.splitlines()), out
     assert main(["list", "--matrix", str(REPO / "matrix.yaml"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)["targets"]
-    assert data["cuda-arm64-megatron"]["megatron"]["extra"] == "mcore"
+    assert data["cuda-arm64-megatron"]["megatron"]["extra"] == "megatron"
 
 
 def test_a_layer_for_the_documented_example_parses(tmp_path: Path) -> None:
