@@ -50,6 +50,9 @@ class Distribution:
     abi: Mapping[str, Any] = field(default_factory=dict)  # loader rules (the self-test's model)
     notes: str = ""
     imported: bool = False  # the entry names its ``import``: the gate imports it when pinned
+    # ``locked: true``: imported wherever the target's lock installs it, pinned or not (the
+    # packages verl's extras declare: builder.resolve.extras)
+    when_locked: bool = False
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,11 @@ class Catalog:
         d = self.distributions.get(name)
         return d is not None and d.imported
 
+    def imported_when_locked(self, name: str) -> bool:
+        """Whether the gate imports the distribution wherever the lock installs it."""
+        d = self.distributions.get(name)
+        return d is not None and d.when_locked
+
     def prominent(self) -> frozenset[str]:
         """The distributions an SBOM summary shows first."""
         return frozenset(n for n, d in self.distributions.items() if d.sbom == "prominent")
@@ -204,7 +212,7 @@ def _distribution(name: str, e: dict[str, Any]) -> Distribution:
         sbom=e.get("sbom", "normal"), block=e.get("block"),
         extensions=tuple(tuple(x) for x in e.get("extensions", ())), archs=archs,
         abi=MappingProxyType(dict(e.get("abi", {}))), notes=e.get("notes", ""),
-        imported="import" in e)
+        imported="import" in e, when_locked=bool(e.get("locked", False)) and "import" in e)
 
 
 def _engine(name: str, e: dict[str, Any]) -> Engine:

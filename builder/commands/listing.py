@@ -6,11 +6,11 @@ import argparse
 from typing import Any
 
 from builder import catalog
-from builder.resolve import prebuilt
+from builder.resolve import extras, prebuilt
 from builder.gate import verdicts
 from builder.commands import _shared
 from builder.files import sha256_text
-from builder.resolve.lock import lock_path
+from builder.resolve.lock import lock_path, parse_lock, stale_reason
 from builder.resolve.vendor import base_record_path
 from builder.resolve.targets import Site
 
@@ -61,15 +61,27 @@ def verdict_json(v: Any) -> dict[str, Any] | None:
             "scope": v.scope, "level": v.level, "gpu": v.gpu.to_dict()}
 
 
+def extras_locked(site: Site, t: Any, snapshot: Any) -> dict[str, str] | None:
+    """The target's locked versions, when its lock was resolved from its inputs as they are
+    (else None: the extras cannot be compared with it yet)."""
+    lock = lock_path(site.path, t)
+    if not lock.is_file() or stale_reason(t, snapshot, lock):
+        return None
+    return {n: p.version for n, p in parse_lock(lock.read_text()).items()}
+
+
 def run(args: argparse.Namespace) -> int:
     site = _shared.site(args)
     matrix = site.matrix
+    snapshot = site.snapshot(matrix.targets.values())
+    versus = {n: extras.report(t, snapshot, extras_locked(site, t, snapshot))
+              for n, t in matrix.targets.items()}
     latest = {n: verdicts.latest_for(binding(site, t)) if binding(site, t).lock_hash else None
               for n, t in matrix.targets.items()}
     if args.json:
         _shared.emit_json("list", {"matrix": str(matrix.path), "targets": {
             n: {**t.to_dict(), "gpus": list(t.gpus), "entry_hash": t.entry_hash,
-                "verdict": verdict_json(latest[n]),
+                "verdict": verdict_json(latest[n]), "extras": versus[n],
                 **({"prebuilt_choice": prebuilt_choices(site, t)}
                    if prebuilt_choices(site, t) else {}),
                 **({"base_status": vendor_note(site, t).strip(" ()")} if t.base.vendor else {})}
@@ -102,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     for t in matrix.targets.values():
         for o in t.overrides:  # reviewed dependency overrides (builder.matrix.overrides)
             print(f"{t.name}: override {o.name}=={o.version} ({o.reason})")
+        # the lock against what its packages' extras declare (builder.resolve.extras)
+        for line in extras.summary(t, snapshot, extras_locked(site, t, snapshot)):
+            print(line)
         for name, c in prebuilt_choices(site, t).items():
             what = (f"prebuilt wheel {c['filename']}" if c["choice"] == "wheel"
                     else "source build" if c["choice"] == "source" else "undecided")

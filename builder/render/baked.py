@@ -29,12 +29,17 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
     from (git commit, tree or archive sha256, sdist hash). ``installed``: the lock's
     distributions, whose catalogued loader rules (``abi_loader``) travel with the image."""
     cat = catalog.load(Path(target.file).parent)
+    installed = tuple(installed)
     pins = {p.name: p.version for p in target.enabled_packages}
     provided = {p.name: p.version for p in target.provided}
     # what the catalogue imports, and every package whose import the matrix names
     # (sglang-kernel: sgl_kernel)
     imports = {p.name: p.module for p in (*target.enabled_packages, *target.provided)
                if cat.imported(p.name) or p.import_name}
+    # and what the lock installs that the catalogue imports wherever it is installed (the
+    # packages of verl's extras: cupy, trl, liger-kernel, flash-linear-attention ...)
+    imports.update({n: cat.import_name(n) for n in installed
+                    if n not in imports and cat.imported_when_locked(n)})
     extensions = {n: [list(c) for c in d.extensions] for n in imports
                   if (d := cat.get(n)) is not None and d.extensions}
     loader = cat.abi_loader({*pins, *provided, *installed})
