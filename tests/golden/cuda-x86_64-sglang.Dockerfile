@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-x86_64-sglang (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-x86_64-sglang`.
-# matrix entry sha256:051a0e18c3175f0615b80f112a74372bb664a76be05968fc27cec96ab8f29ed3, lock sha256:fbc6cf4d2c040402199e84dd58e7a057a38d4916faf4f36213185acc1de05516
+# matrix entry sha256:fcc32ef4b87be949ecf01311ff1fbf507518bb4e96e02a2b5fa751b867b73e34, lock sha256:fbc6cf4d2c040402199e84dd58e7a057a38d4916faf4f36213185acc1de05516
 
 # ---------------------------------------------------------------------------- runtime image
 FROM nvidia/cuda:13.0.2-base-ubuntu24.04
@@ -13,7 +13,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # (the base is pinned by tag only: its suite moves with the tag; add its digest to the matrix).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps \
+    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv ibverbs-providers libibverbs1 libnuma1 libpython3.12t64 librdmacm1 procps \
     && rm -rf /var/lib/apt/lists/*
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
@@ -57,7 +57,7 @@ LABEL org.opencontainers.image.description="NVIDIA x86_64 with SGLang rollout (v
       org.verl-env.dep-override.transformers="5.9.0 (sglang 0.5.12 pins transformers==5.6.0, which verl 0.9.1 excludes (!=5.6.0) while its sglang extra pins 5.9.0; verl's own lock forces 5.9.0 with a project-wide override, as this does)" \
       org.verl-env.gpus="sm_80,sm_90,sm_100,sm_103,sm_120" \
       org.verl-env.lock-hash="sha256:fbc6cf4d2c040402199e84dd58e7a057a38d4916faf4f36213185acc1de05516" \
-      org.verl-env.matrix-hash="sha256:051a0e18c3175f0615b80f112a74372bb664a76be05968fc27cec96ab8f29ed3" \
+      org.verl-env.matrix-hash="sha256:fcc32ef4b87be949ecf01311ff1fbf507518bb4e96e02a2b5fa751b867b73e34" \
       org.verl-env.override="false" \
       org.verl-env.pin.hydra-core="1.3.2" \
       org.verl-env.pin.kernels="0.12.3" \
