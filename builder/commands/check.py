@@ -56,12 +56,11 @@ def locked_versions(lock: Any, stale: str | None) -> dict[str, str] | None:
 
 
 def extras_problems(t: Any, snapshot: Any, locked: dict[str, str] | None) -> list[str]:
-    """An exception no asked extra declares, and each unreviewed difference between the lock
-    and what the extras declare (builder.resolve.extras)."""
-    errors = extras.exception_errors(t, snapshot)
-    if locked is not None:
-        errors += extras.difference_errors(t, snapshot, locked)
-    return [str(e) for e in errors]
+    """Each unreviewed difference between the lock and what the extras declare
+    (builder.resolve.extras): the lock fails, as a stale one does."""
+    if locked is None:
+        return []
+    return [str(e) for e in extras.difference_errors(t, snapshot, locked)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     # is reported (builder.resolve.closure)
     for t in targets:
         warnings += refuse_unmeant(t, snapshot, lock_path(site.path, t))
+        unmeant = extras.exception_errors(t, snapshot)  # an exception that excuses nothing
+        if unmeant:
+            raise unmeant[0]
     if not args.quiet:
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)

@@ -134,7 +134,7 @@ def test_check_refuses_an_exception_no_extra_declares(tmp_path: Path,
     rc = main(["check", "--matrix", str(path), "--target", "cuda-x86_64"])
     err = capsys.readouterr().err
     line = next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if "leftpad:" in ln)
-    assert rc == 1, err
+    assert rc == 2, err
     assert (f"matrix.yaml:{line}: targets.cuda-x86_64.extras_exceptions.leftpad: no extra this "
             "target asks for declares leftpad") in err, err
 
