@@ -266,6 +266,9 @@ def compile_lock(target: Target, snapshot: Snapshot, out: Path, *, offline: bool
     commits beside the lock (builder.resolve.sources; a moved ref is refused unless ``repin``; without
     ``fetch_git`` the recorded commits are kept, their refs not re-checked) and
     prebuilt wheels chosen (builder.resolve.prebuilt), before anything is written."""
+    unmeant = extras.exception_errors(target, snapshot)  # an exception that excuses nothing
+    if unmeant:
+        raise unmeant[0]
     ihash = input_hash(target, snapshot, record)
     git_pins = sources.pin_git(target, out, previous=prefer, repin=repin, fetch=fetch_git)
     wheels = prebuilt.lock_prebuilt(target)  # prebuilt first: a source build only on a miss

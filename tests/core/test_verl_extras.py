@@ -160,3 +160,17 @@ def test_a_bad_exception_names_file_line_key(tmp_path: Path) -> None:
         load_matrix(path)
     assert "targets.cuda-x86_64.extras_exceptions.flash-attn" in str(err.value)
     assert "give the reason in words" in str(err.value)
+
+
+def test_lock_refuses_an_exception_no_extra_declares_before_resolving(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _site(tmp_path, lambda s: s.replace(
+        "    extras_exceptions:\n      flash-attn:",
+        '    extras_exceptions:\n      leftpad: "a package verl does not declare at all"\n'
+        "      flash-attn:", 1))
+    before = (tmp_path / "locks" / "cuda-x86_64.txt").read_text()
+    rc = main(["lock", "--matrix", str(path), "--target", "cuda-x86_64", "--offline"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "targets.cuda-x86_64.extras_exceptions.leftpad: no extra this target asks for" in err
+    assert (tmp_path / "locks" / "cuda-x86_64.txt").read_text() == before
