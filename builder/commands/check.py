@@ -63,6 +63,20 @@ def extras_problems(t: Any, snapshot: Any, locked: dict[str, str] | None) -> lis
     return [str(e) for e in extras.difference_errors(t, snapshot, locked)]
 
 
+def refuse(targets: list[Any], snapshot: Any, site: Any) -> list[str]:
+    """What the matrix asks for that cannot be meant (an override of a package the target does
+    not install, an extra its package does not declare, an extras exception that excuses
+    nothing): bad input, refused before anything is reported (builder.resolve.closure,
+    builder.resolve.extras); the warnings of what cannot be told."""
+    warnings: list[str] = []
+    for t in targets:
+        warnings += refuse_unmeant(t, snapshot, lock_path(site.path, t))
+        unmeant = extras.exception_errors(t, snapshot)
+        if unmeant:
+            raise unmeant[0]
+    return warnings
+
+
 def run(args: argparse.Namespace) -> int:
     # --online writes the site's snapshot: a site of its own, never the shipped reference
     site = _shared.writable_site(args, "check --online") if args.online else _shared.site(args)
@@ -82,14 +96,7 @@ def run(args: argparse.Namespace) -> int:
     snapshot = site.snapshot(targets)
     warnings = [w for w in site.matrix.warnings
                 if names is None or any(f"targets.{n}." in w for n in names)]
-    # what the matrix asks for that cannot be meant (an override of a package the target does
-    # not install, an extra its package does not declare): bad input, refused before anything
-    # is reported (builder.resolve.closure)
-    for t in targets:
-        warnings += refuse_unmeant(t, snapshot, lock_path(site.path, t))
-        unmeant = extras.exception_errors(t, snapshot)  # an exception that excuses nothing
-        if unmeant:
-            raise unmeant[0]
+    warnings += refuse(targets, snapshot, site)
     if not args.quiet:
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
