@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import run_build_env
 from tests.selftest import abifixture as fx
 
-pytestmark = [pytest.mark.docker, pytest.mark.network]
+pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.heavy]
 
 PYTHON = "/opt/venv/bin/python"
 # Runs in the image with its installed self-test (/opt/verl-env is on its path): the phase,

@@ -5,7 +5,9 @@
 # ---------------------------------------------------------------------------- source builds
 # Built in their own stage (compilers stay here); the final stage mounts only the wheels. Only
 # the torch layer and the build tools are installed here: extensions compile against torch, and
-# every other layer would be a second install of it (minutes under emulation).
+# every other layer would be a second install of it (minutes under emulation). Nothing here is
+# byte-compiled: no file of this stage is shipped, and the build compiles only what it imports
+# (byte-compiling torch's every module took minutes under emulation).
 FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS source-build
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
@@ -25,10 +27,10 @@ RUN python3.12 -m venv /opt/venv \
     && /opt/venv/bin/python -m pip uninstall -y -q setuptools
 COPY layers/10-torch.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/10-torch.txt
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --require-hashes -r /opt/verl-env/layers/10-torch.txt
 COPY layers/build-tools.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/build-tools.txt
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --require-hashes -r /opt/verl-env/layers/build-tools.txt
 # One stage per source package below, so a change to one rebuilds only its own wheel (BuildKit
 # builds the stages side by side); each has its own pip cache, keyed by what its wheel is built
 # against. No build isolation (it must compile against the torch of this very lock); sources

@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import run_build_env
 from tests.core.test_source_shape import make_site, move_tag
 
-pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow, pytest.mark.heavy]
 TARGET = "cuda-shaped"
 EXT = "verl-env-cuda-ext"
 TIMINGS: dict[str, float] = {}

@@ -43,7 +43,7 @@ from tests.publish.conftest import REPO, RegistryServer, close_socket, pipe, sta
 from tests.sif.images import LAYERED_TAG
 from tests.trust.conftest import keypair, report, sbom_doc  # noqa: F401
 
-pytestmark = [pytest.mark.fault, pytest.mark.docker, pytest.mark.registry]
+pytestmark = [pytest.mark.fault, pytest.mark.docker, pytest.mark.registry, pytest.mark.heavy]
 
 METHODS = (b"GET ", b"HEAD ", b"POST ", b"PUT ", b"PATCH ", b"DELETE ")
 KIB = 1024

@@ -25,7 +25,7 @@ from tests.support.runs import end, polling, start, wait_for
 from tests.sif.conftest import need_tools
 from tests.sif.images import MINI, build_image
 
-pytestmark = [pytest.mark.docker, pytest.mark.fault]
+pytestmark = [pytest.mark.docker, pytest.mark.fault, pytest.mark.heavy]
 
 BLOB_TAG = "verl-env-test/sif-blob:1"
 BLOB = "FROM {base} AS blob\nRUN head -c 32M /dev/urandom > /blob\n" + MINI + \

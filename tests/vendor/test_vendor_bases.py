@@ -21,7 +21,7 @@ from builder.engine import Engine
 from builder.errors import EngineError
 from tests.conftest import REPO, run_build_env
 
-pytestmark = [pytest.mark.docker, pytest.mark.network]
+pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.heavy]
 
 WHEEL = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
 TORCH = "2.13.0+cpu"

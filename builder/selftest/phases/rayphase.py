@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 import time
 from typing import Any
@@ -53,6 +54,9 @@ def init_ray(ray: Any, tmp: str, visible: int, factor: float) -> str:
             if STARTUP_TIMEOUT not in str(e) or attempts == 1:
                 raise
             ray.shutdown()
+            # A head that failed to start is not Ray's to stop (shutdown knows no node): its
+            # GCS, dashboard, monitor and log monitor would run on beside the next attempt
+            stop_processes_under(f"{tmp}/{attempt}/")
             if attempt == attempts:
                 raise RuntimeError(f"{e} (emulated: each of {attempts} starts timed out during "
                                    "startup)") from e
@@ -133,8 +137,56 @@ def ray_step(run: Run) -> list[Check]:
         gpu = decide_gpu_task(expect, visible, None, None, "Ray did not start") \
             if expect.expected and visible else decide_gpu_task(expect, visible, None, None, None)
     finally:
+        stop_processes_under(tmp + "/")
         shutil.rmtree(tmp, ignore_errors=True)
     return [start, gpu]
+
+
+def stop_processes_under(path: str, proc: str = "/proc", grace: float = 5.0) -> list[int]:
+    """Stop every process whose command line names ``path`` (a Ray session's temporary
+    directory: each of its processes is started with it), SIGTERM then SIGKILL after ``grace``
+    seconds; returns their PIDs. Only this container's processes are seen."""
+    needle = path.encode()
+    found = []
+    try:
+        pids = [int(d) for d in os.listdir(proc) if d.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"{proc}/{pid}/cmdline", "rb") as f:
+                if needle in f.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [pid for pid in found if _signal(pid, sig)]
+        deadline = time.monotonic() + grace
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [pid for pid in alive if _running(pid, proc)]
+        if not alive:
+            break
+    return found
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
+def _running(pid: int, proc: str) -> bool:
+    """Alive and not a zombie (an exited child nobody has reaped yet counts as stopped)."""
+    try:
+        with open(f"{proc}/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 # Ray's own startup deadlines, as environment overrides of its C++ config (RAY_<name>): the
