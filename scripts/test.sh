@@ -49,9 +49,10 @@ fi
 # CPU fixture image (-m heavy: vendor bases, the cuda-shaped fixture, the ABI phase in real
 # images, the SIF and registry faults), and the rest. The machine is CPU-bound while all four
 # run; the split keeps the main group from running alone, on one busy core, long after the
-# others ended (docs/testing.md). The side groups' output follows the main one's. Their temporary directories stay under /tmp: the Slurm
-# tests bind job directories into images run by ch-run, which binds the host's /tmp (a bind
-# destination elsewhere must exist in the read-only image).
+# others ended (docs/testing.md). The side groups' output follows the main one's. Their
+# temporary directories stay under /tmp: the Slurm tests bind job directories into images run by
+# ch-run, which binds the host's /tmp (a bind destination elsewhere must exist in the read-only
+# image).
 tmp=$(mktemp -d /tmp/verl-env-pytest.XXXXXX) || exit 1
 declare -A side=([emulated]="emulated" [slurm]="slurm and not emulated"
                  [heavy]="heavy and not slurm and not emulated")
