@@ -47,7 +47,8 @@ fi
 # builds under QEMU emulation (arm64; long, mostly on one emulated core), the jobs on the real
 # two-node Slurm (mostly waiting on daemons and Ray start-up), the Docker-heavy runs that need no
 # CPU fixture image (-m heavy: vendor bases, the cuda-shaped fixture, the ABI phase in real
-# images, the SIF and registry faults), and the rest. The machine is CPU-bound while all four
+# images, the SIF conversions and registry publishes of the small layered image with their
+# faults), and the rest. The machine is CPU-bound while all four
 # run; the split keeps the main group from running alone, on one busy core, long after the
 # others ended (docs/testing.md). The side groups' output follows the main one's. Their
 # temporary directories stay under /tmp: the Slurm tests bind job directories into images run by
