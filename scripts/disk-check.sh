@@ -2,7 +2,7 @@
 # Does this machine hold what a whole `scripts/test.sh` run writes? One line either way; exit 0
 # when it does, 3 when a filesystem is short (test.sh then stops before it starts anything).
 #
-# What a whole run writes, in GB (docs/testing.md): the four groups' engines under /var/tmp
+# What a whole run writes, in GB (docs/testing.md): the groups' engines under /var/tmp
 # (data roots, ~22) with the wheel and its venvs (~1), and the pytest temporary directories
 # under /tmp (~9). Directories on one filesystem add up. VERL_ENV_TEST_DISK_GB=N: the need of
 # each filesystem instead; 0 turns the check off.

@@ -43,21 +43,27 @@ if [ $# -gt 0 ]; then
   exit
 fi
 
-# The whole suite, in four independent groups run side by side, each with its own engine: the
-# builds under QEMU emulation (arm64; long, mostly on one emulated core), the jobs on the real
-# two-node Slurm (mostly waiting on daemons and Ray start-up), the Docker-heavy runs that need no
-# CPU fixture image (-m heavy: vendor bases, the cuda-shaped fixture, the ABI phase in real
-# images, the SIF and registry faults), and the rest. The machine is CPU-bound while all four
-# run; the split keeps the main group from running alone, on one busy core, long after the
-# others ended (docs/testing.md). The side groups' output follows the main one's. Their temporary directories stay under /tmp: the Slurm
-# tests bind job directories into images run by ch-run, which binds the host's /tmp (a bind
-# destination elsewhere must exist in the read-only image).
+# The whole suite, in five independent groups run side by side, each with its own engine where
+# it needs one: the builds under QEMU emulation (arm64; long, mostly on one emulated core), the
+# jobs on the real two-node Slurm (mostly waiting on daemons and Ray start-up), the Docker-heavy
+# runs that need no CPU fixture image (-m heavy: vendor bases, the cuda-shaped fixture, the ABI
+# phase in real images, the SIF conversions and registry publishes of the small layered image
+# with their faults), the core (tests/core: the pure core and the CLI, no engine), and the rest.
+# The machine is CPU-bound while they run; the split keeps the main group from running alone, on
+# one busy core, long after the others ended (docs/testing.md). The side groups' output follows
+# the main one's. Their temporary directories stay under /tmp: the Slurm tests bind job
+# directories into images run by ch-run, which binds the host's /tmp (a bind destination
+# elsewhere must exist in the read-only image).
 tmp=$(mktemp -d /tmp/verl-env-pytest.XXXXXX) || exit 1
 declare -A side=([emulated]="emulated" [slurm]="slurm and not emulated"
-                 [heavy]="heavy and not slurm and not emulated")
+                 [heavy]="heavy and not slurm and not emulated"
+                 [core]="not slurm and not emulated and not heavy")
+declare -A where=([core]="tests/core")  # a group of one directory (the main group ignores it)
 declare -A pids=()
 for name in "${!side[@]}"; do
-  "${pytest[@]}" --basetemp="$tmp/$name" -m "${side[$name]}" >"$root/$name.log" 2>&1 &
+  # shellcheck disable=SC2086  # where: one path or none
+  "${pytest[@]}" --basetemp="$tmp/$name" -m "${side[$name]}" ${where[$name]:-} \
+    >"$root/$name.log" 2>&1 &
   pids[$name]=$!
 done
 # shellcheck disable=SC2317  # called by the EXIT trap
@@ -68,13 +74,15 @@ stop_side_groups() {
   rm -rf "$root" "$tmp"
 }
 trap stop_side_groups EXIT
-"${pytest[@]}" --basetemp="$tmp/main" -m "not emulated and not slurm and not heavy"
+"${pytest[@]}" --basetemp="$tmp/main" -m "not emulated and not slurm and not heavy" \
+  --ignore=tests/core
 verdict "the main group" $?
 status=$?
-for name in heavy slurm emulated; do
+for name in core heavy slurm emulated; do
   wait "${pids[$name]}"
   group_status=$?
-  echo "==================== the $name group (-m '${side[$name]}') ===================="
+  echo "==================== the $name group (-m '${side[$name]}'${where[$name]:+ ${where[$name]}})" \
+       "===================="
   cat "$root/$name.log"
   verdict "the $name group" "$group_status" || status=1
 done

@@ -26,7 +26,7 @@ from tests.publish.conftest import PASSWORD, REPO, USER, RegistryServer
 from tests.publish.conftest import publish_cli as cli_publish
 from tests.sif.images import LAYERED_TAG
 
-pytestmark = [pytest.mark.docker, pytest.mark.registry]
+pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.heavy]
 
 
 def _no_secret(*texts: str) -> None:

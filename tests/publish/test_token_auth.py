@@ -25,7 +25,7 @@ from tests.publish.conftest import (PASSWORD, REFRESH_TOKEN, SERVICE, USER, Regi
                                    free_port)
 from tests.sif.images import LAYERED_TAG
 
-pytestmark = [pytest.mark.docker, pytest.mark.registry]
+pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.heavy]
 from tests.publish.conftest import REPO, publish_cli
 HELPER = "verlenvtest"
 

@@ -19,7 +19,7 @@ from tests.conftest import run_build_env
 from tests.sif.conftest import need_tools
 from tests.sif.images import LAYERED_TAG
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.heavy]
 
 # Stand-in: logs "$0 <TAB> args..." per call; `build ... IMAGE RECIPE` then does what
 # $FAKE_SINGULARITY_MODE says: ok (check the docker-archive, copy $FAKE_SINGULARITY_SIF to

@@ -25,7 +25,7 @@ from tests.conftest import run_build_env
 from tests.sif.conftest import need_tools
 from tests.sif.images import (ADDED, EXPECTED_FILES, EXPECTED_GONE, LAYERED_TAG, export_tree)
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.heavy]
 
 
 def _kind(entry: tuple) -> tuple:

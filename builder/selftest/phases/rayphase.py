@@ -146,21 +146,7 @@ def stop_processes_under(path: str, proc: str = "/proc", grace: float = 5.0) -> 
     """Stop every process whose command line names ``path`` (a Ray session's temporary
     directory: each of its processes is started with it), SIGTERM then SIGKILL after ``grace``
     seconds; returns their PIDs. Only this container's processes are seen."""
-    needle = path.encode()
-    found = []
-    try:
-        pids = [int(d) for d in os.listdir(proc) if d.isdigit()]
-    except OSError:
-        return []
-    for pid in pids:
-        if pid == os.getpid():
-            continue
-        try:
-            with open(f"{proc}/{pid}/cmdline", "rb") as f:
-                if needle in f.read():
-                    found.append(pid)
-        except OSError:
-            continue
+    found = [pid for pid in _pids_naming(path.encode(), proc) or [] if pid != os.getpid()]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         alive = [pid for pid in found if _signal(pid, sig)]
         deadline = time.monotonic() + grace
@@ -184,7 +170,7 @@ def _running(pid: int, proc: str) -> bool:
     """Alive and not a zombie (an exited child nobody has reaped yet counts as stopped)."""
     try:
         with open(f"{proc}/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
 
@@ -248,18 +234,26 @@ def scale_ray_startup(factor: float) -> dict[str, str]:
 def raylet_alive(proc: str = "/proc") -> bool:
     """Whether a raylet process of this machine (container) is alive; True when unknown. An
     exited raylet is a zombie with an empty command line until Ray reaps it."""
+    pids = _pids_naming(b"/raylet/raylet", proc)
+    return pids is None or bool(pids)
+
+
+def _pids_naming(needle: bytes, proc: str) -> list[int] | None:
+    """The processes whose command line contains ``needle``; None when ``proc`` cannot be
+    listed (unknown)."""
     try:
-        pids = [d for d in os.listdir(proc) if d.isdigit()]
+        pids = [int(d) for d in os.listdir(proc) if d.isdigit()]
     except OSError:
-        return True
+        return None
+    found = []
     for pid in pids:
         try:
             with open(f"{proc}/{pid}/cmdline", "rb") as f:
-                if b"/raylet/raylet" in f.read():
-                    return True
+                if needle in f.read():
+                    found.append(pid)
         except OSError:
             continue
-    return False
+    return found
 
 
 def _noset() -> bool:
