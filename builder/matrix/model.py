@@ -128,6 +128,11 @@ class Target:
     # (relative to the site directory) -> what is lost without the library it cannot load
     # (a system library the image does not ship, for an optional path of the package).
     abi_allow: tuple[tuple[str, str], ...] = ()
+    # The interpreter's shared library (libpython3.X.so.1.0) installed beside a statically
+    # linked python3.X, under whichever name the base's suite gives the package
+    # (libpython3.12t64 on Ubuntu 24.04, libpython3.11 on Debian 12): extensions that link it
+    # (cuda.tile) load only with it. Follows ``python`` (and ``--set python=``).
+    shared_libpython: bool = False
     # Reviewed exceptions to the gate's one-owner-per-file check (abi.records): a path glob
     # (relative to the site directory) two distributions' RECORDs may both claim -> why.
     record_shared: tuple[tuple[str, str], ...] = ()
@@ -196,6 +201,7 @@ class Target:
             "packages": {p.name: pkg(p) for p in sorted(self.packages, key=lambda p: p.name)},
             "provided": {p.name: p.version for p in sorted(self.provided, key=lambda p: p.name)},
             "find_links": list(self.find_links), "apt": list(self.apt),
+            **({"shared_libpython": True} if self.shared_libpython else {}),
             **({"gpus": list(self.gpus)} if self.gpus else {}),
             **({"build_tools": list(self.build_tools)} if self.build_tools else {}),
             **({"coverage_allow": dict(self.coverage_allow)} if self.coverage_allow else {}),

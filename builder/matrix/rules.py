@@ -86,6 +86,7 @@ def read_target(ctx: Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
                     coverage_allow=_coverage_allow(ctx, accel, t.get("coverage_allow"),
                                                    f"{key}.coverage_allow", name),
                     abi_allow=_abi_allow(ctx, t.get("abi_allow"), f"{key}.abi_allow", name),
+                    shared_libpython=bool(t.get("shared_libpython", False)),
                     record_shared=_allowances(ctx, t.get("record_shared"),
                                               f"{key}.record_shared", name, _RECORD),
                     overrides=_overrides(ctx, t.get("overrides"), f"{key}.overrides", name,

@@ -233,13 +233,37 @@ class Check:
         engines = self.args.engines  # the host's catalogue: rollout.name -> import name
         module = engines.get(name, name)
         if importlib.util.find_spec(module) is not None:
-            return f"{name}: installed (not started: it needs GPUs)"
+            return self._rollout_code(name)
         if self._cpu_image():
             return f"{name}: not installed (a cpu image has no rollout engine)"
         here = [n for n, m in engines.items() if importlib.util.find_spec(m) is not None]
         raise Rejected(f"actor_rollout_ref.rollout.name={name}: the {module} package is not "
                        "installed in this image", fix="actor_rollout_ref.rollout.name=<the "
                        f"engine this image has: {' or '.join(here or engines) or '?'}>")
+
+    def _rollout_code(self, name: str) -> str:
+        """verl's own rollout code for ``name`` imported as its workers import it when they
+        start (``get_rollout_class`` and ``get_rollout_replica_class``): the engine's Python
+        code up to the point where it would start on GPUs. An import that stops at the GPU
+        driver's library is that point where no driver is installed; anywhere else it fails."""
+        from verl.workers.rollout.base import get_rollout_class
+        from verl.workers.rollout.replica import get_rollout_replica_class
+
+        mode = str(self.cfg.actor_rollout_ref.rollout.get("mode") or "async")
+        try:
+            adapter = get_rollout_class(name, mode)
+            replica = get_rollout_replica_class(name)
+        except Exception as exc:  # noqa: BLE001 - verl raises ValueError for a missing engine too
+            driver = _driver_library(str(exc))
+            if driver and not os.path.exists("/dev/nvidiactl"):
+                return (f"{name}: verl's rollout code imported up to {_raised_in(exc)}, which "
+                        f"needs the GPU driver's {driver} (no GPU driver in this container); "
+                        "not started: it needs GPUs")
+            raise Rejected(f"actor_rollout_ref.rollout.name={name}: verl's {name} rollout "
+                           f"code does not import in this image: {root_message(exc)}",
+                           fix=f"an image whose {name} stack imports (build-env verify)") from None
+        return (f"{name}: verl's {adapter.__module__}.{adapter.__name__} and "
+                f"{replica.__name__} imported (not started: it needs GPUs)")
 
     def _cpu_image(self) -> bool:
         try:
@@ -405,6 +429,24 @@ def _trainer_imports(v1: bool, mode: str) -> str:
     from verl.trainer.main_ppo_v0 import TaskRunner
 
     return f"legacy: {TaskRunner.__name__} (main_ppo_v0)"
+
+
+def _driver_library(message: str) -> str | None:
+    """The GPU driver's library an import failed on (libcuda.so.1, libnvidia-ml.so.1), if any:
+    it exists only where the driver is installed."""
+    m = re.search(r"\b(libcuda\.so(?:\.\d+)*|libnvidia-[\w-]+\.so(?:\.\d+)*)", message)
+    return m.group(1) if m else None
+
+
+def _raised_in(exc: BaseException) -> str:
+    """The installed package whose code raised ``exc`` (its innermost site-packages frame)."""
+    found, tb = "an installed package", exc.__traceback__
+    while tb is not None:
+        parts = tb.tb_frame.f_code.co_filename.split(os.sep)
+        if "site-packages" in parts[:-1]:
+            found = parts[parts.index("site-packages") + 1].removesuffix(".py")
+        tb = tb.tb_next
+    return found
 
 
 def _imports_ok(v1: bool) -> bool:

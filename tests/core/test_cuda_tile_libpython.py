@@ -1,7 +1,9 @@
 """cuda/tile fixed at its cause (issue 37 item 6): cuda.tile's extension links the interpreter's
 shared libpython, which Ubuntu's statically linked python3.X does not need; every target whose
-lock installs cuda-tile installs that library from its apt list, and no ABI allowance excuses
-cuda.tile (it would be reported stale by the gate)."""
+lock installs cuda-tile asks for that library (``shared_libpython``), the rendered Dockerfile
+installs it under the name the base's suite gives it (Ubuntu 24.04: libpython3.12t64; Debian 12:
+libpython3.11, as the CI's SGLang stack builds it), and no ABI allowance excuses cuda.tile (it
+would be reported stale by the gate)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,30 @@ def test_the_shipped_cuda_stacks_install_cuda_tile() -> None:
 @pytest.mark.parametrize("name", WITH_TILE)
 def test_a_target_with_cuda_tile_ships_the_shared_libpython(name: str) -> None:
     t = MATRIX.targets[name]
-    # Ubuntu 24.04 names the package after the 64-bit time_t transition
-    assert f"libpython{t.python}t64" in t.apt or f"libpython{t.python}" in t.apt, t.apt
+    assert t.shared_libpython, name
+    assert not [p for p in t.apt if p.startswith("libpython")], t.apt  # it follows python
     assert not [g for g, _ in t.abi_allow if g.startswith("cuda/tile/")], t.abi_allow
+
+
+def test_the_package_is_picked_by_the_suites_name_for_it() -> None:
+    """The rendered install picks lib<python>t64 or lib<python>, whichever the base's apt lists
+    know (run here against both lists), and stops the build naming it when neither exists."""
+    import re
+    import subprocess
+
+    # the golden is what the shipped templates render for it (tests/core/test_render_sglang.py)
+    text = (REPO / "tests" / "golden" / "cuda-x86_64-sglang.Dockerfile").read_text()
+    m = re.search(r"libpython=\$\((apt-cache pkgnames (\S+) \| (grep .*?) \| sort \| tail -n 1 "
+                  r"\|\| true)\)", text)
+    assert m, text
+    assert m.group(2) == "libpython3.12"
+    pick = m.group(3) + " | sort | tail -n 1"
+    for listed, want in ((["libpython3.12-dev", "libpython3.12t64", "libpython3.12-stdlib"],
+                          "libpython3.12t64"),
+                         (["libpython3.12", "libpython3.12-minimal"], "libpython3.12"),
+                         (["libpython3.11", "libpython3.12-dbg"], "")):
+        out = subprocess.run(["bash", "-o", "pipefail", "-c", f"{pick} || true"],
+                             input="\n".join(listed) + "\n", capture_output=True, text=True)
+        assert out.stdout.strip() == want, (listed, out)
+    assert "no libpython3.12 package in the base's apt sources (shared_libpython)" in text
+    assert '"$libpython"' in text

@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-arm64 (linux/arm64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-arm64`.
-# matrix entry sha256:1b5387ad0033216e90d2522c359213cdc6a9eb9c0d1d537215dd2bd3b2b1c932, lock sha256:f87adec2c2596e4213ca4e8d93a38bd1f3b2e944b880ad36d33c65827e21a733
+# matrix entry sha256:b6bbb95efcc4a6bfd672c5cb209352b38aabd8eef5e3fbf2b0399e59826cca81, lock sha256:f87adec2c2596e4213ca4e8d93a38bd1f3b2e944b880ad36d33c65827e21a733
 
 # ---------------------------------------------------------------------------- source builds
 # Built in their own stage (compilers stay here); the final stage mounts only the wheels. Only
@@ -16,9 +16,14 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # System packages: the interpreter and the RDMA user-space NCCL needs (libibverbs/librdmacm);
 # without them NCCL silently falls back to sockets. Versions: those of the base image's suite
 # (the base is pinned by tag only: its suite moves with the tag; add its digest to the matrix).
+# The interpreter's shared library (the matrix's shared_libpython), under the name the base's
+# suite gives it: libpython3.12t64 after Ubuntu 24.04's 64-bit time_t transition, else
+# libpython3.12; a suite without either stops the build here, naming it.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv build-essential git ibverbs-providers libibverbs1 libnuma1 libpython3.12t64 librdmacm1 procps python3.12-dev \
+    && libpython=$(apt-cache pkgnames libpython3.12 | grep -xE 'libpython3\.12(t64)?' | sort | tail -n 1 || true) \
+    && { [ -n "$libpython" ] || { echo "no libpython3.12 package in the base's apt sources (shared_libpython)" >&2; exit 100; }; } \
+    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv build-essential git ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps python3.12-dev "$libpython" \
     && rm -rf /var/lib/apt/lists/*
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
@@ -71,9 +76,14 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # System packages: the interpreter and the RDMA user-space NCCL needs (libibverbs/librdmacm);
 # without them NCCL silently falls back to sockets. Versions: those of the base image's suite
 # (the base is pinned by tag only: its suite moves with the tag; add its digest to the matrix).
+# The interpreter's shared library (the matrix's shared_libpython), under the name the base's
+# suite gives it: libpython3.12t64 after Ubuntu 24.04's 64-bit time_t transition, else
+# libpython3.12; a suite without either stops the build here, naming it.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv ibverbs-providers libibverbs1 libnuma1 libpython3.12t64 librdmacm1 procps \
+    && libpython=$(apt-cache pkgnames libpython3.12 | grep -xE 'libpython3\.12(t64)?' | sort | tail -n 1 || true) \
+    && { [ -n "$libpython" ] || { echo "no libpython3.12 package in the base's apt sources (shared_libpython)" >&2; exit 100; }; } \
+    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps "$libpython" \
     && rm -rf /var/lib/apt/lists/*
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
@@ -121,7 +131,7 @@ LABEL org.opencontainers.image.description="NVIDIA Grace (GH200/GB200), aarch64,
       org.verl-env.cuda="13.0" \
       org.verl-env.gpus="sm_90,sm_100,sm_103" \
       org.verl-env.lock-hash="sha256:f87adec2c2596e4213ca4e8d93a38bd1f3b2e944b880ad36d33c65827e21a733" \
-      org.verl-env.matrix-hash="sha256:1b5387ad0033216e90d2522c359213cdc6a9eb9c0d1d537215dd2bd3b2b1c932" \
+      org.verl-env.matrix-hash="sha256:b6bbb95efcc4a6bfd672c5cb209352b38aabd8eef5e3fbf2b0399e59826cca81" \
       org.verl-env.override="false" \
       org.verl-env.pin.flash-attn="2.8.3 (source)" \
       org.verl-env.pin.hydra-core="1.3.2" \

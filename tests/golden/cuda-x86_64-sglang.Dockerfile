@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-x86_64-sglang (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-x86_64-sglang`.
-# matrix entry sha256:fcc32ef4b87be949ecf01311ff1fbf507518bb4e96e02a2b5fa751b867b73e34, lock sha256:fbc6cf4d2c040402199e84dd58e7a057a38d4916faf4f36213185acc1de05516
+# matrix entry sha256:b5bdc99ad9b62304710d6bcdd7c51bedd5eac49a38c93a1d4d08e107fb18dbde, lock sha256:fbc6cf4d2c040402199e84dd58e7a057a38d4916faf4f36213185acc1de05516
 
 # ---------------------------------------------------------------------------- runtime image
 FROM nvidia/cuda:13.0.2-base-ubuntu24.04
@@ -11,9 +11,14 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # System packages: the interpreter and the RDMA user-space NCCL needs (libibverbs/librdmacm);
 # without them NCCL silently falls back to sockets. Versions: those of the base image's suite
 # (the base is pinned by tag only: its suite moves with the tag; add its digest to the matrix).
+# The interpreter's shared library (the matrix's shared_libpython), under the name the base's
+# suite gives it: libpython3.12t64 after Ubuntu 24.04's 64-bit time_t transition, else
+# libpython3.12; a suite without either stops the build here, naming it.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv ibverbs-providers libibverbs1 libnuma1 libpython3.12t64 librdmacm1 procps \
+    && libpython=$(apt-cache pkgnames libpython3.12 | grep -xE 'libpython3\.12(t64)?' | sort | tail -n 1 || true) \
+    && { [ -n "$libpython" ] || { echo "no libpython3.12 package in the base's apt sources (shared_libpython)" >&2; exit 100; }; } \
+    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps "$libpython" \
     && rm -rf /var/lib/apt/lists/*
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
@@ -57,7 +62,7 @@ LABEL org.opencontainers.image.description="NVIDIA x86_64 with SGLang rollout (v
       org.verl-env.dep-override.transformers="5.9.0 (sglang 0.5.12 pins transformers==5.6.0, which verl 0.9.1 excludes (!=5.6.0) while its sglang extra pins 5.9.0; verl's own lock forces 5.9.0 with a project-wide override, as this does)" \
       org.verl-env.gpus="sm_80,sm_90,sm_100,sm_103,sm_120" \
       org.verl-env.lock-hash="sha256:fbc6cf4d2c040402199e84dd58e7a057a38d4916faf4f36213185acc1de05516" \
-      org.verl-env.matrix-hash="sha256:fcc32ef4b87be949ecf01311ff1fbf507518bb4e96e02a2b5fa751b867b73e34" \
+      org.verl-env.matrix-hash="sha256:b5bdc99ad9b62304710d6bcdd7c51bedd5eac49a38c93a1d4d08e107fb18dbde" \
       org.verl-env.override="false" \
       org.verl-env.pin.hydra-core="1.3.2" \
       org.verl-env.pin.kernels="0.12.3" \

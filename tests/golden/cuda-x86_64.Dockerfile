@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-x86_64 (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-x86_64`.
-# matrix entry sha256:50c7950f4b43d8a0f6c6d3e03610c7ceaff0d3728450c0ea1f747062e08b0394, lock sha256:5a043bade2228df8a38890ea367e68078637cafe7af0a378a507171f05a479c3
+# matrix entry sha256:ffac39f6062c4b7f3c6d4c222284804fee0f267ae50c9a249e7b2ae707d83fd1, lock sha256:5a043bade2228df8a38890ea367e68078637cafe7af0a378a507171f05a479c3
 
 # ---------------------------------------------------------------------------- source builds
 # Built in their own stage (compilers stay here); the final stage mounts only the wheels. Only
@@ -16,9 +16,14 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # System packages: the interpreter and the RDMA user-space NCCL needs (libibverbs/librdmacm);
 # without them NCCL silently falls back to sockets. Versions: those of the base image's suite
 # (the base is pinned by tag only: its suite moves with the tag; add its digest to the matrix).
+# The interpreter's shared library (the matrix's shared_libpython), under the name the base's
+# suite gives it: libpython3.12t64 after Ubuntu 24.04's 64-bit time_t transition, else
+# libpython3.12; a suite without either stops the build here, naming it.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv build-essential git ibverbs-providers libibverbs1 libnuma1 libpython3.12t64 librdmacm1 procps python3.12-dev \
+    && libpython=$(apt-cache pkgnames libpython3.12 | grep -xE 'libpython3\.12(t64)?' | sort | tail -n 1 || true) \
+    && { [ -n "$libpython" ] || { echo "no libpython3.12 package in the base's apt sources (shared_libpython)" >&2; exit 100; }; } \
+    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv build-essential git ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps python3.12-dev "$libpython" \
     && rm -rf /var/lib/apt/lists/*
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
@@ -62,9 +67,14 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # System packages: the interpreter and the RDMA user-space NCCL needs (libibverbs/librdmacm);
 # without them NCCL silently falls back to sockets. Versions: those of the base image's suite
 # (the base is pinned by tag only: its suite moves with the tag; add its digest to the matrix).
+# The interpreter's shared library (the matrix's shared_libpython), under the name the base's
+# suite gives it: libpython3.12t64 after Ubuntu 24.04's 64-bit time_t transition, else
+# libpython3.12; a suite without either stops the build here, naming it.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv ibverbs-providers libibverbs1 libnuma1 libpython3.12t64 librdmacm1 procps \
+    && libpython=$(apt-cache pkgnames libpython3.12 | grep -xE 'libpython3\.12(t64)?' | sort | tail -n 1 || true) \
+    && { [ -n "$libpython" ] || { echo "no libpython3.12 package in the base's apt sources (shared_libpython)" >&2; exit 100; }; } \
+    && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps "$libpython" \
     && rm -rf /var/lib/apt/lists/*
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
@@ -112,7 +122,7 @@ LABEL org.opencontainers.image.description="NVIDIA x86_64 (H100/H200/B200), CUDA
       org.verl-env.cuda="13.0" \
       org.verl-env.gpus="sm_80,sm_90,sm_100,sm_103,sm_120" \
       org.verl-env.lock-hash="sha256:5a043bade2228df8a38890ea367e68078637cafe7af0a378a507171f05a479c3" \
-      org.verl-env.matrix-hash="sha256:50c7950f4b43d8a0f6c6d3e03610c7ceaff0d3728450c0ea1f747062e08b0394" \
+      org.verl-env.matrix-hash="sha256:ffac39f6062c4b7f3c6d4c222284804fee0f267ae50c9a249e7b2ae707d83fd1" \
       org.verl-env.override="false" \
       org.verl-env.pin.flash-attn="2.8.3 (source)" \
       org.verl-env.pin.hydra-core="1.3.2" \

@@ -101,9 +101,12 @@ def run_checker(tmp_path: Path, cpu_manifest: Path) -> RunChecker:
     """``run(python, overrides, nnodes=, gpus_per_node=)``: the checker as the image runs it."""
 
     def run(python: str, overrides: list[str], *, nnodes: int = 1, gpus_per_node: int = 2,
-            manifest: Path | None = cpu_manifest) -> Checked:
+            manifest: Path | None = cpu_manifest, engines: dict[str, str] | None = None
+            ) -> Checked:
         cmd = [python, str(checker_path()), "--nnodes", str(nnodes), "--gpus-per-node",
                str(gpus_per_node)]
+        for name, module in (engines or {}).items():
+            cmd += ["--engine", f"{name}={module}"]
         if manifest is not None:
             cmd += ["--manifest", str(manifest)]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}

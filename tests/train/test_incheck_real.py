@@ -76,6 +76,22 @@ def test_each_stage_finds_its_fault(run_checker: RunChecker, core_py: str,
     assert "gpu" not in [s["name"] for s in r.report["stages"]]
 
 
+def test_an_engine_whose_rollout_code_does_not_import_is_rejected(
+        run_checker: RunChecker, core_py: str, tiny: dict) -> None:
+    """An installed engine (here: the catalogue maps vllm to a module this host has) is held to
+    verl's own rollout code: get_rollout_class imports verl's vLLM ServerAdapter, which needs
+    the vllm package; the trainer stage fails quoting that, instead of "installed"."""
+    r = run_checker(core_py, tiny_command(tiny, rollout="vllm"), engines={"vllm": "json"})
+    assert r.code == 1 and r.report["status"] == "rejected", r.report
+    t = r.stage("trainer")
+    assert t["status"] == "fail", t
+    assert t["message"].startswith("actor_rollout_ref.rollout.name=vllm: verl's vllm rollout "
+                                   "code does not import in this image: "), t
+    # verl's words: its vllm_rollout finds no vllm version (a ValueError, not an ImportError)
+    assert "vllm version None not supported" in t["message"], t
+    assert t["fix"] == "an image whose vllm stack imports (build-env verify)"
+
+
 def test_plain_verl_cannot_start_the_trainer(run_checker: RunChecker, plain_py: str,
                                              tiny: dict, tmp_path: Path) -> None:
     """verl 0.9.1 without its [verl-core] extra (the CPU fixture's pin): configuration passes,
