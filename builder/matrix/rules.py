@@ -24,7 +24,8 @@ from builder.matrix.families import FAMILIES
 from builder.matrix.fields import (
     _DIST_NAME, PYTHON, Ctx, read_base, read_packages,
 )
-from builder.matrix.model import LayerProblem, Package, Target, engine_distributions, with_layer
+from builder.matrix.model import (Base, LayerProblem, Package, Target, engine_distributions,
+                                   with_layer)
 from builder.matrix.overrides import Override
 from builder.selftest.phases import allowpath
 
@@ -86,7 +87,8 @@ def read_target(ctx: Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
                     coverage_allow=_coverage_allow(ctx, accel, t.get("coverage_allow"),
                                                    f"{key}.coverage_allow", name),
                     abi_allow=_abi_allow(ctx, t.get("abi_allow"), f"{key}.abi_allow", name),
-                    shared_libpython=bool(t.get("shared_libpython", False)),
+                    shared_libpython=_shared_libpython(ctx, t, base, f"{key}.shared_libpython",
+                                                       name),
                     record_shared=_allowances(ctx, t.get("record_shared"),
                                               f"{key}.record_shared", name, _RECORD),
                     overrides=_overrides(ctx, t.get("overrides"), f"{key}.overrides", name,
@@ -205,6 +207,16 @@ def _extras_exceptions(ctx: Ctx, value: Any, key: str, name: str
             raise ctx.error(f"{key}.{dist}", f"write the distribution as {canon!r}, once", name)
         out[canon] = why.strip()
     return tuple(sorted(out.items()))
+
+
+def _shared_libpython(ctx: Ctx, t: dict[str, Any], base: Base, key: str, name: str) -> bool:
+    """``shared_libpython``: the apt-installed interpreter's shared library; a vendor base's
+    interpreter is its own, so asking for it there is refused rather than ignored."""
+    wanted = bool(t.get("shared_libpython", False))
+    if wanted and base.vendor:
+        raise ctx.error(key, "a vendor base keeps its own interpreter (base.vendor): remove "
+                             "shared_libpython", name)
+    return wanted
 
 
 def _gpus(ctx: Ctx, accel: str, value: Any, key: str, name: str) -> tuple[str, ...]:

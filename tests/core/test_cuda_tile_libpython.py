@@ -56,3 +56,24 @@ def test_the_package_is_picked_by_the_suites_name_for_it() -> None:
         assert out.stdout.strip() == want, (listed, out)
     assert "no libpython3.12 package in the base's apt sources (shared_libpython)" in text
     assert '"$libpython"' in text
+
+
+def test_a_vendor_base_refuses_it_naming_file_line_and_key(tmp_path: Path) -> None:
+    """The ROCm target's interpreter is its vendor base's own: asking for the apt library there
+    is refused (it would be silently ignored by the vendor template)."""
+    import yaml
+
+    from builder.errors import SpecError
+
+    text = (REPO / "matrix.yaml").read_text()
+    raw = yaml.safe_load(text)
+    assert raw["targets"]["rocm-mi300"]["base"].get("vendor")
+    lines = text.splitlines()
+    at = lines.index("  rocm-mi300:") + 1
+    lines.insert(at, "    shared_libpython: true")
+    path = tmp_path / "matrix.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SpecError) as e:
+        load_matrix(path)
+    assert str(e.value).startswith(f"{path}:{at + 1}: targets.rocm-mi300.shared_libpython: "
+                                   "a vendor base keeps its own interpreter"), str(e.value)
