@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-x86_64-sglang (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-x86_64-sglang`.
-# matrix entry sha256:b5bdc99ad9b62304710d6bcdd7c51bedd5eac49a38c93a1d4d08e107fb18dbde, lock sha256:fbc6cf4d2c040402199e84dd58e7a057a38d4916faf4f36213185acc1de05516
+# matrix entry sha256:9d83627092ebe170fc12ad254e7d7b7f91a82911376058c8c2353ccbed0d544b, lock sha256:fbc6cf4d2c040402199e84dd58e7a057a38d4916faf4f36213185acc1de05516
 
 # ---------------------------------------------------------------------------- runtime image
 FROM nvidia/cuda:13.0.2-base-ubuntu24.04
@@ -62,7 +62,7 @@ LABEL org.opencontainers.image.description="NVIDIA x86_64 with SGLang rollout (v
       org.verl-env.dep-override.transformers="5.9.0 (sglang 0.5.12 pins transformers==5.6.0, which verl 0.9.1 excludes (!=5.6.0) while its sglang extra pins 5.9.0; verl's own lock forces 5.9.0 with a project-wide override, as this does)" \
       org.verl-env.gpus="sm_80,sm_90,sm_100,sm_103,sm_120" \
       org.verl-env.lock-hash="sha256:fbc6cf4d2c040402199e84dd58e7a057a38d4916faf4f36213185acc1de05516" \
-      org.verl-env.matrix-hash="sha256:b5bdc99ad9b62304710d6bcdd7c51bedd5eac49a38c93a1d4d08e107fb18dbde" \
+      org.verl-env.matrix-hash="sha256:9d83627092ebe170fc12ad254e7d7b7f91a82911376058c8c2353ccbed0d544b" \
       org.verl-env.override="false" \
       org.verl-env.pin.hydra-core="1.3.2" \
       org.verl-env.pin.kernels="0.12.3" \

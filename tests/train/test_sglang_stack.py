@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import pytest
 
 from builder.matrix.spec import load_matrix
@@ -32,7 +34,22 @@ TIMINGS: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
-def built(debian_base: str, ca_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def built(debian_base: str, ca_bundle: Path, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[dict]:
+    """The stack built and gated; afterwards its image (about 10 GB) and the build cache are
+    removed from the group's engine, so the later heavy tests run with that disk back."""
+    report = _build(debian_base, ca_bundle, tmp_path_factory)
+    try:
+        yield report
+    finally:
+        client = docker.from_env()
+        for tag in report.get("tags") or []:
+            client.images.remove(tag, force=True)
+        freed = client.api.prune_builds(all=True).get("SpaceReclaimed", 0)
+        print(f"{TARGET}: image removed, build cache pruned ({freed / 1e9:.1f} GB)")
+
+
+def _build(debian_base: str, ca_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     workdir = tmp_path_factory.mktemp("sglang-build")
     t0 = time.monotonic()
     proc = run_build_env("--target", TARGET, "--matrix", str(REPO / "matrix.yaml"),
