@@ -74,8 +74,15 @@ def compose(text: str, file: str, error: ErrorMaker = SpecError) -> Any:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         raise error(f"YAML syntax error: {exc.problem or exc}", file=file, line=line) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (NUL, BEL ...)
+        line = text[:exc.position].count("\n") + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "?")
+        raise error(f"YAML syntax error: character U+{code:04X} is not allowed in YAML "
+                    f"(column {column})", file=file, line=line) from None
     except yaml.YAMLError as exc:
-        raise error(f"YAML error: {exc}", file=file) from None
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise error(f"YAML error: {first}", file=file) from None
 
 
 def plain(node: Any, path: str, lines: dict[str, int], file: str, what: str = "matrix",
@@ -163,8 +170,14 @@ def _own_words(err: jsonschema.ValidationError) -> str | None:
     if not isinstance(text, str):
         return None
     path = list(err.absolute_path)
-    return text.format(instance=err.instance, type=type(err.instance).__name__,
-                       name=path[-1] if path else "", missing=_missing(err))
+    fields = {"instance": err.instance, "type": type(err.instance).__name__,
+              "name": path[-1] if path else "", "missing": _missing(err)}
+    # only these fields are replaced: other braces are the message's own text ({url, sha256})
+    return _FIELD.sub(lambda m: repr(fields[m.group(1)]) if m.group(2) == "!r"
+                      else str(fields[m.group(1)]), text)
+
+
+_FIELD = re.compile(r"\{(instance|type|name|missing)(![rs])?\}")
 
 
 def describe(err: jsonschema.ValidationError) -> tuple[str, str]:

@@ -27,14 +27,40 @@ PYTHON = re.compile(r"[0-9]+\.[0-9]+", re.ASCII)
 
 
 class Ctx:
+    """The file being read, the line of every key, and where a key a target reads was written
+    (``written``: a key prefix as the target reads it -> (the key the file has it under, a note
+    for the message)): a value inherited from ``defaults:`` or taken from a stack layer is
+    named, in errors, by the key the user wrote and that key's line."""
+
     def __init__(self, file: str, lines: dict[str, int]) -> None:
         self.file, self.lines = file, lines
+        self.written: dict[str, tuple[str, str]] = {}
 
-    def error(self, key: str, message: str, target: str | None = None) -> SpecError:
+    def where(self, key: str) -> tuple[str, str]:
+        """(``key`` as written in the file, the note that says why it differs; '' if not)."""
+        best = max((p for p in self.written if key == p or key.startswith((p + ".", p + "["))),
+                   key=len, default=None)
+        if best is None:
+            return key, ""
+        written, note = self.written[best]
+        return written + key[len(best):], note
+
+    def error(self, key: str, message: str, target: str | None = None,
+              line: int | None = None) -> SpecError:
+        written, note = self.where(key)
         # a key is shown on one line: a control character or separator in it is escaped
-        shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in key)
-        return SpecError(message, file=self.file, line=self.line(key), key=shown,
-                         target=target)
+        shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in written)
+        found = self.line(written) if written != key else None
+        return SpecError(f"{message} ({note})" if note else message, file=self.file,
+                         line=found or self.line(key) or line, key=shown or None, target=target)
+
+    def maker(self, target: str | None = None) -> yamldoc.ErrorMaker:
+        """An error maker for :func:`builder.yamldoc.validate` that names keys as written."""
+        def make(message: str, *, file: str, line: int | None = None,
+                 key: str | None = None) -> SpecError:
+            del file  # this context's own
+            return self.error(key or "", message, target, line)
+        return make
 
     def line(self, key: str) -> int | None:
         """The line of ``key``, else of the nearest key above it (a list item of a default)."""

@@ -243,13 +243,19 @@ class LayerProblem(ValueError):
         self.key = key
 
 
-def with_layer(t: dict[str, Any], key: str, lines: dict[str, int]
+def with_layer(t: dict[str, Any], key: str, lines: dict[str, int],
+               written: dict[str, tuple[str, str]] | None = None
                ) -> tuple[Any, Layer | None]:
     """The target's packages with those of the stack layer it switches on added (a catalogue
     layer, by its matrix key): a package the target pins itself wins; each added one reports
-    the layer key's line (recorded in ``lines``). The layer is read here, beside the field that
-    holds it."""
-    named = [n for n in stack_layer.names() if t.get(n) is not None]
+    the layer key's line (recorded in ``lines``) and is named by the layer key it comes from
+    (recorded in ``written``: ``packages.NAME`` -> ``megatron.KEY``, and its version, where
+    the layer gives it as a string, -> that key itself). The layer is read here, beside the
+    field that holds it."""
+    written = {} if written is None else written
+    # a layer key with no value (`megatron:`) is refused like any other non-mapping, never
+    # read as "no layer"
+    named = [n for n in stack_layer.names() if n in t]
     if not named:
         return t["packages"], None
     if len(named) > 1:
@@ -269,6 +275,10 @@ def with_layer(t: dict[str, Any], key: str, lines: dict[str, int]
         if pname not in out:
             out[pname] = value
             lines.setdefault(f"{key}.packages.{pname}", where.line(f"{key}.{name}.{sub}") or 0)
+            source = f"{key}.{name}.{sub}"
+            written[f"{key}.packages.{pname}"] = (source, "")
+            if not isinstance(layer.value.get(sub), dict):
+                written[f"{key}.packages.{pname}.version"] = (source, "")
         elif isinstance(value, dict) and "import" in value:
             # the target's own pin (or an override's restatement of the layer's packages,
             # which carries no `import:`): the gate still imports what the layer names

@@ -48,6 +48,12 @@ def schema() -> dict[str, Any]:
     return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
 
 
+@functools.lru_cache(maxsize=1)
+def packages_schema() -> dict[str, Any]:
+    """The schema of a ``packages:`` mapping alone."""
+    return {"$defs": schema()["$defs"], "$ref": "#/$defs/packages"}
+
+
 def complete_schema() -> dict[str, Any]:
     """A target merged with its defaults: its shape, and the keys it must then have."""
     whole = schema()
@@ -56,8 +62,8 @@ def complete_schema() -> dict[str, Any]:
 
 
 def read_target(ctx: Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
-    yamldoc.validate(yamldoc.Doc(ctx.file, raw, ctx.lines), complete_schema(),
-                     functools.partial(SpecError, target=name), at=key)
+    yamldoc.validate(yamldoc.Doc(ctx.file, raw, ctx.lines), complete_schema(), ctx.maker(name),
+                     at=key)
     t = raw
     accel, arch = str(t["accelerator"]), str(t["arch"])
     base = read_base(ctx, t, key)
@@ -69,9 +75,12 @@ def read_target(ctx: Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
     if len(pv.release) != 2 or not PYTHON.fullmatch(python):
         raise ctx.error(f"{key}.python", f"give python as MAJOR.MINOR (got {python!r})")
     try:
-        raw_packages, layer = with_layer(t, key, ctx.lines)
+        raw_packages, layer = with_layer(t, key, ctx.lines, ctx.written)
     except LayerProblem as exc:
         raise ctx.error(exc.key, str(exc), name) from None
+    if layer is not None:  # the packages the layer adds, each held to a package's shape
+        yamldoc.validate(yamldoc.Doc(ctx.file, raw_packages, ctx.lines), packages_schema(),
+                         ctx.maker(name), at=f"{key}.packages")
     packages = read_packages(ctx, raw_packages, f"{key}.packages")
     provided = read_packages(ctx, t.get("provided"), f"{key}.provided")
     cuda = ctx.version(t["cuda"], f"{key}.cuda") if t.get("cuda") is not None else None
@@ -227,10 +236,13 @@ def _gpus(ctx: Ctx, accel: str, value: Any, key: str, name: str) -> tuple[str, .
         if value:
             raise ctx.error(key, f"a {accel} target runs on no GPU: remove gpus", name)
         return ()
-    if not value:
-        raise ctx.error(key.rsplit(".", 1)[0] if value is None else key,
+    if value is None:
+        raise ctx.error(key.rsplit(".", 1)[0],
                         f"missing key 'gpus': a {accel} target lists the GPUs it must run on "
                         f"(gpus: a list of names matching {fam.gpu_pattern})", name)
+    if not value:
+        raise ctx.error(key, f"the list is empty: a {accel} target lists the GPUs it must run "
+                        f"on (at least one name matching {fam.gpu_pattern})", name)
     out: list[str] = []
     for i, g in enumerate(value):
         if not isinstance(g, str) or not re.fullmatch(fam.gpu_pattern, g):

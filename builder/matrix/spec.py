@@ -63,8 +63,10 @@ def load_matrix(path: str | Path) -> Matrix:
             raise ctx.error(key, f"target name {name!r}: use lower-case letters, digits, '.', '_' "
                                  "and '-' (at most 63, starting with a letter or digit): it names "
                                  "a lock file and image tags")
+        note = f"inherited by target {name}"
         for k, v in defaults.items():  # defaults report their own lines when they are the culprit
             if k not in entry:
+                ctx.written[f"{key}.{k}"] = (f"defaults.{k}", note)
                 for dk, dl in list(lines.items()):
                     if dk == f"defaults.{k}" or dk.startswith((f"defaults.{k}.",
                                                                f"defaults.{k}[")):
@@ -74,6 +76,7 @@ def load_matrix(path: str | Path) -> Matrix:
             if isinstance(defaults.get(k), dict) and isinstance(entry.get(k), dict):
                 for sub in defaults[k]:
                     if sub not in entry[k]:
+                        ctx.written[f"{key}.{k}.{sub}"] = (f"defaults.{k}.{sub}", note)
                         lines.setdefault(f"{key}.{k}.{sub}", lines.get(f"defaults.{k}.{sub}", 0))
         t = read_target(ctx, str(name), merged, key)
         if not t.base.pinned_digest:

@@ -76,7 +76,8 @@ def _version(value: Any, key: str) -> str:
 def _mapping(value: Any, key: str, allowed: Iterable[str]) -> dict[str, Any]:
     allowed = sorted(allowed)
     if not isinstance(value, dict):
-        raise LayerError(key, f"expected a mapping ({', '.join(allowed)})")
+        got = "an empty value" if value is None else repr(value)
+        raise LayerError(key, f"expected a mapping ({', '.join(allowed)}), got {got}")
     for k in value:
         if k not in allowed:
             raise LayerError(f"{key}.{k}" if key else str(k),

@@ -118,7 +118,7 @@ def test_a_hostile_default_names_the_defaults_line(
     text = GOOD.replace("targets:\n", 'defaults:\n  apt: [procps, "curl && id"]\ntargets:\n')
     code, err = _run(workdir, text, "check", capsys=capsys)
     assert code == 2, err
-    assert "error: matrix.yaml:3: targets.t.apt[1]: 'curl && id' is not a Debian package" in err
+    assert "error: matrix.yaml:3: defaults.apt[1]: 'curl && id' is not a Debian package" in err
 
 
 # --------------------------------------------------------------------------- cross-field checks
