@@ -17,7 +17,6 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from builder import catalog, yamldoc
-from builder.errors import SpecError
 from builder.matrix import grammar
 from builder.matrix import overrides
 from builder.matrix.families import FAMILIES
