@@ -64,21 +64,56 @@ def find(matrix: Path | None) -> Path | None:
     return here if here.is_file() else None
 
 
-_TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
-_KEY = re.compile(r"^\s*([\"']?)([A-Za-z0-9_-]+)\1\s*=")
+_STRING = r"""(?:"(?:[^"\\\n]|\\.)*"|'[^'\n]*')"""  # a one-line basic or literal string
+_PART = rf"(?:[A-Za-z0-9_-]+|{_STRING})"
+_DOTTED = rf"{_PART}(?:\s*\.\s*{_PART})*"
+_TABLE = re.compile(rf"^\s*\[\[?\s*({_DOTTED})\s*\]\]?\s*(#.*)?$")
+_KEY = re.compile(rf"^\s*({_DOTTED})\s*=\s*")
+# inside an inline table: a key, a string value (skipped whole), a table opened or closed
+_INLINE = re.compile(rf"({_DOTTED})\s*=|{_STRING}|(\{{)|(\}})")
+
+
+def _parts(dotted: str) -> list[str]:
+    """``a."b.c".d`` -> ``["a", "b.c", "d"]``."""
+    return [p[1:-1] if p[:1] in "\"'" else p for p in re.findall(_PART, dotted)]
+
+
+def _inline(body: str, prefix: str, number: int, lines: dict[str, int]) -> None:
+    """The keys of an inline table (``slurm = { nodes = 2, x = { y = 1 } }``) on its line."""
+    stack, last = [prefix], prefix
+    for match in _INLINE.finditer(body):
+        if match.group(1) is not None:
+            last = stack[-1] + ".".join(_parts(match.group(1)))
+            lines.setdefault(last, number)
+        elif match.group(2) is not None:
+            stack.append(last + ".")
+        elif match.group(3) is not None and len(stack) > 1:
+            stack.pop()
 
 
 def key_lines(text: str) -> dict[str, int]:
-    """Where each key of a (parsed, so valid) TOML text is set: ``key`` or ``table.key`` -> its
-    1-based line (keys of multi-line values' continuation lines are not keys: the first
-    assignment of a name in a table wins)."""
+    """Where each key of a (parsed, so valid) TOML text is set (tomllib tells no lines): ``key``
+    or ``table.key`` -> its 1-based line, for ``[table]`` keys, dotted keys (``slurm.nodes =``),
+    quoted ones and an inline table's (``slurm = {nodes = 2}``); the lines inside a multi-line
+    string are no keys (the first assignment of a name wins)."""
     lines: dict[str, int] = {}
-    table = ""
+    table, closing = "", ""
     for number, line in enumerate(text.splitlines(), 1):
+        if closing:  # inside a multi-line string: until its closing quotes
+            if closing in line:
+                closing = ""
+            continue
         if (header := _TABLE.match(line)) is not None:
-            table = header.group(1) + "."
+            table = ".".join(_parts(header.group(1))) + "."
         elif (key := _KEY.match(line)) is not None:
-            lines.setdefault(table + key.group(2), number)
+            name = table + ".".join(_parts(key.group(1)))
+            lines.setdefault(name, number)
+            value = line[key.end():]
+            if value.startswith("{"):
+                _inline(value[1:], name + ".", number, lines)
+            for quotes in ('"""', "\'\'\'"):
+                if value.startswith(quotes) and value.count(quotes) == 1:
+                    closing = quotes
     return lines
 
 

@@ -96,6 +96,39 @@ def _check(cfg: config.Config, key: str, action: argparse.Action, value: Any) ->
         raise SpecError(str(exc), file=str(cfg.path), line=cfg.line(key), key=key) from None
 
 
+def _job_refusal(values: dict[str, Any]) -> tuple[str, str] | None:
+    """(the key, why) of a ``[slurm]`` number the Slurm job model (:mod:`builder.cluster.job`,
+    what ``build-env slurm`` makes of its options) refuses whatever the family: its range
+    (``nodes`` 1 to 4096 ...). ``values``: key -> typed value; the numbers that fill a field of
+    the job are held to it, together and each alone. What depends on the family or on other
+    options (a cuda job's GPUs) is left to the job the command makes."""
+    from dataclasses import fields  # imported only when a [slurm] table is read
+
+    from builder.cluster import job
+    from builder.errors import SlurmError
+    names = {f.name for f in fields(job.SlurmJob)}
+    numbers = {key: (dest, value) for key, value in values.items()
+               if (dest := key.rsplit(".", 1)[-1].replace("-", "_")) in names
+               and isinstance(value, int) and not isinstance(value, bool)}
+
+    def refused(given: dict[str, int]) -> str | None:
+        reasons: list[str] = []
+        for family in job.FAMILY_NAMES:
+            try:
+                job.SlurmJob(target="t", family=family, sif="/x.sif", train_cmd="true", **given)
+                return None
+            except SlurmError as exc:
+                reasons.append(str(exc.args[0]))
+        return reasons[0]
+
+    if not numbers or refused(dict(numbers.values())) is None:
+        return None
+    for key, (dest, value) in numbers.items():
+        if (why := refused({dest: value})) is not None:
+            return key, why
+    return None
+
+
 def check(parser: argparse.ArgumentParser, cfg: config.Config) -> None:
     """Every key of ``cfg`` against the option it sets, whatever the command: a table's keys
     against that command's options (an unknown one is refused), a top-level key against the
@@ -103,6 +136,7 @@ def check(parser: argparse.ArgumentParser, cfg: config.Config) -> None:
     commands = _subparsers(parser)
     for section, table in cfg.sections.items():
         actions = _options(commands[section]) if section in commands else {}
+        typed_values: dict[str, Any] = {}
         for name, value in table.items():
             key = f"{section}.{name}"
             action = actions.get(name.replace("-", "_"))
@@ -110,7 +144,10 @@ def check(parser: argparse.ArgumentParser, cfg: config.Config) -> None:
                 raise SpecError(f"`build-env {section}` has no option "
                                 f"--{name.replace('_', '-')}", file=str(cfg.path),
                                 line=cfg.line(key), key=key)
-            _check(cfg, key, action, value)
+            typed_values[key] = _check(cfg, key, action, value)
+        if section == "slurm" and (refusal := _job_refusal(typed_values)) is not None:
+            key, why = refusal
+            raise SpecError(why, file=str(cfg.path), line=cfg.line(key), key=key)
     for key, dests in config_dests().items():
         if not any(dest in cfg.values for dest in dests):
             continue
