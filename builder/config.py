@@ -13,8 +13,10 @@ command line win over it; it wins over the built-in defaults.
     account = "rl-team"
 
 Every value is checked against the option it sets, by that option's own definition (its type,
-range, choices; a flag takes true or false; an option given several times takes a list), and a
-bad one is refused naming file:line:key (:mod:`builder.commands._config`).
+range, choices; a flag takes true or false; an option given several times takes a list), a
+``[slurm]`` number also by the Slurm job's own bounds (``nodes`` 1 to 4096 ...), whatever the
+command, and a bad one is refused naming file:line:key (:mod:`builder.commands._config`); the
+lines are read from the TOML text (:func:`key_lines`), as tomllib tells none.
 """
 
 from __future__ import annotations

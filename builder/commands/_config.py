@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 from builder import config
-from builder.errors import SpecError
+from builder.cluster import job
+from builder.errors import SlurmError, SpecError
 
 _FLAGS = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction,
           argparse.BooleanOptionalAction)
@@ -102,10 +104,6 @@ def _job_refusal(values: dict[str, Any]) -> tuple[str, str] | None:
     (``nodes`` 1 to 4096 ...). ``values``: key -> typed value; the numbers that fill a field of
     the job are held to it, together and each alone. What depends on the family or on other
     options (a cuda job's GPUs) is left to the job the command makes."""
-    from dataclasses import fields  # imported only when a [slurm] table is read
-
-    from builder.cluster import job
-    from builder.errors import SlurmError
     names = {f.name for f in fields(job.SlurmJob)}
     numbers = {key: (dest, value) for key, value in values.items()
                if (dest := key.rsplit(".", 1)[-1].replace("-", "_")) in names
