@@ -77,8 +77,11 @@ def read_target(ctx: Ctx, name: str, raw: dict[str, Any], key: str) -> Target:
         raw_packages, layer = with_layer(t, key, ctx.lines, ctx.written)
     except LayerProblem as exc:
         raise ctx.error(exc.key, str(exc), name) from None
-    if layer is not None:  # the packages the layer adds, each held to a package's shape
-        yamldoc.validate(yamldoc.Doc(ctx.file, raw_packages, ctx.lines), packages_schema(),
+    if layer is not None and isinstance(raw_packages, dict):
+        # the packages the layer adds (the target's own were checked), held to a package's shape
+        own = t["packages"] if isinstance(t["packages"], dict) else {}
+        added = {k: v for k, v in raw_packages.items() if k not in own}
+        yamldoc.validate(yamldoc.Doc(ctx.file, added, ctx.lines), packages_schema(),
                          ctx.maker(name), at=f"{key}.packages")
     packages = read_packages(ctx, raw_packages, f"{key}.packages")
     provided = read_packages(ctx, t.get("provided"), f"{key}.provided")
