@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
 
+from builder.argtypes import positive_float
 from builder.commands import _shared
 from builder.engine import ContainerEngine, Engine, faults
 from builder.errors import VerifyError
 from builder.files import atomic_write_text
+from builder.gate.ending import no_manifest
 from builder.gate.image import verify_image
 from builder.gate.plan import EMULATION_FACTOR
-from builder.gate.record import SifRun
+from builder.gate.record import GateRecord, SifRun
 from builder.sif.gate import is_sif, verify_sif_image
-from builder.gate.summary import summary_lines
+from builder.gate.summary import phase_lines, scan_lines, summary_lines
 from builder.render.baked import manifest as render_manifest
 from builder.matrix.spec import load_matrix
 from builder.gate.verdicts import Verdict, binding_from_labels, record
@@ -45,6 +48,15 @@ def gpu_count(text: str) -> int:
     return n
 
 
+def seconds(text: str) -> float:
+    """argparse type of ``--timeout``: seconds, a finite number > 0 (refused by the parser,
+    before any engine call: 0 or less once reached the engine's client as a traceback)."""
+    value = positive_float(text)
+    if math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
 def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("image", metavar="IMAGE_OR_SIF",
                    help="image reference or ID, or a .sif file (run here, on this node, with the "
@@ -53,7 +65,8 @@ def _options(p: argparse.ArgumentParser) -> None:
                    help="write the self-test report (with the gate section) here")
     p.add_argument("--json", action="store_true",
                    help="print the report (with the gate section) as JSON on stdout")
-    p.add_argument("--timeout", type=float, default=900, help="seconds before the run is killed")
+    p.add_argument("--timeout", type=seconds, default=900, metavar="SECONDS",
+                   help="seconds before the run is killed (a number > 0)")
     p.add_argument("--gpus", choices=["auto", "nvidia", "amd", "none"], default="auto",
                    help="GPUs handed to the container (auto: the family's, when expected)")
     p.add_argument("--expect-gpus", type=gpu_count, default=None, metavar="N",
@@ -95,6 +108,9 @@ def _run_sif(args: argparse.Namespace) -> int:
         if given:
             raise VerifyError(f"{option} applies to an image in the engine, not to a SIF "
                               f"({path})")
+    phases = f"phases {args.phases}" if args.phases else "every phase"
+    _progress(args, "verify", "start", f"the self-test runs on this node: {phases}; killed "
+              f"after {args.timeout:g} s")
     try:
         v = verify_sif_image(path, expect_gpus=args.expect_gpus, timeout=args.timeout,
                              extra_args=shlex.split(args.selftest_args), phases=args.phases,
@@ -120,7 +136,8 @@ def _run_image(engine: ContainerEngine, args: argparse.Namespace) -> int:
         v = verify_image(engine, image.id, expect_gpus=args.expect_gpus, timeout=args.timeout,
                          gpus=None if args.gpus == "none" else args.gpus,
                          extra_args=shlex.split(args.selftest_args), phases=args.phases,
-                         manifest=manifest, emulated=args.emulated)
+                         manifest=manifest, emulated=args.emulated,
+                         started=lambda gate, timeout: _started(args, gate, timeout))
     except VerifyError as exc:
         raise VerifyError(exc.args[0], target=args.image) from None
     _write_report(args, v)
@@ -131,9 +148,6 @@ def _run_image(engine: ContainerEngine, args: argparse.Namespace) -> int:
     bound = None if args.target else binding_from_labels(args.matrix, labels)
     record(image.id, v, target=target, tags=list(image.tags), binding=bound)
     _print(args, v, f"{args.image}: {v.describe()} ({v.seconds:.1f} s)")
-    if v.exit_code == 3 and v.logs and "manifest not found" in v.logs:
-        print("hint: this image has no verl-env manifest; hold it to a target's pins with "
-              "--target T", file=sys.stderr)
     return EXIT_CODES.get(v.exit_code, 3)
 
 
@@ -142,14 +156,50 @@ def _write_report(args: argparse.Namespace, v: Verdict) -> None:
         atomic_write_text(args.report, json.dumps(v.report, indent=2) + "\n")
 
 
+def _progress(args: argparse.Namespace, name: str, status: str, detail: str) -> None:
+    """A progress line on stderr, in the build's stage-line form (``[IMAGE] name status
+    detail``); text mode only (never with ``--json``)."""
+    if not args.json:
+        print(f"[{args.image}] {name:10} {status:5} {detail}".rstrip(), file=sys.stderr,
+              flush=True)
+
+
+def _started(args: argparse.Namespace, gate: GateRecord, timeout: float) -> None:
+    """The line before the self-test's container starts: what runs, and its kill switch."""
+    _progress(args, "verify", "start",
+              f"the self-test runs in a fresh container: phases {','.join(gate.phases)}; "
+              f"killed after {timeout:g} s")
+
+
+def hint(args: argparse.Namespace, v: Verdict) -> str | None:
+    """What to do about a verdict that could not hold the image to anything: the options
+    ``verify`` itself has (never the self-test's own, which verify sets)."""
+    if no_manifest(v.report) is None:
+        return None
+    if is_sif(args.image):
+        return ("hint: this SIF has no verl-env manifest; a SIF from `build-env sif` or "
+                "`build-env --target T --sif PATH` has one, or verify the image it was made "
+                "from: build-env verify IMAGE --target T")
+    return (f"hint: hold the image to a matrix target's pins: build-env verify "
+            f"{shlex.quote(args.image)} --target T (the targets: build-env list; another "
+            "matrix: --matrix PATH)")
+
+
 def _print(args: argparse.Namespace, v: Verdict, headline: str) -> None:
-    """The report (``--json``), the headline and the summary lines; the log's tail when the
+    """The report (``--json``); in text mode a progress line per self-test phase (stderr: the
+    gate reads the container's report when it exits, so they come together), the headline, the
+    summary lines and what the ABI and coverage phases read; a hint, or the log's tail when the
     self-test errored."""
     out = sys.stderr if args.json else sys.stdout
     if args.json:
         print(json.dumps(v.report, indent=2, sort_keys=True))
+    for phase, status, detail in phase_lines(v):
+        _progress(args, phase, status, detail)
     print(headline, file=out)
-    for line in summary_lines(v):
+    for line in summary_lines(v) + ([] if args.json else scan_lines(v)):
         print(line, file=out)
-    if v.exit_code == 3 and v.logs:
+    advice = hint(args, v)
+    if advice is not None:
+        print(advice, file=sys.stderr)
+    elif v.exit_code == 3 and v.logs:
         print(v.logs[-1500:], file=sys.stderr)

@@ -22,6 +22,21 @@ def in_image_gpus(report: Mapping[str, Any], phases: Sequence[str]) -> SeenGpus:
     return SeenGpus(None, "not measured: GPU checks were not expected")
 
 
+# what the self-test says when the image has no manifest (builder.selftest.manifest); its
+# "(pass --manifest)" is advice for running it by hand: the gate sets its arguments itself
+NO_MANIFEST = ": manifest not found"
+GATE_NO_MANIFEST = ": the image has no verl-env manifest"
+
+
+def no_manifest(report: Mapping[str, Any]) -> str | None:
+    """The manifest path the self-test did not find in the image, when that is why it stopped."""
+    error = report.get("error")
+    for marker in (NO_MANIFEST, GATE_NO_MANIFEST):
+        if isinstance(error, str) and marker in error:
+            return error.split(marker, 1)[0]
+    return None
+
+
 def finish(subject: str, gate: GateRecord, *, exit_code: int | None, report: Mapping[str, Any],
            logs: str, seconds: float, timeout: float) -> Verdict:
     """The verdict of a self-test that ran: ``exit_code`` None when it was killed at
@@ -38,6 +53,10 @@ def finish(subject: str, gate: GateRecord, *, exit_code: int | None, report: Map
         out = {"overall": "error", "error": "the self-test wrote no report",
                "log_tail": logs[-2000:]}
         code = 3 if code == 0 else code
+    missing = no_manifest(out)
+    if missing is not None:
+        out["error"] = (f"{missing}{GATE_NO_MANIFEST} (it was not built by build-env): "
+                        "no pins to hold it to")
     if gate.gpus is not None:
         seen = in_image_gpus(out, gate.phases)
         gate = dataclasses.replace(gate, gpus=dataclasses.replace(gate.gpus, in_image=seen))

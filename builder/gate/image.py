@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from builder import shipped
@@ -28,6 +28,9 @@ from builder.gate.plan import (EMULATION_FACTOR, GpuPlan, SelftestPlan, arch_pla
                                family_of, plan_selftest)
 from builder.gate.record import GateGpus, GateRecord, ImageRun, SeenGpus
 from builder.gate.verdicts import PARTIAL, RELEASE, Verdict
+
+# told the gate's record and the kill-switch timeout just before the self-test's container starts
+Started = Callable[[GateRecord, float], None]
 
 OUT_DIR, HOST_DIR = "/verl-env-out", "/verl-env-host"
 REPORT = f"{OUT_DIR}/report.json"
@@ -46,7 +49,8 @@ def verify_image(engine: ContainerEngine, image: str, *, expect_gpus: int | None
                  timeout: float = 900, gpus: str | None = "auto",
                  extra_args: Sequence[str] | None = None, phases: str | None = None,
                  network: str = "none", manifest: dict[str, Any] | None = None,
-                 dev_root: str | None = None, emulated: bool | None = None) -> Verdict:
+                 dev_root: str | None = None, emulated: bool | None = None,
+                 started: Started | None = None) -> Verdict:
     """Run the self-test in a fresh container of ``image``; never raises for a failed verdict.
 
     ``expect_gpus``: GPUs the self-test must see (None: what the engine's host shows for the
@@ -57,6 +61,7 @@ def verify_image(engine: ContainerEngine, image: str, *, expect_gpus: int | None
     matrix target's pins. An image whose architecture is not the target's is refused without
     running it (a fail verdict); ``emulated`` (None: when the image's architecture is not the
     engine host's) runs the self-test under QEMU with its timeouts scaled by EMULATION_FACTOR.
+    ``started`` is called just before the container starts (``verify``'s progress line).
     Raises VerifyError for bad self-test arguments, EngineError for an image the engine does not
     have; every other problem is an error or fail verdict.
     """
@@ -89,7 +94,7 @@ def verify_image(engine: ContainerEngine, image: str, *, expect_gpus: int | None
     gate = dataclasses.replace(gate, scope=PARTIAL if reasons else RELEASE,
                                partial_reason="; ".join(reasons) or None)
     return _run(engine, img, image, gate, plan, gpu, gpus=gpus, manifest=manifest, network=network,
-                timeout=timeout)
+                timeout=timeout, started=started)
 
 
 def _handed(gpus: str | None, gpu: GpuPlan) -> str | None:
@@ -101,7 +106,7 @@ def _handed(gpus: str | None, gpu: GpuPlan) -> str | None:
 
 def _run(engine: ContainerEngine, img: ImageInfo, image: str, gate: GateRecord, plan: SelftestPlan,
          gpu: GpuPlan, *, gpus: str | None, manifest: dict[str, Any] | None, network: str,
-         timeout: float) -> Verdict:
+         timeout: float, started: Started | None = None) -> Verdict:
     """Copy the self-test (and the manifest) in, run it, and read its report out."""
     kind = _handed(gpus, gpu)
     command = ["--json", REPORT, *plan.args]
@@ -117,6 +122,8 @@ def _run(engine: ContainerEngine, img: ImageInfo, image: str, gate: GateRecord, 
         command += ["--manifest", f"{HOST_DIR}/manifest.json"]
     gate = dataclasses.replace(gate, run=ImageRun(tuple(ENTRYPOINT[:2]), gate.arch,
                                                   tuple(command)), gpus=gpu.record(kind))
+    if started is not None:
+        started(gate, timeout)
     try:
         result = engine.run(img.id, command, entrypoint=ENTRYPOINT, timeout=timeout,
                             network=network, gpus=kind, files=files, dirs=[OUT_DIR],

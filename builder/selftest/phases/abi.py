@@ -469,7 +469,8 @@ def check_abi(run: Run, roots: list[str] | None = None) -> list[Check]:
     dists = sorted({r.dist for r in found.results})
     refs = sum(r.refs for r in found.results)
     value = {"roots": roots, "elf_files": found.elf_files, "objects": len(found.results),
-             "symbols": refs, "foreign": found.foreign, "seconds": round(elapsed, 3),
+             "distributions": len(dists), "symbols": refs, "foreign": found.foreign,
+             "seconds": round(elapsed, 3),
              "other_interpreter": found.other_interpreter, "loader": found.loader,
              "loader_rules": source or False}
     reason = (f"{_n(found.elf_files, 'ELF file')}, {len(found.results)} shared objects of "

@@ -264,9 +264,10 @@ def check_coverage(run: Run, roots: list[str] | None = None) -> list[Check]:
     elapsed = time.monotonic() - t0
     for lib in libs:
         lib.allowed = allowance(lib.path, run.manifest.get("coverage_allow") or {})
-    value = {"roots": roots, "elf_files": files, "libraries": len(libs), "seconds":
-             round(elapsed, 3), "gpus": gpus, "table": table(libs, gpus)}
     dists = sorted({lib.dist for lib in libs})
+    value = {"roots": roots, "elf_files": files, "libraries": len(libs),
+             "distributions": len(dists), "seconds": round(elapsed, 3), "gpus": gpus,
+             "table": table(libs, gpus)}
     reason = (f"{_n(files, 'ELF file')}, {len(libs)} with {run.accelerator} device code, "
               f"{_n(len(dists), 'distribution')}, in {elapsed:.2f} s")
     if not libs:  # a GPU image whose environment holds no device code at all: say so
