@@ -26,6 +26,7 @@ from builder import __version__, argtypes
 from builder.commands import BY_NAME, COMMANDS, _config, completion
 from builder.engine import signals
 from builder.errors import BuildEnvError, NetworkError, UsageError, redact
+from builder.resolve.metadata import network_timeout
 from builder.resolve.targets import default_matrix
 
 SUBCOMMANDS = tuple(BY_NAME)
@@ -167,6 +168,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequenc
         if getattr(args, "index_url", None):  # the site's index: metadata, uv, image builds
             os.environ["VERL_ENV_INDEX_URL"] = os.environ["UV_DEFAULT_INDEX"] = args.index_url
         _check_env_index()
+        network_timeout()  # VERL_ENV_NETWORK_TIMEOUT held to its grammar by every command
         return BY_NAME[args.command].run(args)
     except BuildEnvError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -10,17 +10,42 @@ directory being replaced is one the tool wrote itself (:func:`replace_generated_
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+
+@contextmanager
+def naming(path: Path | str) -> Iterator[None]:
+    """An OSError raised inside names ``path`` (the path the user gave), not the temporary file
+    or directory the tool writes beside it: ``-o DIR`` says ``DIR: cannot write: Is a
+    directory``, never ``.DIR.x1y2.part: Is a directory``. Its errno (and so its exit code: a
+    full disk stays an infrastructure error) is kept."""
+    try:
+        yield
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        if exc.filename == str(path) and why.startswith("cannot write"):
+            raise  # named already (a helper inside that names the same path)
+        raise OSError(exc.errno, f"cannot write: {why}", str(path)) from exc
 
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    with naming(path):
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, data, mode)
+
+
+def _atomic_write(path: Path, data: bytes, mode: int) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -179,11 +179,36 @@ FIXES = {
 _STATUS = {"pass": OK, "warn": WARN, "fail": FAIL, "skip": SKIP, "incomplete": FAIL}
 
 
+def _number(value: float) -> str:
+    """A measured number as people read it: 23.54058 -> 23.5, 0.0625 -> 0.06, 3.0 -> 3."""
+    text = f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def value_text(check: Check) -> str:
+    """A check's value with its unit, and the threshold it was held to (``23.5 GiB (>= 1
+    GiB)``); ``ok`` when it has none. A float is rounded, never printed raw."""
+    value = check.value
+    if value is None:
+        return "ok"
+    if isinstance(value, float):
+        text = _number(value)
+    elif isinstance(value, (int, str)):
+        text = str(value)
+    else:
+        text = json.dumps(value, default=str)
+    text += f" {check.unit}" if check.unit else ""
+    limit = (check.threshold or {}).get("value")
+    if isinstance(limit, (int, float)) and not isinstance(limit, bool):
+        op = (check.threshold or {}).get("op", "")
+        text += f" ({op} {_number(float(limit))}{' ' + check.unit if check.unit else ''})"
+    return text
+
+
 def from_check(check: Check) -> Finding:
     """A self-test check as a doctor finding (same id, same words, and the doctor's fix)."""
-    message = check.reason or (json.dumps(check.value, default=str)
-                               if check.value is not None else "ok")
-    return Finding(check.id, _STATUS.get(check.status, FAIL), message, FIXES.get(check.id, ""))
+    return Finding(check.id, _STATUS.get(check.status, FAIL), check.reason or value_text(check),
+                   FIXES.get(check.id, ""))
 
 
 def check_visible_devices(env: Mapping[str, str], accelerator: str = "rocm") -> list[Finding]:

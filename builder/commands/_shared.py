@@ -37,10 +37,10 @@ class _Matrix(argparse.Action):
 
 
 def common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--matrix", type=Path, default=None, action=_Matrix,
+    p.add_argument("--matrix", type=argtypes.file_path, default=None, action=_Matrix,
                    help="the compatibility matrix (default: ./matrix.yaml if present, else the "
                         "reference matrix shipped with build-env)")
-    p.add_argument("--snapshot", type=Path, default=None,
+    p.add_argument("--snapshot", type=argtypes.file_path, default=None,
                    help="package metadata snapshot (default: metadata/pypi-snapshot.json beside "
                         "the matrix)")
 

@@ -78,10 +78,11 @@ def run(args: argparse.Namespace) -> int:
                   sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
+        width = max((len(f.id) for f in findings), default=0)  # one column for every id
         for f in findings:
-            print(f"[{f.status.upper():4}] {f.id:20} {f.message}")
+            print(f"[{f.status.upper():4}] {f.id:{width}} {f.message}")
             if f.status != OK and f.fix:
-                print(f"{'':27}fix: {f.fix}")
+                print(f"{'':{width + 8}}fix: {f.fix}")
     return 1 if failed else 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from builder.commands import _shared
@@ -24,11 +25,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _shared.quiet(p)
 
 
+# what a directory may already hold and still become a site: a version-control directory
+# (`git init site && build-env init site`); init writes none of these names
+KEPT = frozenset({".git", ".hg", ".svn"})
+
+
+def refuse_occupied(directory: Path) -> None:
+    """A directory that holds anything but :data:`KEPT` is refused before anything is written:
+    init never mixes its files with someone else's (an existing matrix is refused as before)."""
+    if (directory / "matrix.yaml").exists() or not directory.is_dir():
+        return  # init_site refuses the first; a missing DIR is made, a file DIR fails there
+    others = sorted(p.name for p in directory.iterdir() if p.name not in KEPT)
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise SiteError(f"{directory} is not empty ({shown}): init writes a site only into a new "
+                        "or empty directory (a .git there is kept); nothing written")
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.directory.strip():
         raise SiteError(f"DIR is empty ({args.directory!r}): name the new site's "
                         "directory (`.` for the working directory); nothing written")
     directory = Path(args.directory)
+    refuse_occupied(directory)
     written = init_site(directory)
     # the first line points editors at the schema `check` validates against
     matrix = directory / "matrix.yaml"
@@ -37,5 +56,6 @@ def run(args: argparse.Namespace) -> int:
         _shared.emit_json("init", {"site": str(directory.resolve()),
                                    "written": [str(p) for p in written]})
     _shared.info(args, f"{directory}: verl-env site with {len(written)} files (matrix.yaml, "
-                       f"metadata/, locks/); next: cd {directory} && build-env check")
+                       f"metadata/, locks/); next: cd {shlex.quote(str(directory))} && "
+                       "build-env check")
     return 0

@@ -21,6 +21,9 @@ HELP = "targets and their pins"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     _shared.common(p)
     _shared.json_flag(p, "every target")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print only the target names, one a line (for scripts: "
+                        "`for t in $(build-env list -q)`); errors still go to stderr")
 
 
 def vendor_note(site: Site, t: Any) -> str:
@@ -73,7 +76,11 @@ def extras_locked(site: Site, t: Any, snapshot: Any) -> dict[str, str] | None:
 def run(args: argparse.Namespace) -> int:
     site = _shared.site(args)
     matrix = site.matrix
-    snapshot = site.snapshot(matrix.targets.values())
+    snapshot = site.snapshot(matrix.targets.values())  # read (and checked) either way
+    if args.quiet and not args.json:  # the names only: no lock or verdict read
+        for name in matrix.targets:
+            print(name)
+        return 0
     versus = {n: extras.report(t, snapshot, extras_locked(site, t, snapshot))
               for n, t in matrix.targets.items()}
     latest = {n: verdicts.latest_for(binding(site, t)) if binding(site, t).lock_hash else None

@@ -30,11 +30,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="vendor bases: inspect the base through the engine first and record "
                         "its interpreter and freeze in locks/T.base.json")
     p.add_argument("--offline", action="store_true", help="resolve from uv's cache only")
-    p.add_argument("--upgrade", action="store_true",
-                   help="move every pin to its newest allowed version (default: the existing "
-                        "lock's versions are kept wherever the matrix allows)")
-    p.add_argument("--upgrade-package", dest="upgrade_packages", action="append", default=[],
-                   metavar="NAME", help="move this package (repeatable); everything else stays")
+    # --upgrade moves every pin already: naming packages beside it is refused, not ignored
+    upgrade = p.add_mutually_exclusive_group()
+    upgrade.add_argument("--upgrade", action="store_true",
+                         help="move every pin to its newest allowed version (default: the "
+                              "existing lock's versions are kept wherever the matrix allows)")
+    upgrade.add_argument("--upgrade-package", dest="upgrade_packages", action="append",
+                         default=[], metavar="NAME",
+                         help="move this package (repeatable); everything else stays")
     p.add_argument("--repin", action="store_true",
                    help="git sources: record the commit a ref names now even when it moved "
                         "since the lock recorded it (review the new commit first)")

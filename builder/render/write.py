@@ -23,7 +23,8 @@ from typing import Any
 from builder.resolve import prebuilt as prebuilt_wheels
 from builder import shipped
 from builder.errors import RenderError
-from builder.files import NotOurDirectory, check_replaceable, replace_generated_dir, sha256_file
+from builder.files import (NotOurDirectory, check_replaceable, naming, replace_generated_dir,
+                           sha256_file)
 from builder.resolve.metadata import Snapshot
 from builder.render.context import RenderContext, compute
 from builder.render.dockerfile import render_dockerfile
@@ -150,9 +151,10 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
     index_url = index_url or os.environ.get("VERL_ENV_INDEX_URL") or None
     ctx = compute(target, lock_text, snapshot, lock_file=lock_file, ca_bundle=ca_bundle,
                   base_record=base_record, index_url=index_url)
-    out = out.resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    given, out = out, out.resolve()
+    with naming(given):  # an unwritable --output names itself, not the staging directory
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         unfetched = []
         if ctx.source_builds:
@@ -160,7 +162,8 @@ def render_context(target: Target, lock_text: str, snapshot: Snapshot, out: Path
             unfetched = copy_sources(ctx.target, tmp / "source", ctx.pins, fetch=fetch_sources)
         dockerfile = render_dockerfile(ctx, templates)
         unfetched += _write_files(ctx, dockerfile, tmp, fetch_prebuilt)
-        replace_generated_dir(tmp, out, CONTEXT_MARKER, LEGACY_CONTEXT_NAMES)
+        with naming(given):
+            replace_generated_dir(tmp, out, CONTEXT_MARKER, LEGACY_CONTEXT_NAMES)
     except NotOurDirectory as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise RenderError(str(exc), target=target.name) from None

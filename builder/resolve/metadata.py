@@ -17,6 +17,7 @@ import email.message
 import email.parser
 import io
 import json
+import math
 import os
 import re
 import subprocess
@@ -49,11 +50,19 @@ INDEX_WAY_OUT = ("the site's index: --index-url URL, index_url in build-env.toml
 
 
 def network_timeout() -> float:
-    value = os.environ.get("VERL_ENV_NETWORK_TIMEOUT", "")
-    try:
-        return float(value) if value and float(value) > 0 else NETWORK_TIMEOUT
-    except ValueError:
+    """``VERL_ENV_NETWORK_TIMEOUT`` seconds (unset or empty: the default); anything but a
+    finite number > 0 is refused (exit 2, naming the variable), never silently replaced."""
+    value = os.environ.get("VERL_ENV_NETWORK_TIMEOUT", "").strip()
+    if not value:
         return NETWORK_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise BuildEnvError(f"VERL_ENV_NETWORK_TIMEOUT={value!r}: expected a number of seconds "
+                            f"> 0 (unset: {NETWORK_TIMEOUT:g})")
+    return seconds
 
 
 class MetadataError(BuildEnvError):
