@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-arm64 (linux/arm64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-arm64`.
-# matrix entry sha256:39e6d92fe78f2c3e7f2940255e3cf1e0476ce495609f9867bdbd452b19d5b7d6, lock sha256:f87adec2c2596e4213ca4e8d93a38bd1f3b2e944b880ad36d33c65827e21a733
+# matrix entry sha256:d1d9ad90e7f14d5ed3fe2562366e5c57073af14dc530d4fa446b01dffac1d8fc, lock sha256:f87adec2c2596e4213ca4e8d93a38bd1f3b2e944b880ad36d33c65827e21a733
 
 # ---------------------------------------------------------------------------- source builds
 # Built in their own stage (compilers stay here); the final stage mounts only the wheels. Only
@@ -131,7 +131,7 @@ LABEL org.opencontainers.image.description="NVIDIA Grace (GH200/GB200), aarch64,
       org.verl-env.cuda="13.0" \
       org.verl-env.gpus="sm_90,sm_100,sm_103" \
       org.verl-env.lock-hash="sha256:f87adec2c2596e4213ca4e8d93a38bd1f3b2e944b880ad36d33c65827e21a733" \
-      org.verl-env.matrix-hash="sha256:39e6d92fe78f2c3e7f2940255e3cf1e0476ce495609f9867bdbd452b19d5b7d6" \
+      org.verl-env.matrix-hash="sha256:d1d9ad90e7f14d5ed3fe2562366e5c57073af14dc530d4fa446b01dffac1d8fc" \
       org.verl-env.override="false" \
       org.verl-env.pin.flash-attn="2.8.3 (source)" \
       org.verl-env.pin.hydra-core="1.3.2" \

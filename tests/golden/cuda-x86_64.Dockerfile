@@ -1,6 +1,6 @@
 # Rendered by build-env for target cuda-x86_64 (linux/amd64). Do not edit by hand:
 # change matrix.yaml and run `build-env render --target cuda-x86_64`.
-# matrix entry sha256:ce5e8ecba9cc6184dff3d4bf200b62955d55714306f8a61f0d3bd54fbb604cb0, lock sha256:5a043bade2228df8a38890ea367e68078637cafe7af0a378a507171f05a479c3
+# matrix entry sha256:944fa204b5da1a9c0793015c1989ad5de89f5e8b7df4192cc01b2b2cf6b04612, lock sha256:5a043bade2228df8a38890ea367e68078637cafe7af0a378a507171f05a479c3
 
 # ---------------------------------------------------------------------------- source builds
 # Built in their own stage (compilers stay here); the final stage mounts only the wheels. Only
@@ -122,7 +122,7 @@ LABEL org.opencontainers.image.description="NVIDIA x86_64 (H100/H200/B200), CUDA
       org.verl-env.cuda="13.0" \
       org.verl-env.gpus="sm_80,sm_90,sm_100,sm_103,sm_120" \
       org.verl-env.lock-hash="sha256:5a043bade2228df8a38890ea367e68078637cafe7af0a378a507171f05a479c3" \
-      org.verl-env.matrix-hash="sha256:ce5e8ecba9cc6184dff3d4bf200b62955d55714306f8a61f0d3bd54fbb604cb0" \
+      org.verl-env.matrix-hash="sha256:944fa204b5da1a9c0793015c1989ad5de89f5e8b7df4192cc01b2b2cf6b04612" \
       org.verl-env.override="false" \
       org.verl-env.pin.flash-attn="2.8.3 (source)" \
       org.verl-env.pin.hydra-core="1.3.2" \
