@@ -36,6 +36,13 @@ def naming(path: Path | str) -> Iterator[None]:
         raise OSError(exc.errno, f"cannot write: {why}", str(path)) from exc
 
 
+def reason(exc: OSError) -> str:
+    """What went wrong, in the system's words (``No space left on device``), also for an error
+    :func:`naming` re-raised with its own ``cannot write:`` wording."""
+    inner = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+    return inner.strerror or str(inner)
+
+
 def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
     path = Path(path)
     with naming(path):

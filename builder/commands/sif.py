@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from builder.gate import verdicts
+from builder import files
 from builder.commands import _shared
 from builder.errors import SifError
 from builder.sif.convert import DEFAULT_PHASES, convert, summary, write_report
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             write_report(args.report, report)
         except OSError as exc:
-            raise SifError(f"{args.report}: cannot write the report ({exc.strerror or exc}); "
+            raise SifError(f"{args.report}: cannot write the report ({files.reason(exc)}); "
                            f"the SIF at {report['output']} is complete and verified",
                            target=target) from None
     if args.json:

@@ -93,3 +93,19 @@ def test_train_check_doc_says_the_cpu_fixture_passes_the_trainer_stage() -> None
                      (REPO / "builder" / "train" / "incheck.py").read_text())
     assert said and said.group(1) in flat
     assert "passes** the `trainer` stage" in flat
+
+
+def test_a_named_write_error_keeps_the_systems_words_for_its_reason(tmp_path: Path) -> None:
+    """files.naming re-raises with the user's path and ``cannot write:``; a caller that words
+    the error itself (sif --report: "cannot write the report (No space left on device)") reads
+    the system's reason through files.reason, never "cannot write: cannot write: ..."."""
+    from builder import files
+
+    target = tmp_path / "r.json"
+    with pytest.raises(OSError) as e:
+        with files.naming(target):
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / ".r.x.part"))
+    assert e.value.filename == str(target) and e.value.errno == errno.ENOSPC
+    assert e.value.strerror == "cannot write: No space left on device"
+    assert files.reason(e.value) == "No space left on device"
+    assert files.reason(OSError(errno.EACCES, "Permission denied")) == "Permission denied"
