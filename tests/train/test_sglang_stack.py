@@ -42,7 +42,8 @@ def built(debian_base: str, ca_bundle: Path, tmp_path_factory: pytest.TempPathFa
     build cache: about 20 GB in a whole run, which the machine's other groups need too); only
     the debootstrap base stays. The heavy group's modules after this one (tests/vendor) build
     their own images from that base."""
-    client = docker.from_env()
+    # pruning 20-odd GB of build cache outlasts the SDK's default 60 s on a loaded machine
+    client = docker.from_env(timeout=900)
     base_id = client.images.get(debian_base).id
     for image in client.images.list():
         if image.id != base_id:
