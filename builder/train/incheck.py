@@ -10,7 +10,7 @@ of build-env). It does what ``verl.trainer.main_ppo`` does before the first GPU 
             ``@hydra.main`` does), then ``auto_set_device``
   validate  verl's ``validate_config`` ("All configuration checks passed")
   trainer   the modules the trainer's run imports (v1: transfer_queue and the trainer mode;
-            legacy: main_ppo_v0) and the rollout engine's package
+            legacy: main_ppo_v0) and verl's rollout code for the engine (up to the GPU driver)
   model     the model's config, tokenizer and processor from ``actor_rollout_ref.model.path``
             (verl's HFModelConfig, as the trainer's tokenizer step)
   train_data / val_data
