@@ -171,10 +171,21 @@ class Target:
                 return p
         return None
 
+    def line(self, key: str) -> int | None:
+        """The line of a dotted key inside this target, else of its parent key, else of the
+        target itself (best effort)."""
+        return (self.lines.get(key) or self.lines.get(key.rsplit(".", 1)[0])
+                or self.lines.get("") or None)
+
     def where(self, key: str) -> str:
         """``file:line`` for a dotted key inside this target (best effort)."""
-        line = self.lines.get(key) or self.lines.get(key.rsplit(".", 1)[0]) or self.lines.get("")
+        line = self.line(key)
         return f"{self.file}:{line}" if line else self.file
+
+    def error(self, key: str, message: str) -> SpecError:
+        """``file:line: targets.T.KEY: message`` for a dotted key inside this target (exit 2)."""
+        return SpecError(message, file=self.file, line=self.line(key),
+                         key=f"targets.{self.name}.{key}", target=self.name)
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical, order-stable form used for hashing and for ``list --json``."""

@@ -30,14 +30,6 @@ from builder.resolve.compat import declared, replacing
 from builder.resolve.metadata import Snapshot
 
 
-def _error(target: Target, key: str, message: str) -> SpecError:
-    """``file:line: targets.T.KEY: message`` (the line of KEY, else of the nearest key above)."""
-    line = target.lines.get(key) or target.lines.get(key.rsplit(".", 1)[0]) or \
-        target.lines.get("") or None
-    return SpecError(message, file=target.file, line=line, key=f"targets.{target.name}.{key}",
-                     target=target.name)
-
-
 def _warning(target: Target, key: str, message: str) -> str:
     return f"{target.where(key)}: targets.{target.name}.{key}: {message}"
 
@@ -63,9 +55,9 @@ def extra_errors(target: Target, snapshot: Snapshot) -> tuple[list[SpecError], l
         has = ", ".join(sorted(known)) or "none"
         how = ("its Provides-Extra" if exact else "the extras its recorded Requires-Dist names; "
                "`build-env check --online` records its Provides-Extra")
-        errors.append(_error(target, key, f"{p.name} {p.version} has no extra "
-                                          f"{', '.join(repr(e) for e in unknown)} (it declares: "
-                                          f"{has}; {how})"))
+        errors.append(target.error(key, f"{p.name} {p.version} has no extra "
+                                        f"{', '.join(repr(e) for e in unknown)} (it declares: "
+                                        f"{has}; {how})"))
     return errors, warnings
 
 
@@ -80,11 +72,11 @@ def override_errors(target: Target, snapshot: Snapshot, locked: Iterable[str] | 
     for o in overrides.outside(target.overrides, known):
         key = f"overrides.{o.name}"
         if locked is not None and authoritative:
-            errors.append(_error(target, key, f"{o.name} is not installed by this target (not "
-                                              f"in {lock_name}, not pinned, required by no pin): "
-                                              "an override never adds a package, so it would "
-                                              "change nothing and no lock could hold it; remove "
-                                              "it (or pin the package that needs it)"))
+            errors.append(target.error(key, f"{o.name} is not installed by this target (not "
+                                            f"in {lock_name}, not pinned, required by no pin): "
+                                            "an override never adds a package, so it would "
+                                            "change nothing and no lock could hold it; remove "
+                                            "it (or pin the package that needs it)"))
         else:
             where = (f"{lock_name} was resolved from other inputs" if locked is not None
                      else f"no {lock_name} yet")
@@ -99,11 +91,11 @@ def unresolved_errors(target: Target, resolved: Iterable[str], lock_name: str
                       ) -> list[SpecError]:
     """After a resolution: every override of a package it did not install (nor pins)."""
     names = {*resolved, *(p.name for p in (*target.enabled_packages, *target.provided))}
-    return [_error(target, f"overrides.{o.name}", f"{o.name} is not installed by this target "
-                                                   f"(the resolution for {lock_name} does not "
-                                                   "hold it): an override never adds a package, "
-                                                   "so it would change nothing and no lock could "
-                                                   "hold it; remove it (nothing was written)")
+    return [target.error(f"overrides.{o.name}", f"{o.name} is not installed by this target "
+                                                 f"(the resolution for {lock_name} does not "
+                                                 "hold it): an override never adds a package, "
+                                                 "so it would change nothing and no lock could "
+                                                 "hold it; remove it (nothing was written)")
             for o in overrides.outside(target.overrides, names)]
 
 

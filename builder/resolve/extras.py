@@ -98,9 +98,15 @@ def differences(target: Target, snapshot: Snapshot,
                 locked: dict[str, str]) -> list[Difference]:
     """Each declared requirement the lock (``name -> version``) lacks or holds at a version
     the specifier excludes, with the reviewed exception's reason where there is one."""
+    return _differences(target, declared(target, snapshot), locked)
+
+
+def _differences(target: Target, decl: list[Declared],
+                 locked: dict[str, str]) -> list[Difference]:
+    """:func:`differences` of requirements already read (``decl``)."""
     reasons = dict(target.extras_exceptions)
     out = []
-    for d in declared(target, snapshot):
+    for d in decl:
         have = locked.get(d.name)
         if have is not None and (not d.spec or Requirement(f"x{d.spec}").specifier.contains(
                 have, prereleases=True)):
@@ -109,21 +115,15 @@ def differences(target: Target, snapshot: Snapshot,
     return out
 
 
-def _error(target: Target, key: str, message: str) -> SpecError:
-    line = target.lines.get(key) or target.lines.get(key.rsplit(".", 1)[0]) or \
-        target.lines.get("") or None
-    return SpecError(message, file=target.file, line=line, key=f"targets.{target.name}.{key}",
-                     target=target.name)
-
-
 def exception_errors(target: Target, snapshot: Snapshot) -> list[SpecError]:
     """An exception for a distribution no asked extra declares excuses nothing: refused."""
-    asked = {d.name for d in declared(target, snapshot)}
-    vias = sorted({d.via for d in declared(target, snapshot)})
-    return [_error(target, f"extras_exceptions.{name}",
-                   f"no extra this target asks for declares {name}"
-                   + (f" (asked: {', '.join(vias)})" if vias else " (it asks for no extra)")
-                   + ": remove the exception")
+    decl = declared(target, snapshot)
+    asked = {d.name for d in decl}
+    vias = sorted({d.via for d in decl})
+    return [target.error(f"extras_exceptions.{name}",
+                         f"no extra this target asks for declares {name}"
+                         + (f" (asked: {', '.join(vias)})" if vias else " (it asks for no extra)")
+                         + ": remove the exception")
             for name, _ in target.extras_exceptions if name not in asked]
 
 
@@ -135,9 +135,9 @@ def difference_errors(target: Target, snapshot: Snapshot,
         if diff.reason is not None:
             continue
         pkg = canonicalize_name(diff.declared.via.split("[", 1)[0])
-        out.append(_error(target, f"packages.{pkg}.extras",
-                          f"{diff.line()}: re-lock, or name {diff.declared.name} in "
-                          "extras_exceptions with the reason"))
+        out.append(target.error(f"packages.{pkg}.extras",
+                                f"{diff.line()}: re-lock, or name {diff.declared.name} in "
+                                "extras_exceptions with the reason"))
     return out
 
 
@@ -146,23 +146,25 @@ def report(target: Target, snapshot: Snapshot, locked: dict[str, str] | None
     """What ``check --json`` and ``list --json`` show: the extras asked, how many
     distributions they declare, and each difference (``locked`` None: the lock lacks it; no
     lock at all: ``differences`` is None)."""
-    asked = sorted({d.via for d in declared(target, snapshot)})
+    decl = declared(target, snapshot)
+    asked = sorted({d.via for d in decl})
     diffs = None if locked is None else [
         {"name": d.declared.name, "declared": d.declared.spec, "via": d.declared.via,
-         "locked": d.locked, "reason": d.reason} for d in differences(target, snapshot, locked)]
-    return {"asked": asked, "declared": len(declared(target, snapshot)),
+         "locked": d.locked, "reason": d.reason} for d in _differences(target, decl, locked)]
+    return {"asked": asked, "declared": len(decl),
             "exceptions": dict(target.extras_exceptions), "differences": diffs}
 
 
 def summary(target: Target, snapshot: Snapshot, locked: dict[str, str] | None) -> list[str]:
     """One line per asked extra set and one per difference, for the text of check and list."""
-    asked = sorted({d.via for d in declared(target, snapshot)})
+    decl = declared(target, snapshot)
+    asked = sorted({d.via for d in decl})
     if not asked:
         return []
     if locked is None:
         return [f"{target.name}: extras {', '.join(asked)}: not locked yet"]
-    diffs = differences(target, snapshot, locked)
-    n = len(declared(target, snapshot))
+    diffs = _differences(target, decl, locked)
+    n = len(decl)
     head = (f"{target.name}: extras {', '.join(asked)}: the lock holds {n - len(diffs)} of the "
             f"{n} requirements they declare")
     return [head, *(f"{target.name}:   {d.line()}" if d.reason else
