@@ -296,20 +296,10 @@ def decide_allowances(results: list[ObjectResult], allow: dict[str, str],
     """``abi.allowances``: every ``abi_allow`` entry must excuse an object that would fail
     here (one with problems); one that excuses none is stale: a warning naming it, a failure
     under ``--strict``. None when the matrix allows nothing."""
-    if not allow:
-        return None
-    cid = f"{PHASE}.allowances"
-    excused = [r.library for r in results if r.problems]
-    old = allowpath.stale(allow, excused)
-    value = {"allowances": len(allow), "stale": old,
-             "excused": sorted(r.library for r in results if r.problems and r.allowed)}
-    if old:
-        return Check(cid, PHASE, FAIL if strict else WARN, value=value,
-                     reason=allowpath.stale_text("abi_allow", old, "object that fails to load")
-                     + (" (--strict)" if strict else ""))
-    return Check(cid, PHASE, PASS, value=value,
-                 reason=f"abi_allow: {len(allow)} of {len(allow)} entries excuse an object "
-                        "that would fail here")
+    return allowpath.decide(
+        f"{PHASE}.allowances", "abi_allow", allow, [r.library for r in results if r.problems],
+        "object that fails to load", "an object that would fail here", strict,
+        {"excused": sorted(r.library for r in results if r.problems and r.allowed)})
 
 
 def settle_alternatives(results: list[ObjectResult], torch_global: str | None,

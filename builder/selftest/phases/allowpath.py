@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
+
+from ..report import FAIL, PASS, WARN, Check
 
 WILDCARDS = "*?["
 _CLASS = re.compile(r"\[[^\]]*\]")
@@ -79,3 +81,21 @@ def stale_text(key: str, patterns: list[str], what: str) -> str:
     return (f"stale {key}: {', '.join(patterns)} excuse{'s' if len(patterns) == 1 else ''} "
             f"no {what} in this image (remove {'it' if len(patterns) == 1 else 'them'} from "
             "the matrix, or fix the pattern)")
+
+
+def decide(cid: str, key: str, allow: Mapping[str, str], failing: Iterable[str], what: str,
+           used: str, strict: bool, value: Mapping[str, Any] | None = None) -> Check | None:
+    """The ``PHASE.allowances`` check of one allowance key: pass when every entry names one of
+    the ``failing`` paths (those that would fail without it; ``used`` says what an entry
+    excuses), else the stale entries named (``what`` they excuse none of): a warning, a failure
+    under ``--strict``. None when the matrix allows nothing."""
+    if not allow:
+        return None
+    phase = cid.split(".", 1)[0]
+    old = stale(allow, failing)
+    out = {"allowances": len(allow), "stale": old, **(value or {})}
+    if old:
+        return Check(cid, phase, FAIL if strict else WARN, value=out,
+                     reason=stale_text(key, old, what) + (" (--strict)" if strict else ""))
+    return Check(cid, phase, PASS, value=out,
+                 reason=f"{key}: {len(allow)} of {len(allow)} entries excuse {used}")

@@ -188,18 +188,10 @@ def decide_allowances(libs: list[Library], gpus: list[str], allow: dict[str, str
     """``coverage.allowances``: every ``coverage_allow`` entry must excuse a library that lacks
     code for a declared GPU here; one that excuses none is stale: a warning naming it, a
     failure under ``--strict``. None when the matrix allows nothing."""
-    if not allow:
-        return None
-    old = allowpath.stale(allow, [lib.path for lib in libs if lacking(lib, gpus)])
-    value = {"allowances": len(allow), "stale": old}
-    if old:
-        return Check(f"{PHASE}.allowances", PHASE, FAIL if strict else WARN, value=value,
-                     reason=allowpath.stale_text("coverage_allow", old,
-                                                 "library lacking code for a declared GPU")
-                     + (" (--strict)" if strict else ""))
-    return Check(f"{PHASE}.allowances", PHASE, PASS, value=value,
-                 reason=f"coverage_allow: {len(allow)} of {len(allow)} entries excuse a library "
-                        "that lacks code for a declared GPU here")
+    return allowpath.decide(
+        f"{PHASE}.allowances", "coverage_allow", allow,
+        [lib.path for lib in libs if lacking(lib, gpus)], "library lacking code for a declared GPU",
+        "a library that lacks code for a declared GPU here", strict)
 
 
 def decide_dist(dist: str, libs: list[Library], gpus: list[str]) -> Check:
