@@ -44,7 +44,7 @@ def _headers(text: str) -> Dict[str, str]:
 
 
 def _from_dirname(entry: str) -> Tuple[str, str]:
-    stem = entry[:-len(".dist-info")] if entry.endswith(".dist-info") else entry[:-len(".egg-info")]
+    stem = entry[:-len(".dist-info")] if entry.endswith(".dist-info") else entry[:-9]
     name, _, rest = stem.partition("-")
     return name, rest.split("-")[0]
 
