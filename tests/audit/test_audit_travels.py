@@ -94,3 +94,22 @@ def test_status_of_the_reference_shows_the_audit_counts_and_database_date(
     verified = json.loads(run_build_env("trust", "verify", ref, "--key", str(keypair.public),
                                         "--json", timeout=120).stdout)
     assert verified["audit"]["database"]["newest_modified"] == "2026-05-31T12:00:00Z"
+
+
+def test_status_entries_of_a_reference_carry_the_signed_audit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``status`` lists for a reference whose referrers verified with an audit among them
+    (the referrer check itself is the registry test above)."""
+    from builder.publish import status
+    from builder.trust import remote
+    from builder.commands.status import _entry_lines
+
+    checked = remote.RefChecked("r/x@sha256:" + "c" * 64, "sha256:" + "c" * 64, "referrers API",
+                                verdict=Verdict.from_dict(RELEASE_VERDICT), audit=_doc())
+    monkeypatch.setattr(status.remote, "verify_reference", lambda *a, **k: checked)
+    entries = status.reference_entries("r/x:tag", [], False)
+    audit = next(e for e in entries if e.kind == "audit")
+    assert audit.recorded_at == "2026-06-01T00:00:00Z"
+    line = _entry_lines([audit], "  ")[0]
+    assert "3 hits (1 MODERATE, 2 HIGH) in 42 distributions" in line
+    assert "OSV database of 2026-05-31T12:00:00Z" in line
