@@ -92,8 +92,8 @@ def test_limit_events_and_git_ranges(tmp_path: Path) -> None:
 
 
 def test_a_range_that_is_not_pep440_is_reported_unevaluated(tmp_path: Path) -> None:
-    db = _db(tmp_path, advisory("GHSA-odd", "numpy",
-                                ranges=ecosystem({"introduced": "0"}, {"fixed": "not.a-version!"})))
+    odd = ecosystem({"introduced": "0"}, {"fixed": "not.a-version!"})
+    db = _db(tmp_path, advisory("GHSA-odd", "numpy", ranges=odd))
     hits, unevaluated = lib.match([{"name": "numpy", "version": "1.0", "path": "/p"}], db)
     assert hits == [] and [u["id"] for u in unevaluated] == ["GHSA-odd"]
 
