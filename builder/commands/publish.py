@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from builder.audit import result as audits
 from builder.publish import push as lib
 from builder.gate import verdicts
 from builder.commands import _shared
@@ -46,8 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tries per registry operation on transient errors (default: 4)")
     _shared.require(p)
     p.add_argument("--sign-key", type=Path, default=os.environ.get("VERL_ENV_SIGN_KEY") or None,
-                   metavar="PATH", help="sign the verdict, SBOM and provenance statements with "
-                   "this ECDSA key and push them as OCI referrers of the image (and the SIF) "
+                   metavar="PATH", help="sign the verdict, SBOM and provenance statements (and "
+                   "the image's last `build-env audit`, when one is recorded) with this ECDSA key "
+                   "and push them as OCI referrers of the image (and the SIF) "
                    "(env VERL_ENV_SIGN_KEY)")
     p.add_argument("--report", type=Path, action="append", default=[], metavar="PATH",
                    help="the build's report.json, for the provenance statement (default: "
@@ -116,6 +118,11 @@ def _lines(record: dict[str, Any]) -> list[str]:
         where = att["fallback_index"] or "referrers API"
         lines.append(f"signed {what}: {len(att['referrers'])} referrers of {att['subject'][:19]} "
                      f"({where}; cosign {att['cosign_tag'][:19]}...)")
+    audited = [r for att in (record.get("attestations") or {}).values() if isinstance(att, dict)
+               for r in att["referrers"] if r.get("kind") == "audit"]
+    audit = audits.lookup(str(record.get("image_id") or "")) if audited else None
+    if audit is not None:
+        lines.append(f"signed audit: {audits.summary(audit)}")
     for c in record.get("clusters") or []:
         lines.append(f"attached cluster verdict {c['cluster']} ({c['overall']}, {c['level']} "
                      f"level, job {c['job']})")

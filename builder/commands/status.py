@@ -1,7 +1,8 @@
 """``build-env status``: every verdict that travels with a SIF or an image, newest first; with
 ``--cluster``, which of them last passed there; for an image index (one name for several
-platforms), each platform's digest, verdict and gate time. A refused verdict makes the exit
-code 1."""
+platforms), each platform's digest, verdict and gate time; for a registry reference, its last
+signed audit (``build-env audit``: hit counts per severity and the OSV database's date) as an
+entry of kind ``audit``. A refused verdict makes the exit code 1."""
 
 from __future__ import annotations
 

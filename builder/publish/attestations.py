@@ -1,6 +1,11 @@
-"""The signed statements (verdict, SBOM, provenance) of a published image: gathered and checked
-before anything is pushed (:func:`prepare_attestations`), then pushed as OCI 1.1 referrers of a
-manifest (:func:`attest`)."""
+"""The signed statements (verdict, SBOM, provenance, and the image's last audit when one is
+recorded) of a published image: gathered and checked before anything is pushed
+(:func:`prepare_attestations`), then pushed as OCI 1.1 referrers of a manifest (:func:`attest`).
+
+The audit (``build-env audit``, :mod:`builder.audit`) travels when the image has one recorded
+locally: its document is the predicate of a fourth statement (``AUDIT_TYPE``), signed with the
+same key, a referrer of kind ``audit`` beside the others (tag ``sha256-<hex>.verl-audit``), in
+cosign's ``.att`` too. An image never audited is published as before: three statements."""
 
 from __future__ import annotations
 
@@ -8,12 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from builder.audit import result as audits
 from builder.engine import ContainerEngine, ImageInfo
 from builder.errors import PublishError
 from builder.gate import verdicts
 from builder.publish.transfer import retrying
 from builder.registry.api import Client
-from builder.trust import referrers
+from builder.trust import dsse, referrers
+from builder.trust import statements as st
 from builder.trust.keys import keyid, load_private
 from builder.trust.sign import envelopes, statement_inputs
 
@@ -27,9 +34,14 @@ class Attestations:
     verdict: verdicts.Verdict
     sbom: dict[str, Any]
     provenance: Any  # builder.trust.statements.ProvenanceInputs
+    audit: dict[str, Any] | None = None  # the image's last `build-env audit` document
 
     def envelopes(self, subjects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return envelopes(subjects, self.verdict, self.sbom, self.provenance, self.private)
+        signed = envelopes(subjects, self.verdict, self.sbom, self.provenance, self.private)
+        if self.audit is not None:
+            statement = st.statement(subjects, st.AUDIT_TYPE, self.audit)
+            signed.append(dsse.sign(st.to_bytes(statement), self.private))
+        return signed
 
 
 def prepare_attestations(engine: ContainerEngine, image: ImageInfo, sign_key: Path,
@@ -50,7 +62,11 @@ def prepare_attestations(engine: ContainerEngine, image: ImageInfo, sign_key: Pa
                                                     engine=engine, image_id=image.id,
                                                     what=f"image {image.id[7:19]}",
                                                     require=require)
-    return Attestations(private, keyid(private.public_key()), chosen, sbom_doc, provenance)
+    audit = audits.lookup(image.id)
+    if audit is not None and (audit.get("subject") or {}).get("image_id") != image.id:
+        audit = None  # a record under this ID about another image is not this image's audit
+    return Attestations(private, keyid(private.public_key()), chosen, sbom_doc, provenance,
+                        audit)
 
 
 def attest(reg: Client, attestations: Attestations, digest: str,

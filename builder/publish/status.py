@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder.audit.result import summary as audit_summary
 from builder.engine.credentials import resolve_credentials
 from builder.errors import PublishError, TrustError
 from builder.registry.api import Client, Transient, index_entries, is_index, is_loopback
@@ -65,6 +66,9 @@ def reference_entries(ref: str, keys: Sequence[Path], insecure: bool) -> list[En
                      v.level if v else None, None, v.describe() if v else "")]
     entries += [Entry("cluster", ref, c.recorded_at, c.overall, c.level, c.cluster, c.describe())
                 for c in checked.clusters]
+    if checked.audit is not None:  # the last signed audit: its counts and database date
+        entries.append(Entry("audit", ref, checked.audit.get("audited_at"), None, None, None,
+                             audit_summary(checked.audit)))
     return sorted(entries, key=lambda e: e.recorded_at or "", reverse=True)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder.audit.result import summary as audit_summary
 from builder.gate import verdicts
 from builder.cluster.verdict import ClusterVerdict
 from builder.errors import PublishError, TrustError
@@ -84,11 +85,12 @@ class RefChecked(Attested):
     referrers: list[str] = field(default_factory=list)
     sif_blob: str | None = None
     clusters: list[ClusterVerdict] = field(default_factory=list)  # newest first
+    audit: dict[str, Any] | None = None  # the newest signed `build-env audit` document
 
     def to_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "digest": self.digest, "source": self.source,
                 "referrers": self.referrers, **self.attested_dict(), "sif_blob": self.sif_blob,
-                "clusters": [c.to_dict() for c in self.clusters]}
+                "clusters": [c.to_dict() for c in self.clusters], "audit": self.audit}
 
 
 def verify_reference(text: str, keys: list[Path], *, insecure: bool = False,
@@ -198,6 +200,8 @@ def _verify(reg: Client, ref: Reference, public: list[Any], require: str) -> Ref
     result.components = sbom.counts(found["sbom"][-1])
     result.provenance = provenance_summary(found["provenance"][-1])
     result.clusters.sort(key=lambda c: c.recorded_at, reverse=True)
+    result.audit = max(found.get("audit") or [None], key=lambda a: str((a or {}).get(
+        "audited_at") or ""))
     return result
 
 
@@ -232,4 +236,6 @@ def summary_lines(c: RefChecked) -> list[str]:
         lines.append(f"  SIF file: {c.sif_blob}")
     for cv in c.clusters:
         lines.append(f"  cluster verdict {cv.recorded_at}: {cv.describe()}")
+    if c.audit is not None:
+        lines.append(f"  audit {c.audit.get('audited_at')}: {audit_summary(c.audit)}")
     return lines

@@ -23,8 +23,9 @@ PROVENANCE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://verl-env.dev/build/v1"
 BUILDER_ID = "https://verl-env.dev/build-env"
 CLUSTER_TYPE = "https://verl-env.dev/cluster-verification/v1"
+AUDIT_TYPE = "https://verl-env.dev/audit/v1"  # predicate: a `build-env audit` document
 KINDS = {VERDICT_TYPE: "verdict", SBOM_TYPE: "sbom", PROVENANCE_TYPE: "provenance",
-         CLUSTER_TYPE: "cluster"}
+         CLUSTER_TYPE: "cluster", AUDIT_TYPE: "audit"}
 
 
 def subject(name: str, digest: str) -> dict[str, Any]:
@@ -52,7 +53,7 @@ class Opened:
     keyid: str  # the trusted key whose signature verified
     statement: dict[str, Any]
     predicate_type: str
-    kind: str  # verdict | sbom | provenance | cluster (KINDS)
+    kind: str  # verdict | sbom | provenance | cluster | audit (KINDS)
     subjects: list[str]  # the sha256 hex digests its subjects name
 
     @property
