@@ -23,7 +23,7 @@ from pathlib import PurePath
 import requests
 
 from builder import __version__, argtypes
-from builder.commands import BY_NAME, COMMANDS, _config, completion
+from builder.commands import BY_NAME, _config
 from builder.engine import signals
 from builder.errors import BuildEnvError, NetworkError, UsageError, redact
 from builder.resolve.metadata import network_timeout
@@ -37,16 +37,19 @@ SUBCOMMANDS = tuple(BY_NAME)
 # on: `verify IMAGE`, `init DIR`).
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(names: Sequence[str] = SUBCOMMANDS) -> argparse.ArgumentParser:
+    """The parser of the top level and the ``names`` commands (all by default): a command runs
+    without importing every other command's modules."""
     parser = argparse.ArgumentParser(
         prog="build-env", description="Build verl environments that are proven to work before "
         "they get a name: matrix -> lock -> render -> build -> verify -> tag.")
     parser.add_argument("--version", action="version", version=f"build-env {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMANDS:
-        module.add_arguments(sub.add_parser(module.NAME, help=module.HELP))
-    # `completion` walks the whole parser: it gets it here rather than importing this module
-    sub.choices[completion.NAME].set_defaults(parser=parser)
+    for name in names:
+        module = BY_NAME[name]
+        module.add_arguments(sub.add_parser(name, help=module.HELP))
+    if "completion" in sub.choices:  # it walks the whole parser: gets it here, not by import
+        sub.choices["completion"].set_defaults(parser=parser)
     return parser
 
 
@@ -54,7 +57,7 @@ def apply_config(parser: argparse.ArgumentParser, args: argparse.Namespace,
                  argv: Sequence[str]) -> None:
     """Fill what the command line left out from ``build-env.toml`` (flags win); every key of
     the file is checked against the option it sets first (:mod:`builder.commands._config`)."""
-    _config.apply(parser, args, argv)
+    _config.apply(parser, args, argv, whole=build_parser)
 
 
 # OSError numbers that say the machine failed, not the path the user gave: exit 3
@@ -103,11 +106,19 @@ def parse(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]
         argv.insert(0, "build")
     elif argv and argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
         raise unknown_command(argv[0])
-    parser = build_parser()
+    parser = build_parser(_parsed_commands(argv))
     args = parser.parse_args(argv)
     if args.command:
         empty_arguments(parser, args)
     return parser, args
+
+
+def _parsed_commands(argv: Sequence[str]) -> Sequence[str]:
+    """The commands whose options ``argv`` needs parsed: the one it names, none for a bare
+    ``--version``, all for ``--help`` and for ``completion`` (which prints them all)."""
+    if argv and argv[0] in SUBCOMMANDS and argv[0] != "completion":
+        return (argv[0],)
+    return () if list(argv) == ["--version"] else SUBCOMMANDS
 
 
 def empty_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -25,7 +25,9 @@ rm -rf build/lib build/bdist.*
 uv build --wheel -q -o "$root/dist" . || exit 1
 wheel=$(ls "$root"/dist/verl_env-*.whl) || exit 1
 uv venv -q --seed --python "$(command -v python3)" "$root/venv" || exit 1
-uv pip install -q --python "$root/venv/bin/python" "${wheel}[test]" || exit 1
+# Bytecode compiled once here: every `build-env` a test starts would otherwise compile its
+# modules (and requests', docker's, jsonschema's...) again where PYTHONDONTWRITEBYTECODE is set.
+uv pip install -q --compile-bytecode --python "$root/venv/bin/python" "${wheel}[test]" || exit 1
 export VERL_ENV_CLI="$root/venv/bin/build-env" PATH="$root/venv/bin:$PATH"
 pytest=("$root/venv/bin/python" -m pytest -rs -p no:cacheprovider --durations=15
         --expected-skips tests/expected-skips.txt)

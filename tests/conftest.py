@@ -154,8 +154,9 @@ def install_wheel(root: Path) -> Path:
     wheel = next((root / "dist").glob("verl_env-*.whl"))
     subprocess.run(["uv", "venv", "-q", "--seed", "--python", sys.executable, str(root / "venv")],
                    check=True, capture_output=True, text=True)
-    subprocess.run(["uv", "pip", "install", "-q", "--python", str(root / "venv" / "bin" / "python"),
-                    str(wheel)], check=True, capture_output=True, text=True)
+    subprocess.run(["uv", "pip", "install", "-q", "--compile-bytecode", "--python",
+                    str(root / "venv" / "bin" / "python"), str(wheel)],
+                   check=True, capture_output=True, text=True)
     return root / "venv" / "bin" / "build-env"
 
 

@@ -1,15 +1,41 @@
 """One module per subcommand: its arguments (``add_arguments``) and its call into the library
-(``run``), imported explicitly. Only :mod:`builder.cli` imports this package; nothing below a
-command sees an argparse Namespace."""
+(``run``). Only :mod:`builder.cli` imports this package; nothing below a command sees an argparse
+Namespace. A command's module is imported when that command runs (or when the whole parser is
+needed: ``--help``, ``completion``, a site's ``build-env.toml``): ``build-env check`` does not
+start by importing the engine, the registry client and the renderer."""
 
 from __future__ import annotations
 
-from builder.commands import (audit, build, check, cluster, completion, doctor, init, listing,
-                              lock, propose, publish, render, sif, slurm, sqsh, status,
-                              train_check, trust, verify)
+import importlib
+from collections.abc import Iterator, Mapping
+from types import ModuleType
 
-COMMANDS = (build, init, listing, check, lock, render, verify, sif, sqsh, publish, slurm, doctor,
-            train_check, trust, cluster, status, completion, propose, audit)
-BY_NAME = {m.NAME: m for m in COMMANDS}
+# command -> its module under builder.commands, in the order `--help` lists them
+MODULES: Mapping[str, str] = {
+    "build": "build", "init": "init", "list": "listing", "check": "check", "lock": "lock",
+    "render": "render", "verify": "verify", "sif": "sif", "sqsh": "sqsh", "publish": "publish",
+    "slurm": "slurm", "doctor": "doctor", "train-check": "train_check", "trust": "trust",
+    "cluster": "cluster", "status": "status", "completion": "completion", "propose": "propose",
+    "audit": "audit",
+}
 
-__all__ = ["BY_NAME", "COMMANDS"]
+
+class _Commands(Mapping[str, ModuleType]):
+    """Command name -> its module, imported on first use."""
+
+    def __getitem__(self, name: str) -> ModuleType:
+        module = importlib.import_module(f"{__name__}.{MODULES[name]}")
+        if module.NAME != name:  # the table and the module disagree: a bug, never user input
+            raise RuntimeError(f"builder.commands.{MODULES[name]} is {module.NAME!r}, not {name!r}")
+        return module
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(MODULES)
+
+    def __len__(self) -> int:
+        return len(MODULES)
+
+
+BY_NAME: Mapping[str, ModuleType] = _Commands()
+
+__all__ = ["BY_NAME", "MODULES"]

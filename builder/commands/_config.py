@@ -8,12 +8,11 @@ file:line:key; flags given on the command line win over the file."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
 
 from builder import config
-from builder.cluster import job
 from builder.errors import SlurmError, SpecError
 
 _FLAGS = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction,
@@ -104,6 +103,8 @@ def _job_refusal(values: dict[str, Any]) -> tuple[str, str] | None:
     (``nodes`` 1 to 4096 ...). ``values``: key -> typed value; the numbers that fill a field of
     the job are held to it, together and each alone. What depends on the family or on other
     options (a cuda job's GPUs) is left to the job the command makes."""
+    from builder.cluster import job  # the job model, only where a [slurm] table is given
+
     names = {f.name for f in fields(job.SlurmJob)}
     numbers = {key: (dest, value) for key, value in values.items()
                if (dest := key.rsplit(".", 1)[-1].replace("-", "_")) in names
@@ -166,14 +167,15 @@ def _given(action: argparse.Action, argv: Sequence[str]) -> bool:
     return any(a == o or a.startswith(o + "=") for a in argv for o in action.option_strings)
 
 
-def apply(parser: argparse.ArgumentParser, args: argparse.Namespace,
-          argv: Sequence[str]) -> None:
+def apply(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str],
+          whole: Callable[[], argparse.ArgumentParser] | None = None) -> None:
     """Check the whole ``build-env.toml`` of the site, then fill what the command line left out
-    for this command (flags win)."""
+    for this command (flags win). ``parser`` may hold only this command; ``whole`` makes the
+    parser of every command, which the file's other tables are checked against."""
     cfg = config.load(config.find(getattr(args, "matrix", None)))
     if cfg.path is None:
         return
-    check(parser, cfg)
+    check(whole() if whole is not None else parser, cfg)
     actions = _options(_subparsers(parser)[args.command])
     section = cfg.sections.get(args.command, {})
     keys = {name.replace("-", "_"): f"{args.command}.{name}" for name in section}

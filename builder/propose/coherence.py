@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import (
@@ -22,7 +21,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from builder.resolve.compat import marker_env
+from builder.resolve.compat import holds
 from builder.resolve.lock import DEFAULT_GLIBC
 from builder.resolve.metadata import Release
 from builder.matrix.spec import Package, Target
@@ -102,10 +101,9 @@ def accelerator_build(release: Release, target: Target) -> Build:
     m = _ROCM_LOCAL.fullmatch(local)
     if m:
         return Build("rocm", m.group(1))
-    env = marker_env(target)
     majors = set()
     for req in release.requirements():
-        if req.marker is not None and not req.marker.evaluate(env):
+        if not holds(req, target):
             continue
         name = canonicalize_name(req.name)
         if _CUDA_DEP.match(name):
@@ -189,7 +187,3 @@ def unusable(package: Package, release: Release | None, version: str, target: Ta
     return None
 
 
-def applies(req: Requirement, target: Target, extras: tuple[str, ...]) -> bool:
-    if req.marker is None:
-        return True
-    return any(req.marker.evaluate(marker_env(target, e)) for e in ("", *extras))

@@ -16,9 +16,8 @@ from dataclasses import replace
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder.resolve.compat import local_sources
+from builder.resolve.compat import applies, local_sources
 from builder.resolve.metadata import IndexClient, MetadataError, Snapshot, _file_version
-from builder.propose import coherence
 from builder.matrix.spec import Target
 
 DEFAULT_LIMIT = 40
@@ -101,7 +100,7 @@ def refresh_candidates(snapshot: Snapshot, targets: Iterable[Target], client: In
                 continue
             for req in rel.requirements():
                 dep = canonicalize_name(req.name)
-                if dep not in pinned and coherence.applies(req, t, pin.extras):
+                if dep not in pinned and applies(req, t, pin.extras):
                     constrainers.setdefault(dep, set()).add(owner)
     shared = sorted(d for d, names in constrainers.items() if len(names) >= 2)
     note(f"version lists of {len(shared)} shared dependencies")

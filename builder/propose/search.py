@@ -27,7 +27,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from builder.resolve.compat import local_sources
+from builder.resolve.compat import applies, local_sources
 from builder.errors import BuildEnvError
 from builder.resolve.metadata import Release, Snapshot, local_release
 from builder.matrix import overrides
@@ -145,7 +145,7 @@ class Space:
             # a reviewed override replaces what it names, as in `check` and `lock`
             self._reqs[key] = [] if rel is None or self.fixed(name) else [
                 r for r in overrides.kept(self.target.overrides, name, rel.requirements())
-                if canonicalize_name(r.name) != name and coherence.applies(r, self.target, extras)]
+                if canonicalize_name(r.name) != name and applies(r, self.target, extras)]
         return self._reqs[key]
 
     def known_versions(self, name: str, current: str) -> list[Version]:

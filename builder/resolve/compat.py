@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
@@ -38,18 +39,38 @@ class Problem:
 
 
 def marker_env(target: Target, extra: str = "") -> dict[str, str]:
+    return _env(target.python, target.arch, extra)
+
+
+def _env(python: str, arch: str, extra: str) -> dict[str, str]:
     return {
-        "python_version": target.python, "python_full_version": f"{target.python}.0",
-        "platform_machine": target.arch, "sys_platform": "linux", "platform_system": "Linux",
+        "python_version": python, "python_full_version": f"{python}.0",
+        "platform_machine": arch, "sys_platform": "linux", "platform_system": "Linux",
         "os_name": "posix", "implementation_name": "cpython",
         "platform_python_implementation": "CPython", "extra": extra,
     }
 
 
-def _applies(req: Requirement, target: Target, extras: tuple[str, ...]) -> bool:
+def holds(req: Requirement, target: Target, extra: str = "") -> bool:
+    """Whether ``req``'s marker holds on ``target`` (with ``extra`` asked for); no marker holds.
+    Each marker is evaluated once per process per python, arch and extra: a ``check`` of the
+    shipped matrix asks tens of thousands of times for a few hundred markers."""
     if req.marker is None:
         return True
-    return any(req.marker.evaluate(marker_env(target, e)) for e in ("", *extras))
+    key = (id(req.marker), target.python, target.arch, extra)
+    known = _HOLDS.get(key)
+    if known is None or known[0] is not req.marker:
+        known = _HOLDS[key] = (req.marker, req.marker.evaluate(_env(*key[1:])))
+    return known[1]
+
+
+# (id(marker), python, arch, extra) -> (the marker, kept alive so its id is not reused; held?)
+_HOLDS: dict[tuple[int, str, str, str], tuple[Marker, bool]] = {}
+
+
+def applies(req: Requirement, target: Target, extras: tuple[str, ...]) -> bool:
+    """Whether ``req`` holds on ``target`` plain or with any of ``extras``."""
+    return any(holds(req, target, e) for e in ("", *extras))
 
 
 def _key(target: Target, p: Package) -> str:
@@ -94,7 +115,7 @@ def check_target(target: Target, snapshot: Snapshot) -> list[Problem]:
                                     f"python {target.python} is outside {p.name} {p.version}'s "
                                     f"Requires-Python {rel.requires_python}"))
         for req in overrides.kept(target.overrides, p.name, rel.requirements()):
-            if _applies(req, target, p.extras):
+            if applies(req, target, p.extras):
                 constraints.setdefault(canonicalize_name(req.name), []).append((p, req))
 
     for dep, cons in sorted(constraints.items()):
@@ -146,7 +167,7 @@ def replacing(target: Target, snapshot: Snapshot) -> dict[str, list[str]]:
         rel = snapshot.release(p.name, p.version)
         for req in rel.requirements() if rel is not None else ():
             o = overrides.replaced(target.overrides, p.name, req)
-            if (o is not None and _applies(req, target, p.extras)
+            if (o is not None and applies(req, target, p.extras)
                     and not req.specifier.contains(o.version, prereleases=True)):
                 out[o.name].append(f"{p.name} {p.version} requires {req.name}"
                                    f"{_fmt(req.specifier)}")
@@ -165,7 +186,7 @@ def declared(target: Target, snapshot: Snapshot) -> set[str]:
         while rel is not None and todo:
             todo = False
             for req in rel.requirements():
-                if not _applies(req, target, tuple(sorted(extras))):
+                if not applies(req, target, tuple(sorted(extras))):
                     continue
                 name = canonicalize_name(req.name)
                 out.add(name)
@@ -243,7 +264,7 @@ def torch_build(target: Target, snapshot: Snapshot) -> Build | None:
         return None
     major = None
     for req in rel.requirements():
-        if not _applies(req, target, torch.extras):
+        if not applies(req, target, torch.extras):
             continue
         name = canonicalize_name(req.name)
         exact = [s.version for s in req.specifier if s.operator == "=="]

@@ -24,7 +24,7 @@ from packaging.utils import canonicalize_name
 
 from builder.errors import SpecError
 from builder.matrix.spec import Package, Target
-from builder.resolve.compat import marker_env
+from builder.resolve.compat import holds
 from builder.resolve.metadata import Snapshot
 
 
@@ -58,14 +58,13 @@ def _requirements(pkg: Package, snapshot: Snapshot) -> list[Requirement]:
     rel = snapshot.release(pkg.name, pkg.version)
     if rel is None:
         return []
-    return [Requirement(line) for line in rel.requires_dist]
+    return rel.requirements()
 
 
 def declared(target: Target, snapshot: Snapshot) -> list[Declared]:
     """Every requirement the extras asked of the target's pinned packages declare (a package's
     references to its own extras followed), once per distribution and extra."""
     out: dict[tuple[str, str], Declared] = {}
-    env = marker_env(target)
     for pkg in target.enabled_packages:
         reqs = _requirements(pkg, snapshot)
         for top in pkg.extras:
@@ -76,7 +75,7 @@ def declared(target: Target, snapshot: Snapshot) -> list[Declared]:
                     continue
                 seen.add(extra)
                 for req in reqs:
-                    if req.marker is None or not req.marker.evaluate({**env, "extra": extra}):
+                    if req.marker is None or not holds(req, target, extra):
                         continue
                     if "extra" not in str(req.marker):
                         continue  # the package's own requirement, not its extra's

@@ -31,7 +31,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from builder.files import atomic_write_text
-from builder.resolve.compat import check_target, local_sources, marker_env
+from builder.resolve.compat import check_target, holds, local_sources
 from builder.errors import CompatError, LockError, NetworkError
 from builder.resolve.metadata import INDEX_WAY_OUT, Snapshot, network_timeout
 from builder.matrix.spec import Package, Target
@@ -118,7 +118,7 @@ def requirements_in(target: Target, snapshot: Snapshot) -> list[str]:
         rel = snapshot.release(p.name, p.version)
         assert rel is not None  # wheelless() keeps only packages with a release
         for req in rel.requirements():
-            if req.marker is None or req.marker.evaluate(marker_env(target)):
+            if holds(req, target):
                 lines.append(str(Requirement(f"{req.name}{req.specifier}")))
     return sorted(set(lines))
 

@@ -19,6 +19,7 @@ the review of the lock's diff and the gate inside the image do that.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
@@ -87,7 +88,15 @@ def covered_lines(header: str) -> str:
 
 def parse(body: str, first: int = 1) -> tuple[list[Entry], list[tuple[int, int, str]]]:
     """The body's entries, and ``(first line, last line, the first one's text)`` for each run of
-    lines that are neither a requirement, a hash of one, a ``# via`` note nor blank."""
+    lines that are neither a requirement, a hash of one, a ``# via`` note nor blank. Each body
+    is read once per process (``check`` asks several times per lock); the lists are the
+    caller's own."""
+    entries, strays = _parse(body, first)
+    return list(entries), list(strays)
+
+
+@functools.lru_cache(maxsize=32)
+def _parse(body: str, first: int) -> tuple[tuple[Entry, ...], tuple[tuple[int, int, str], ...]]:
     entries: list[Entry] = []
     strays: list[tuple[int, int, str]] = []
     current: dict | None = None
@@ -126,7 +135,7 @@ def parse(body: str, first: int = 1) -> tuple[list[Entry], list[tuple[int, int, 
             else:
                 strays.append((n, n, stripped[:60]))
     flush()
-    return entries, strays
+    return tuple(entries), tuple(strays)
 
 
 def record(body: str, covered: str = "") -> str:

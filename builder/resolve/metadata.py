@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import email.message
 import email.parser
+import functools
 import io
 import json
 import math
@@ -99,14 +100,21 @@ class Release:
         return frozenset(named), False
 
     def requirements(self) -> list[Requirement]:
-        out = []
-        for line in self.requires_dist:
-            try:
-                out.append(Requirement(line))
-            except InvalidRequirement:
-                continue  # malformed metadata upstream: nothing we could check against anyway
-        return out
+        """The release's ``Requires-Dist`` parsed; a malformed line (metadata upstream) is left
+        out: nothing could be checked against it anyway."""
+        return [r for r in map(parse_requirement, self.requires_dist) if r is not None]
 
+
+
+@functools.lru_cache(maxsize=None)
+def parse_requirement(line: str) -> Requirement | None:
+    """``Requirement(line)``, or None for a malformed line; parsed once per process (a ``check``
+    of the shipped matrix reads the same few thousand lines tens of thousands of times). The
+    result is shared: callers read it, never change it."""
+    try:
+        return Requirement(line)
+    except InvalidRequirement:
+        return None
 
 @dataclass
 class Snapshot:
