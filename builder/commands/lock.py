@@ -1,5 +1,8 @@
 """``build-env lock``: the full dependency lock (hashes included) per target. The existing lock
-is uv's preference: a re-lock with no change is byte-identical, and pins move only on request."""
+is uv's preference: a re-lock with no change is byte-identical, and pins move only on request.
+A lock made from the inputs the target has now (its recorded input hash, body digests, source
+and prebuilt records all as ``check`` wants them) is kept without asking uv or the index:
+``--refresh`` (or ``--upgrade``, ``--upgrade-package``, ``--repin``, ``--probe``) resolves again."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from builder.resolve.compat import check_target
 from builder.engine import Engine
 from builder.errors import CompatError, LockError
 from builder.resolve.lock import (compile_lock, lock_path, moved_pins, parse_lock,
-                                  refuse_unmeant)
+                                  refuse_unmeant, stale_reason)
 
 NAME = "lock"
 HELP = "resolve the full dependency lock (with hashes) for a target"
@@ -38,6 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     upgrade.add_argument("--upgrade-package", dest="upgrade_packages", action="append",
                          default=[], metavar="NAME",
                          help="move this package (repeatable); everything else stays")
+    p.add_argument("--refresh", action="store_true",
+                   help="resolve again with uv even when the lock was made from the inputs the "
+                        "target has now (default: such a lock is kept, in well under a second; "
+                        "a git ref that moved upstream is seen only by a resolution)")
     p.add_argument("--repin", action="store_true",
                    help="git sources: record the commit a ref names now even when it moved "
                         "since the lock recorded it (review the new commit first)")
@@ -71,6 +78,15 @@ def base_record(args: argparse.Namespace, t: Any, lock_file: Path, probe: bool
     return record
 
 
+def _kept(args: argparse.Namespace, t: Any, path: Path) -> dict[str, Any]:
+    """The result for a lock kept as it is: made from the target's inputs as they are now."""
+    count = len(parse_lock(path.read_text()))
+    _shared.info(args, f"{t.name}: {path} ({count} packages), unchanged: locked from the inputs "
+                       "the target has now (--refresh resolves again)")
+    return {"target": t.name, "lock": str(path), "seconds": 0.0, "packages": count,
+            "unchanged": True, "resolved": False, "moved": []}
+
+
 def run(args: argparse.Namespace) -> int:
     site = _shared.writable_site(args, "lock")
     targets = site.targets([args.target] if args.target else None)
@@ -90,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
             if not args.quiet:
                 print(f"warning: {w}", file=sys.stderr)
     results = []
+    resolve_all = (args.refresh or args.upgrade or bool(args.upgrade_packages) or args.repin
+                   or args.probe)
     for t in targets:
         problems = check_target(t, snapshot)
         if problems:
@@ -99,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
         # prebuilt, build tools) are read and written as one set; a second run waits, then
         # starts from the first one's lock (usually: unchanged).
         with runlock.held(runlock.key_for_path(path), what=f"lock of {t.name} ({path})"):
+            if not resolve_all and stale_reason(t, snapshot, path) is None:
+                results.append(_kept(args, t, path))
+                continue
             record = base_record(args, t, path, args.probe)
             before = path.read_text() if path.is_file() else None
             with _shared.progress(args, f"{t.name}: resolving with uv"):
@@ -109,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         moved = moved_pins(before, lock.text)
         count = len(parse_lock(lock.text))
         results.append({"target": t.name, "lock": str(lock.path), "seconds": round(lock.seconds, 2),
-                        "packages": count, "unchanged": lock.text == before,
+                        "packages": count, "unchanged": lock.text == before, "resolved": True,
                         "moved": [{"name": n, "old": o, "new": v} for n, o, v in moved]})
         _shared.info(args, f"{t.name}: {lock.path} ({count} packages, {lock.seconds:.1f} s)"
                            f"{', unchanged' if lock.text == before else ''}")
