@@ -45,22 +45,27 @@ if [ $# -gt 0 ]; then
   exit
 fi
 
-# The whole suite, in five independent groups run side by side, each with its own engine where
-# it needs one: the builds under QEMU emulation (arm64; long, mostly on one emulated core), the
-# jobs on the real two-node Slurm (mostly waiting on daemons and Ray start-up), the Docker-heavy
-# runs that need no CPU fixture image (-m heavy: vendor bases, the cuda-shaped fixture, the ABI
-# phase in real images, the SIF conversions and registry publishes of the small layered image
-# with their faults), the core (tests/core: the pure core and the CLI, no engine), and the rest.
-# The machine is CPU-bound while they run; the split keeps the main group from running alone, on
-# one busy core, long after the others ended (docs/testing.md). The side groups' output follows
-# the main one's. Their temporary directories stay under /tmp: the Slurm tests bind job
-# directories into images run by ch-run, which binds the host's /tmp (a bind destination
-# elsewhere must exist in the read-only image).
+# The whole suite, in six independent groups run side by side, each with its own engine where it
+# needs one: the builds under QEMU emulation (arm64; long, mostly on one emulated core), the jobs
+# on the real two-node Slurm (mostly waiting on daemons and Ray start-up), the Docker-heavy runs
+# that need no CPU fixture image (-m heavy: vendor bases, the cuda-shaped fixture, the ABI phase in
+# real images, the SIF conversions and registry publishes of the small layered image with their
+# faults), the core (tests/core: the pure core and the CLI, no engine), the unit group (every
+# other test that needs no engine and no registry: the CLI, the self-test, the job scripts...),
+# and the rest (the engine and registry tests on the CPU fixture image). The machine is CPU-bound
+# while they run; the split keeps any one group from running alone, on one busy core, long after
+# the others ended (docs/testing.md). A test that uses an engine fixture without a marker that
+# keeps it out of the engine-less groups fails the collection (tests/support/groups.py). The side
+# groups' output follows the main one's. Their temporary directories stay under /tmp: the Slurm
+# tests bind job directories into images run by ch-run, which binds the host's /tmp (a bind
+# destination elsewhere must exist in the read-only image).
 tmp=$(mktemp -d /tmp/verl-env-pytest.XXXXXX) || exit 1
 declare -A side=([emulated]="emulated" [slurm]="slurm and not emulated"
                  [heavy]="heavy and not slurm and not emulated"
-                 [core]="not slurm and not emulated and not heavy")
-declare -A where=([core]="tests/core")  # a group of one directory (the main group ignores it)
+                 [core]="not slurm and not emulated and not heavy"
+                 [unit]="not slurm and not emulated and not heavy and not docker and not registry")
+# core: one directory; unit: everything else (the main group ignores tests/core too)
+declare -A where=([core]="tests/core" [unit]="--ignore=tests/core")
 declare -A pids=()
 for name in "${!side[@]}"; do
   # shellcheck disable=SC2086  # where: one path or none
@@ -76,11 +81,11 @@ stop_side_groups() {
   rm -rf "$root" "$tmp"
 }
 trap stop_side_groups EXIT
-"${pytest[@]}" --basetemp="$tmp/main" -m "not emulated and not slurm and not heavy" \
-  --ignore=tests/core
+"${pytest[@]}" --basetemp="$tmp/main" \
+  -m "(docker or registry) and not emulated and not slurm and not heavy" --ignore=tests/core
 verdict "the main group" $?
 status=$?
-for name in core heavy slurm emulated; do
+for name in core unit heavy slurm emulated; do
   wait "${pids[$name]}"
   group_status=$?
   echo "==================== the $name group (-m '${side[$name]}'${where[$name]:+ ${where[$name]}})" \

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import skips
+from tests.support import groups, skips
 from tests.support.dockerd import Dockerd, import_debian_base, start_dockerd, unavailable_reason
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,6 +42,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     skips.configure(config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    groups.check(items)  # a test that would start a real part in a group meant to have none
 
 
 @pytest.fixture(scope="session")

@@ -115,6 +115,7 @@ def no_buildkit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest
     return bindir
 
 
+@pytest.mark.docker  # a real engine (the session's dockerd)
 @pytest.mark.parametrize("no_buildkit", ["fake", "real-cli-without-buildx"], indirect=True)
 def test_without_buildkit_the_error_says_how_to_enable_it_and_nothing_is_built(
         no_buildkit: Path, tmp_path: Path, docker_host: str) -> None:
@@ -175,6 +176,7 @@ def _context(tmp_path: Path, dockerfile: str) -> Path:
     return ctx
 
 
+@pytest.mark.docker  # a real engine (the session's dockerd)
 def test_mounts_secrets_progress_and_cache(engine: Engine, debian_base: str, tmp_path: Path
                                            ) -> None:
     ctx = _context(tmp_path, f"""FROM {debian_base}
@@ -205,6 +207,7 @@ LABEL org.verl-env.test=buildkit
     assert again.image_id == first.image_id and again.cache_hits == again.steps - 1
 
 
+@pytest.mark.docker  # a real engine (the session's dockerd)
 def test_a_failing_step_is_named_with_its_log(engine: Engine, debian_base: str, tmp_path: Path
                                               ) -> None:
     before = sorted(i.id for i in engine.client.images.list(all=True))
@@ -218,6 +221,7 @@ def test_a_failing_step_is_named_with_its_log(engine: Engine, debian_base: str, 
     assert sorted(i.id for i in engine.client.images.list(all=True)) == before
 
 
+@pytest.mark.docker  # a real engine (the session's dockerd)
 def test_a_missing_secret_file_is_refused_before_building(engine: Engine, tmp_path: Path) -> None:
     ctx = _context(tmp_path, "FROM scratch\n")
     with pytest.raises(EngineError, match="build secret site-ca: no such file"):
@@ -243,6 +247,7 @@ def _sleepers(marker: str) -> list[int]:
     return pids
 
 
+@pytest.mark.docker  # a real engine (the session's dockerd)
 def test_an_interrupt_kills_the_build_and_builds_nothing(engine: Engine, debian_base: str,
                                                          tmp_path: Path) -> None:
     marker = f"{os.getpid() % 1000 + 3000}.{int(time.time()) % 1000}"  # unique `sleep` argument
@@ -274,6 +279,7 @@ def test_an_interrupt_kills_the_build_and_builds_nothing(engine: Engine, debian_
 # ------------------------------------------------------------------ dead bytes in layers
 
 
+@pytest.mark.docker  # a real engine (the session's dockerd)
 def test_the_layer_walk_sees_copy_then_delete(engine: Engine, debian_base: str, tmp_path: Path
                                               ) -> None:
     """The measuring stick itself: a file COPYed in and removed later is counted."""
@@ -289,6 +295,7 @@ def test_the_layer_walk_sees_copy_then_delete(engine: Engine, debian_base: str, 
     engine.client.images.remove(built.image_id)
 
 
+@pytest.mark.docker  # a real engine (the session's dockerd)
 def test_the_fixture_image_has_no_dead_bytes(engine: Engine, debian_base: str, ca_bundle: Path,
                                              tmp_path: Path) -> None:
     """The CPU fixture as the pipeline builds it (same rendering, same engine call: with the
@@ -315,6 +322,7 @@ def test_the_fixture_image_has_no_dead_bytes(engine: Engine, debian_base: str, c
     assert sum(dead.values()) == 0, sorted(dead.items(), key=lambda kv: -kv[1])[:20]
 
 
+@pytest.mark.docker  # a real engine (the session's dockerd)
 def test_the_site_index_secrets_reach_pip_and_uv_config_but_no_layer(
         engine: Engine, debian_base: str, tmp_path: Path) -> None:
     """The mounts render.py emits for --index-url, built for real: inside the step pip's and
