@@ -119,7 +119,7 @@ def test_cli_prints_the_command_without_an_image(inputs: dict[str, Path],
 @pytest.mark.parametrize("extra,words", [
     (["--override", "oops"], "--override 'oops': expected KEY=VALUE"),
     (["--verl", "0.10.0"], "no default training command for verl '0.10.0'"),
-    (["--tp", "3"], "tensor-parallel size 3 does not divide the 8 GPUs"),
+    (["--tp", "3"], "--tp 3 does not divide the 8 GPUs"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(inputs: dict[str, Path], extra: list[str],
                                           words: str, capsys: pytest.CaptureFixture) -> None:
