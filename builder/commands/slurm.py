@@ -7,12 +7,14 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Callable
 
 from builder.commands import _shared
 from builder.errors import BuildEnvError, SlurmError
 from builder.cluster.inputs import (DEFAULT_CHECKPOINT_DIR, Inputs, TrainChoice, absolute_path,
                                     checker_bytes, default_train_cmd)
-from builder.cluster.job import (FAMILY_NAMES, SELFTEST_PHASES, SlurmJob, image_source,
+from builder.cluster.job import (FAMILY_NAMES, MAX_CPUS_PER_TASK, MAX_GPUS_PER_NODE, MAX_NODES,
+                                 MAX_SECONDS, SELFTEST_PHASES, SlurmJob, image_source,
                                  job_warnings, parse_env, training_command)
 from builder.cluster.render import render_sbatch, write_sbatch
 from builder.cluster.runtime import RUNTIMES
@@ -21,7 +23,7 @@ from builder.sif import checks as sif_checks
 from builder.sif.format import is_sif
 from builder.matrix.spec import Target
 from builder.train import check as train_check
-from builder.train import shapes
+from builder.train import hydra, shapes
 
 NAME = "slurm"
 HELP = "write an sbatch script"
@@ -53,10 +55,24 @@ def job_from_args(args: argparse.Namespace, family: str | None = None,
 
     env = parse_env(args.env)
     train_cmd = args.train_cmd
-    if train_cmd is None and target is not None:
+    if family != "cpu" and args.gpus_per_node == 0:
+        raise SlurmError(f"--gpus-per-node must be a whole number from 1 to {MAX_GPUS_PER_NODE} "
+                         f"for a {family} job, not 0")
+    if train_cmd is not None:
+        given = [o for o, v in (("--override", args.override), ("--logger", args.logger),
+                                ("--algorithm", args.algorithm), ("--tp", args.tp),
+                                ("--pp", args.pp)) if v is not None]
+        if given:
+            raise SlurmError(f"{', '.join(given)} shape{'s' if len(given) == 1 else ''} the "
+                             "default training command only; with --train-cmd write "
+                             f"{'it' if len(given) == 1 else 'them'} into your command (hydra "
+                             "overrides of verl's trainer)")
+        env = {**{n: None for n in _command_logger_env(train_cmd, target)}, **env}
+    elif target is not None:
         choice = TrainChoice(nodes=args.nodes,
                              gpus_per_node=args.gpus_per_node or args.ray_logical_gpus,
-                             tp=args.tp, algorithm=args.algorithm,
+                             tp=args.tp or 1, pp=args.pp or 1,
+                             algorithm=args.algorithm or "grpo",
                              loggers=tuple(args.logger or ("console",)),
                              overrides=tuple(args.override or ()))
         train_cmd, names = default_train_cmd(target, family, inputs, choice)
@@ -119,6 +135,39 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     return 0
+
+
+def _command_logger_env(train_cmd: str, target: Target | None) -> list[str]:
+    """The variables the loggers of a given verl trainer command (its ``trainer.logger``)
+    need, passed by name like the default command's (wandb: WANDB_API_KEY)."""
+    shape = shapes.train_shape(train_argv(train_cmd))
+    loggers: list[str] = []
+    for word in shape.overrides:
+        key, eq, value = word.lstrip("+").partition("=")
+        if eq and key == "trainer.logger":
+            loggers = hydra.items(value)
+    verl = shapes.target_verl(target) if target is not None else shapes.newest_version()
+    try:
+        return shapes.logger_env(verl, loggers)
+    except shapes.TrainShapeError:
+        return shapes.logger_env(shapes.newest_version(), loggers)
+
+
+def _count(low: int, high: int) -> Callable[[str], int]:
+    """A whole number from ``low`` to ``high``: one message per option, whatever is out of
+    range (argparse names the option: ``argument --nodes: must be …``)."""
+    def parse(text: str) -> int:
+        try:
+            value: int | None = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be a whole number from {low} to {high}, not {text!r}")
+        return value
+
+    parse.__name__ = f"a whole number from {low} to {high}"
+    return parse
 
 
 def _note(line: str) -> None:
@@ -220,9 +269,16 @@ def _options(parser: argparse.ArgumentParser) -> None:
 
 def _train_options(parser: argparse.ArgumentParser) -> None:
     train = parser.add_argument_group("the default training command (without --train-cmd)")
-    train.add_argument("--algorithm", choices=("grpo", "ppo"), default="grpo")
-    train.add_argument("--tp", type=int, default=1, metavar="N",
-                       help="the rollout's tensor-parallel size (default 1)")
+    train.add_argument("--algorithm", choices=shapes.ALGORITHMS, default=None,
+                       help="grpo (default) or ppo")
+    train.add_argument("--tp", type=_count(1, MAX_GPUS_PER_NODE * MAX_NODES), default=None,
+                       metavar="N",
+                       help="tensor-parallel size (default 1): the rollout's; on a Megatron "
+                            "target also the actor's Megatron tensor parallelism")
+    train.add_argument("--pp", type=_count(1, MAX_GPUS_PER_NODE * MAX_NODES), default=None,
+                       metavar="N",
+                       help="pipeline-parallel size of a Megatron target's actor (default 1; "
+                            "tp x pp must divide nodes x GPUs per node)")
     train.add_argument("--logger", action="append", metavar="NAME",
                        help="trainer.logger entry (repeatable; default console); a logger's "
                             "key (wandb: WANDB_API_KEY) is passed by name")
@@ -237,11 +293,11 @@ def _site_options(parser: argparse.ArgumentParser) -> None:
     """Allocation, network, caches, self-test and the cluster verdict."""
     d = SlurmJob(target="t", family="cpu", sif="x.sif", train_cmd="true")
     alloc = parser.add_argument_group("allocation (a #SBATCH line only for what you give)")
-    alloc.add_argument("--nodes", type=int, default=None,
+    alloc.add_argument("--nodes", type=_count(1, MAX_NODES), default=None,
                        help="nodes (default: no #SBATCH line; sbatch -N or the partition "
                             "decides)")
-    alloc.add_argument("--gpus-per-node", type=int, default=None)
-    alloc.add_argument("--cpus-per-task", type=int, default=None,
+    alloc.add_argument("--gpus-per-node", type=_count(0, MAX_GPUS_PER_NODE), default=None)
+    alloc.add_argument("--cpus-per-task", type=_count(1, MAX_CPUS_PER_TASK), default=None,
                        help="CPUs per node (Ray's --num-cpus otherwise comes from the allocation)")
     alloc.add_argument("--partition", default=None)
     alloc.add_argument("--time", default=None, help="time limit (MM, HH:MM:SS, D-HH:MM:SS)")
@@ -277,7 +333,8 @@ def _site_options(parser: argparse.ArgumentParser) -> None:
                              f"{', '.join(SELFTEST_PHASES)})")
     parser.add_argument("--selftest-args", default="",
                         help="more self-test options (e.g. '--strict --bw-ref FILE')")
-    parser.add_argument("--ray-wait-timeout", type=int, default=d.ray_wait_timeout)
+    parser.add_argument("--ray-wait-timeout", type=_count(1, MAX_SECONDS),
+                        default=d.ray_wait_timeout)
     parser.add_argument("--node-check-interval", type=int, default=d.node_check_interval,
                         metavar="SECONDS",
                         help="how often a watched stage checks that every node still answers "

@@ -85,7 +85,7 @@ def test_default_command_quotes_what_needs_it() -> None:
 
 @pytest.mark.parametrize("text, why", [
     ("data.train_files=/a b,c", "a comma outside quotes"),
-    ("trainer.experiment_name=it's", "a quote inside a value"),
+    ("trainer.experiment_name=it's", "an unterminated ' quote"),
     ("a.b=x=y", "an '=' outside quotes"),
     ("a.b=[x,y", "an unclosed bracket")])
 def test_user_overrides_hydra_refuses_are_refused_naming_the_option(text: str, why: str) -> None:
