@@ -23,7 +23,7 @@ from builder.sif import checks as sif_checks
 from builder.sif.format import is_sif
 from builder.matrix.spec import Target
 from builder.train import check as train_check
-from builder.train import hydra, shapes
+from builder.train import overrides as hydra, shapes
 
 NAME = "slurm"
 HELP = "write an sbatch script"

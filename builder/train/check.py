@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from builder.engine import ContainerEngine
 from builder.errors import BuildEnvError, InfraError, SifError
-from builder.train import hydra
+from builder.train import overrides as hydra
 from builder.train.shapes import engine_args, hydra_overrides, parse_override
 
 CHECKER = Path(__file__).resolve().parent / "incheck.py"

@@ -24,7 +24,7 @@ import yaml
 from builder import catalog
 from builder.errors import BuildEnvError
 from builder.matrix.spec import Target
-from builder.train import hydra
+from builder.train import overrides as hydra
 
 DATA = Path(__file__).resolve().parent / "verl_commands.yaml"
 ALGORITHMS = ("grpo", "ppo")

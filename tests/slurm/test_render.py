@@ -217,7 +217,8 @@ def test_node_list_ray_ports_and_train_defaults() -> None:
             '"data.train_files=/shared/data/gsm8k/train.parquet" '
             '"data.val_files=/shared/data/gsm8k/test.parquet" '
             '"actor_rollout_ref.model.path=/shared/models/qwen" '
-            '"trainer.default_local_dir=/shared/ckpt" "trainer.nnodes=${SLURM_NNODES}" '
+            '"trainer.default_local_dir=/shared/ckpt" "trainer.resume_mode=auto" '
+            '"trainer.nnodes=${SLURM_NNODES}" '
             '"trainer.n_gpus_per_node=${VERL_ENV_GPUS_PER_NODE}")') in text
     assert 'BIND_SRC=("/shared/data/gsm8k" "/shared/models/qwen" "/shared/ckpt")' in text
     assert "BIND_MODE=(ro ro rw)" in text

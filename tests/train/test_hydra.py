@@ -1,4 +1,4 @@
-"""Issue 39 item 3: values in hydra's override grammar (builder/train/hydra.py), held to hydra's
+"""Issue 39 item 3: values in hydra's override grammar (builder/train/overrides.py), held to hydra's
 own parser where hydra-core is installed (skipped, with the reason, where it is not)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from builder.train import hydra
+from builder.train import overrides as hydra
 from builder.train.shapes import TrainShapeError, default_command, parse_override
 
 PATHS = {"model": "/m/q", "train_files": "/data/my data,v2/train.parquet",
