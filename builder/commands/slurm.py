@@ -7,15 +7,14 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Callable
 
 from builder.commands import _shared
 from builder.errors import BuildEnvError, SlurmError
 from builder.cluster.inputs import (DEFAULT_CHECKPOINT_DIR, Inputs, TrainChoice, absolute_path,
                                     checker_bytes, default_train_cmd)
-from builder.cluster.job import (FAMILY_NAMES, MAX_CPUS_PER_TASK, MAX_GPUS_PER_NODE, MAX_NODES,
-                                 MAX_SECONDS, SELFTEST_PHASES, SlurmJob, image_source,
-                                 job_warnings, parse_env, training_command)
+from builder.cluster.job import (FAMILY_NAMES, MAX_GPUS_PER_NODE, MAX_NODES, SELFTEST_PHASES,
+                                 SlurmJob, image_source, job_warnings, parse_env,
+                                 training_command)
 from builder.cluster.render import render_sbatch, write_sbatch
 from builder.cluster.runtime import RUNTIMES
 from builder.cluster.shell import train_argv
@@ -55,9 +54,7 @@ def job_from_args(args: argparse.Namespace, family: str | None = None,
 
     env = parse_env(args.env)
     train_cmd = args.train_cmd
-    if family != "cpu" and args.gpus_per_node == 0:
-        raise SlurmError(f"--gpus-per-node must be a whole number from 1 to {MAX_GPUS_PER_NODE} "
-                         f"for a {family} job, not 0")
+    _check_ranges(args, family)
     if train_cmd is not None:
         given = [o for o, v in (("--override", args.override), ("--logger", args.logger),
                                 ("--algorithm", args.algorithm), ("--tp", args.tp),
@@ -153,21 +150,21 @@ def _command_logger_env(train_cmd: str, target: Target | None) -> list[str]:
         return shapes.logger_env(shapes.newest_version(), loggers)
 
 
-def _count(low: int, high: int) -> Callable[[str], int]:
-    """A whole number from ``low`` to ``high``: one message per option, whatever is out of
-    range (argparse names the option: ``argument --nodes: must be …``)."""
-    def parse(text: str) -> int:
-        try:
-            value: int | None = int(text)
-        except ValueError:
-            value = None
-        if value is None or not low <= value <= high:
-            raise argparse.ArgumentTypeError(
-                f"must be a whole number from {low} to {high}, not {text!r}")
-        return value
-
-    parse.__name__ = f"a whole number from {low} to {high}"
-    return parse
+def _check_ranges(args: argparse.Namespace, family: str) -> None:
+    """The numbers the default training command is made of, each in its range, one message per
+    option whatever is out of it, before anything is made of them (``--nodes -2`` and
+    ``--nodes 0`` alike; ``--gpus-per-node 0`` on a GPU family is a range error, not a missing
+    option). The job's other numbers are held to theirs by SlurmJob (builder.cluster.job)."""
+    low_gpus = 0 if family == "cpu" else 1
+    for option, value, low, high in (
+            ("--nodes", args.nodes, 1, MAX_NODES),
+            ("--gpus-per-node", args.gpus_per_node, low_gpus, MAX_GPUS_PER_NODE),
+            ("--tp", args.tp, 1, MAX_NODES * MAX_GPUS_PER_NODE),
+            ("--pp", args.pp, 1, MAX_NODES * MAX_GPUS_PER_NODE)):
+        if value is not None and not low <= value <= high:
+            scope = f" for a {family} job" if option == "--gpus-per-node" else ""
+            raise SlurmError(f"{option} must be a whole number from {low} to {high}{scope}, "
+                             f"not {value}")
 
 
 def _note(line: str) -> None:
@@ -271,12 +268,10 @@ def _train_options(parser: argparse.ArgumentParser) -> None:
     train = parser.add_argument_group("the default training command (without --train-cmd)")
     train.add_argument("--algorithm", choices=shapes.ALGORITHMS, default=None,
                        help="grpo (default) or ppo")
-    train.add_argument("--tp", type=_count(1, MAX_GPUS_PER_NODE * MAX_NODES), default=None,
-                       metavar="N",
+    train.add_argument("--tp", type=int, default=None, metavar="N",
                        help="tensor-parallel size (default 1): the rollout's; on a Megatron "
                             "target also the actor's Megatron tensor parallelism")
-    train.add_argument("--pp", type=_count(1, MAX_GPUS_PER_NODE * MAX_NODES), default=None,
-                       metavar="N",
+    train.add_argument("--pp", type=int, default=None, metavar="N",
                        help="pipeline-parallel size of a Megatron target's actor (default 1; "
                             "tp x pp must divide nodes x GPUs per node)")
     train.add_argument("--logger", action="append", metavar="NAME",
@@ -293,11 +288,11 @@ def _site_options(parser: argparse.ArgumentParser) -> None:
     """Allocation, network, caches, self-test and the cluster verdict."""
     d = SlurmJob(target="t", family="cpu", sif="x.sif", train_cmd="true")
     alloc = parser.add_argument_group("allocation (a #SBATCH line only for what you give)")
-    alloc.add_argument("--nodes", type=_count(1, MAX_NODES), default=None,
+    alloc.add_argument("--nodes", type=int, default=None,
                        help="nodes (default: no #SBATCH line; sbatch -N or the partition "
                             "decides)")
-    alloc.add_argument("--gpus-per-node", type=_count(0, MAX_GPUS_PER_NODE), default=None)
-    alloc.add_argument("--cpus-per-task", type=_count(1, MAX_CPUS_PER_TASK), default=None,
+    alloc.add_argument("--gpus-per-node", type=int, default=None)
+    alloc.add_argument("--cpus-per-task", type=int, default=None,
                        help="CPUs per node (Ray's --num-cpus otherwise comes from the allocation)")
     alloc.add_argument("--partition", default=None)
     alloc.add_argument("--time", default=None, help="time limit (MM, HH:MM:SS, D-HH:MM:SS)")
@@ -333,8 +328,7 @@ def _site_options(parser: argparse.ArgumentParser) -> None:
                              f"{', '.join(SELFTEST_PHASES)})")
     parser.add_argument("--selftest-args", default="",
                         help="more self-test options (e.g. '--strict --bw-ref FILE')")
-    parser.add_argument("--ray-wait-timeout", type=_count(1, MAX_SECONDS),
-                        default=d.ray_wait_timeout)
+    parser.add_argument("--ray-wait-timeout", type=int, default=d.ray_wait_timeout)
     parser.add_argument("--node-check-interval", type=int, default=d.node_check_interval,
                         metavar="SECONDS",
                         help="how often a watched stage checks that every node still answers "
