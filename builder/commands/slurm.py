@@ -269,10 +269,11 @@ def _train_options(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--algorithm", choices=shapes.ALGORITHMS, default=None,
                        help="grpo (default) or ppo")
     train.add_argument("--tp", type=int, default=None, metavar="N",
-                       help="tensor-parallel size (default 1): the rollout's; on a Megatron "
-                            "target also the actor's Megatron tensor parallelism")
+                       help="tensor-parallel size (default 1): the rollout's, and on a target "
+                            "whose stack layer has its own trainer configuration the actor's "
+                            "(docs/train-check.md)")
     train.add_argument("--pp", type=int, default=None, metavar="N",
-                       help="pipeline-parallel size of a Megatron target's actor (default 1; "
+                       help="the actor's pipeline-parallel size on such a target (default 1; "
                             "tp x pp must divide nodes x GPUs per node)")
     train.add_argument("--logger", action="append", metavar="NAME",
                        help="trainer.logger entry (repeatable; default console); a logger's "

@@ -52,7 +52,8 @@ def shape_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=positive_int, default=1, metavar="K",
                    help="the rollout's tensor-parallel size (default 1)")
     g.add_argument("--pp", type=positive_int, default=1, metavar="P",
-                   help="a Megatron target's actor pipeline-parallel size (default 1; tp x pp "
+                   help="the actor's pipeline-parallel size on a target whose stack layer has "
+                        "its own trainer configuration (default 1; tp x pp "
                         "must divide nodes x GPUs per node)")
     g.add_argument("--algorithm", choices=shapes.ALGORITHMS, default="grpo",
                    help="grpo (default) or ppo (GAE with a critic)")

@@ -102,8 +102,8 @@ def _batch_rules(cfg: Any) -> tuple[int, int, int, int]:
     a, n_gpus = cfg.actor_rollout_ref.actor, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     micro = int(getattr(a, "ppo_micro_batch_size_per_gpu", None) or 1)
     n = int(cfg.actor_rollout_ref.rollout.n)
-    if getattr(a, "strategy", "fsdp") == "megatron":
-        m = a.megatron
+    m = getattr(a, str(getattr(a, "strategy", "")), None)  # the model-parallel engine's section
+    if m is not None and hasattr(m, "pipeline_model_parallel_size"):
         dp = n_gpus // max(1, int(m.tensor_model_parallel_size) * int(
             m.pipeline_model_parallel_size) * int(getattr(m, "context_parallel_size", 1) or 1))
         return n, max(dp, 1), micro, max(dp, 1) * micro

@@ -55,7 +55,7 @@ class Batches:
     rollout_n: int
     #: the actor's data-parallel size: n_gpus on FSDP, n_gpus / (tp x pp) on Megatron
     dp: int = 0
-    megatron: bool = False
+    model_parallel: bool = False  # the actor's data-parallel size is dp, its minimal dp x micro
 
     def __post_init__(self) -> None:
         if not self.dp:  # FSDP: every GPU is a data-parallel rank
@@ -64,7 +64,7 @@ class Batches:
     @property
     def minimal(self) -> int:
         """verl's minimal batch (validate_config): the GPUs on FSDP, dp x micro on Megatron."""
-        return self.dp * self.micro_batch_size_per_gpu if self.megatron else self.n_gpus
+        return self.dp * self.micro_batch_size_per_gpu if self.model_parallel else self.n_gpus
 
 
 @lru_cache(maxsize=4)
@@ -194,8 +194,10 @@ def _validate(verl_version: str, *, rollout: str, nnodes: int, gpus_per_node: in
         raise TrainShapeError(f"--tp {tp} does not divide the {n_gpus} GPUs ({nnodes} node(s) "
                               f"x {gpus_per_node})")
     if pp > 1 and layer is None:
-        raise TrainShapeError(f"--pp {pp}: pipeline parallelism is the Megatron actor's; this "
-                              "target has no megatron layer (its actor is FSDP)")
+        raise TrainShapeError(f"--pp {pp}: pipeline parallelism is the actor's on a target "
+                              f"with a stack layer of {DATA.name} "
+                              f"({', '.join(shape.get('layers', {})) or 'none'}); this target "
+                              "has none (its actor is FSDP)")
     if layer is not None and n_gpus % (tp * pp):
         raise TrainShapeError(f"--tp {tp} x --pp {pp} = {tp * pp} does not divide the {n_gpus} "
                               f"GPUs ({nnodes} node(s) x {gpus_per_node})")

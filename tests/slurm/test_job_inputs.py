@@ -84,4 +84,5 @@ def test_megatron_target_uses_verls_megatron_trainer(capsys: pytest.CaptureFixtu
     assert main([*args, "--tp", "4", "--pp", "8", "--no-train-check"]) == 2
     assert "--tp 4 x --pp 8 = 32 does not divide the 16 GPUs" in capsys.readouterr().err
     assert main([*CUDA, "--pp", "2", "--no-train-check"]) == 2
-    assert "no megatron layer" in capsys.readouterr().err
+    assert "--pp 2: pipeline parallelism is the actor's on a target with a stack layer" in (
+        capsys.readouterr().err)

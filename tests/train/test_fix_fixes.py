@@ -105,7 +105,7 @@ def test_megatron_fix_counts_its_data_parallel_size() -> None:
     argv = default_command("0.9.1", rollout="vllm", nnodes=2, gpus_per_node=8, tp=2, pp=2,
                            layer="megatron", **PATHS)
     cfg = config(argv)
-    cfg.actor_rollout_ref.actor.strategy = "megatron"
+    cfg.actor_rollout_ref.actor.strategy = "megatron"  # verl's ppo_megatron_trainer says so
     with pytest.raises(incheck.Rejected) as err:
         cluster(cfg, 2, 8, 30)
     apply(cfg, err.value.fix)
