@@ -19,8 +19,14 @@ from builder.matrix.families import FAMILIES
 from builder.matrix.spec import Target
 from builder.train import checker_path, shapes
 
-#: Where checkpoints go when the user names no --checkpoint-dir (shared, survives the job).
-DEFAULT_CHECKPOINT_DIR = "${SLURM_SUBMIT_DIR}/checkpoints"
+#: The job's directory (on the shared filesystem the job is submitted from): a requeued job
+#: keeps its job id, so its next attempt finds what the last one left there.
+DEFAULT_JOB_DIR = "${SLURM_SUBMIT_DIR}/verl-env-${SLURM_JOB_ID}"
+#: Where checkpoints go when the user names no --checkpoint-dir: under the job's directory, so
+#: that the default command's trainer.resume_mode=auto resumes this job's own checkpoints after a
+#: requeue and never another job's (a directory shared by every job from one submit directory
+#: would resume an unrelated run); --checkpoint-dir to go on across jobs.
+DEFAULT_CHECKPOINT_DIR = DEFAULT_JOB_DIR + "/checkpoints"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from builder.cluster.inputs import Inputs, absolute_path, home_path
+from builder.cluster.inputs import DEFAULT_JOB_DIR, Inputs, absolute_path, home_path
 from builder.cluster.ports import (SHARED_RAY_PORTS, SHARED_SELFTEST_PORT, RayPorts, check_ports,
                                    slot_count)
 from builder.cluster.runtime import DIGEST, REMOTE, RUNTIMES
@@ -99,7 +99,7 @@ class SlurmJob:
     # while Ray starts, the self-test and training run: seconds between checks that every node
     # of the job still answers (a step on each; a lost node fails the stage, naming it)
     node_check_interval: int = 30
-    job_dir: str = "${SLURM_SUBMIT_DIR}/verl-env-${SLURM_JOB_ID}"
+    job_dir: str = DEFAULT_JOB_DIR
     exclusive: bool = True
     job_name: str | None = None
     # build-env trust verify before any node starts: the SIF's attestations (its sidecar, or

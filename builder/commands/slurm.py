@@ -174,7 +174,9 @@ def _note(line: str) -> None:
 def _check_argv(job: SlurmJob) -> tuple[list[str], int, int] | str:
     """The training argv as the head node will run it, with its nnodes and GPUs per node; or
     why it cannot be checked here."""
-    here = {"SLURM_SUBMIT_DIR": os.getcwd(), "HOME": str(Path.home())}
+    # the job id is not known before sbatch; the check reads no checkpoint (the default one is
+    # under the job's directory, ${SLURM_SUBMIT_DIR}/verl-env-${SLURM_JOB_ID}/checkpoints)
+    here = {"SLURM_SUBMIT_DIR": os.getcwd(), "HOME": str(Path.home()), "SLURM_JOB_ID": "0"}
     return shapes.local_argv(train_argv(training_command(job)), here)
 
 

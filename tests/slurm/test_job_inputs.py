@@ -18,7 +18,10 @@ def test_data_with_space_and_comma_is_one_hydra_value(capsys: pytest.CaptureFixt
     cmd = _cmd(capsys.readouterr().out)
     assert "data.train_files='/data/my data,v2/train.parquet'" in cmd
     assert "trainer.resume_mode=auto" in cmd
-    assert "trainer.default_local_dir='${SLURM_SUBMIT_DIR}/checkpoints'" in cmd
+    # checkpoints under the job's directory: a requeued job (same id) resumes its own, a new
+    # job never resumes another's
+    assert ("trainer.default_local_dir='${SLURM_SUBMIT_DIR}/verl-env-${SLURM_JOB_ID}/"
+            "checkpoints'") in cmd
 
 
 @pytest.mark.parametrize("extra, option", [
