@@ -139,7 +139,12 @@ def least_batch(cfg: Any) -> int:
 
 
 def _fit_fix(cfg: Any, rows: int | None = None) -> str:
-    fit = fit_batches(cfg, rows)
+    """The batch sizes to set (both, so that the fix passes the same checks), or the rows to
+    add."""
+    try:
+        fit = fit_batches(cfg, rows)
+    except Exception:  # noqa: BLE001 - a suggestion only
+        return "a smaller data.train_batch_size, or more train rows"
     if fit is None:
         return f"at least {least_batch(cfg)} train rows (this cluster shape's smallest batch)"
     return (f"data.train_batch_size={fit[0]} "
