@@ -14,12 +14,19 @@ from pathlib import Path
 
 from builder.cluster.shell import quote_keep_vars
 from builder.errors import SlurmError
+from builder.matrix import grammar
 from builder.matrix.families import FAMILIES
 from builder.matrix.spec import Target
 from builder.train import checker_path, shapes
 
-#: Where checkpoints go when the user names no --checkpoint-dir (shared, survives the job).
-DEFAULT_CHECKPOINT_DIR = "${SLURM_SUBMIT_DIR}/checkpoints"
+#: The job's directory (on the shared filesystem the job is submitted from): a requeued job
+#: keeps its job id, so its next attempt finds what the last one left there.
+DEFAULT_JOB_DIR = "${SLURM_SUBMIT_DIR}/verl-env-${SLURM_JOB_ID}"
+#: Where checkpoints go when the user names no --checkpoint-dir: under the job's directory, so
+#: that the default command's trainer.resume_mode=auto resumes this job's own checkpoints after a
+#: requeue and never another job's (a directory shared by every job from one submit directory
+#: would resume an unrelated run); --checkpoint-dir to go on across jobs.
+DEFAULT_CHECKPOINT_DIR = DEFAULT_JOB_DIR + "/checkpoints"
 
 
 @dataclass(frozen=True)
@@ -59,9 +66,14 @@ def home_path(path: str, option: str) -> str:
 def absolute_path(path: str, option: str) -> str:
     """A path for the nodes: absolute, ``$VAR``-relative, ``~``-relative (``${HOME}`` on the
     nodes), or made absolute against the cwd (the generator runs where the job is submitted
-    from)."""
+    from). Held to the path grammar (builder.matrix.grammar) first, the error naming
+    ``option``: what the user typed, not what is made of it."""
     if not path:
         raise SlurmError(f"{option} is empty")
+    try:
+        grammar.path(path)
+    except grammar.GrammarError as exc:
+        raise SlurmError(f"{option}: {exc}") from None
     if path.startswith(("/", "$")):
         return path
     if path.startswith("~"):
@@ -100,6 +112,11 @@ class Inputs:
             val_files = absolute_path(val_files, "--val-files") if val_files else None
         if model and is_model_path(model):
             model = absolute_path(model, "--model")
+        elif model:
+            try:
+                grammar.plain(model)
+            except grammar.GrammarError as exc:
+                raise SlurmError(f"--model: {exc}") from None
         return cls(train_files, val_files, model,
                    absolute_path(checkpoint_dir, "--checkpoint-dir") if checkpoint_dir
                    else DEFAULT_CHECKPOINT_DIR,
@@ -165,6 +182,7 @@ class TrainChoice:
     nodes: int | None
     gpus_per_node: int | None
     tp: int = 1
+    pp: int = 1
     algorithm: str = "grpo"
     loggers: tuple[str, ...] = ("console",)
     overrides: tuple[str, ...] = ()
@@ -180,7 +198,7 @@ def default_train_cmd(target: Target, family: str, inputs: Inputs,
     missing = inputs.missing_for_trainer()
     if choice.nodes is None:
         missing.append("--nodes")
-    if not choice.gpus_per_node:
+    if choice.gpus_per_node is None:
         missing.append("--gpus-per-node")
     if missing:
         raise SlurmError(f"the default training command ({shapes.trainer_module()}; its batch "
@@ -191,8 +209,8 @@ def default_train_cmd(target: Target, family: str, inputs: Inputs,
         verl = shapes.target_verl(target)
         argv = shapes.default_command(
             verl, rollout=shapes.target_rollout(target), nnodes=choice.nodes or 1,
-            gpus_per_node=choice.gpus_per_node or 1, tp=choice.tp,
-            algorithm=choice.algorithm, loggers=choice.loggers, model=inputs.model,
+            gpus_per_node=choice.gpus_per_node or 0, tp=choice.tp, pp=choice.pp,
+            layer=shapes.target_layer(target), algorithm=choice.algorithm, loggers=choice.loggers, model=inputs.model,
             train_files=inputs.train_files, val_files=inputs.val_files,
             checkpoint_dir=inputs.checkpoint_dir,
             overrides=(*FAMILIES[family].trainer_overrides, *choice.overrides))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from builder.cluster.inputs import Inputs, absolute_path, home_path
+from builder.cluster.inputs import DEFAULT_JOB_DIR, Inputs, absolute_path, home_path
 from builder.cluster.ports import (SHARED_RAY_PORTS, SHARED_SELFTEST_PORT, RayPorts, check_ports,
                                    slot_count)
 from builder.cluster.runtime import DIGEST, REMOTE, RUNTIMES
@@ -99,7 +99,7 @@ class SlurmJob:
     # while Ray starts, the self-test and training run: seconds between checks that every node
     # of the job still answers (a step on each; a lost node fails the stage, naming it)
     node_check_interval: int = 30
-    job_dir: str = "${SLURM_SUBMIT_DIR}/verl-env-${SLURM_JOB_ID}"
+    job_dir: str = DEFAULT_JOB_DIR
     exclusive: bool = True
     job_name: str | None = None
     # build-env trust verify before any node starts: the SIF's attestations (its sidecar, or
@@ -187,9 +187,10 @@ def validate(job: SlurmJob) -> None:
     except SlurmError as exc:
         raise _fail(str(exc), job) from None
     try:
-        shlex.split(job.selftest_args)
+        words = shlex.split(job.selftest_args)
     except ValueError as exc:
         raise _fail(f"cannot split the self-test arguments: {exc}", job) from None
+    _check_selftest_args(job, words)
     _check_phases(job)
     check_ports(job)
     for text in (job.cache_dir, job.hf_home or "", job.verdict_sif or "", job.runtime,
@@ -279,6 +280,24 @@ def _check_env(job: SlurmJob) -> None:
         if value is not None and not isinstance(value, str):
             raise _fail(f"environment value of {key} must be text or None (passed by name)",
                         job)
+
+
+def _check_selftest_args(job: SlurmJob, words: list[str]) -> None:
+    """``--selftest-args`` read by the self-test's own parser (builder.selftest.cli), here:
+    what it would refuse on every node after the allocation is refused when the job is
+    written; ``--json`` is the job's (it reads each node's report)."""
+    from builder.selftest.cli import UsageError, read_args
+
+    if {"-h", "--help", "--version"} & set(words):
+        raise _fail("--selftest-args: --help and --version run no self-test", job)
+    try:
+        parsed = read_args(words)
+    except UsageError as exc:
+        raise _fail(f"--selftest-args {job.selftest_args!r}: the self-test refuses it: {exc}",
+                    job) from None
+    if "json" in parsed.changed:
+        raise _fail("--selftest-args: --json is set by the job (it reads each node's report)",
+                    job)
 
 
 def _check_phases(job: SlurmJob) -> None:

@@ -12,8 +12,9 @@ from builder.commands import _shared
 from builder.errors import BuildEnvError, SlurmError
 from builder.cluster.inputs import (DEFAULT_CHECKPOINT_DIR, Inputs, TrainChoice, absolute_path,
                                     checker_bytes, default_train_cmd)
-from builder.cluster.job import (FAMILY_NAMES, SELFTEST_PHASES, SlurmJob, image_source,
-                                 job_warnings, parse_env, training_command)
+from builder.cluster.job import (FAMILY_NAMES, MAX_GPUS_PER_NODE, MAX_NODES, SELFTEST_PHASES,
+                                 SlurmJob, image_source, job_warnings, parse_env,
+                                 training_command)
 from builder.cluster.render import render_sbatch, write_sbatch
 from builder.cluster.runtime import RUNTIMES
 from builder.cluster.shell import train_argv
@@ -21,7 +22,7 @@ from builder.sif import checks as sif_checks
 from builder.sif.format import is_sif
 from builder.matrix.spec import Target
 from builder.train import check as train_check
-from builder.train import shapes
+from builder.train import overrides as hydra, shapes
 
 NAME = "slurm"
 HELP = "write an sbatch script"
@@ -53,10 +54,22 @@ def job_from_args(args: argparse.Namespace, family: str | None = None,
 
     env = parse_env(args.env)
     train_cmd = args.train_cmd
-    if train_cmd is None and target is not None:
+    _check_ranges(args, family)
+    if train_cmd is not None:
+        given = [o for o, v in (("--override", args.override), ("--logger", args.logger),
+                                ("--algorithm", args.algorithm), ("--tp", args.tp),
+                                ("--pp", args.pp)) if v is not None]
+        if given:
+            raise SlurmError(f"{', '.join(given)} shape{'s' if len(given) == 1 else ''} the "
+                             "default training command only; with --train-cmd write "
+                             f"{'it' if len(given) == 1 else 'them'} into your command (hydra "
+                             "overrides of verl's trainer)")
+        env = {**{n: None for n in _command_logger_env(train_cmd, target)}, **env}
+    elif target is not None:
         choice = TrainChoice(nodes=args.nodes,
                              gpus_per_node=args.gpus_per_node or args.ray_logical_gpus,
-                             tp=args.tp, algorithm=args.algorithm,
+                             tp=args.tp or 1, pp=args.pp or 1,
+                             algorithm=args.algorithm or "grpo",
                              loggers=tuple(args.logger or ("console",)),
                              overrides=tuple(args.override or ()))
         train_cmd, names = default_train_cmd(target, family, inputs, choice)
@@ -121,6 +134,39 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command_logger_env(train_cmd: str, target: Target | None) -> list[str]:
+    """The variables the loggers of a given verl trainer command (its ``trainer.logger``)
+    need, passed by name like the default command's (wandb: WANDB_API_KEY)."""
+    shape = shapes.train_shape(train_argv(train_cmd))
+    loggers: list[str] = []
+    for word in shape.overrides:
+        key, eq, value = word.lstrip("+").partition("=")
+        if eq and key == "trainer.logger":
+            loggers = hydra.items(value)
+    verl = shapes.target_verl(target) if target is not None else shapes.newest_version()
+    try:
+        return shapes.logger_env(verl, loggers)
+    except shapes.TrainShapeError:
+        return shapes.logger_env(shapes.newest_version(), loggers)
+
+
+def _check_ranges(args: argparse.Namespace, family: str) -> None:
+    """The numbers the default training command is made of, each in its range, one message per
+    option whatever is out of it, before anything is made of them (``--nodes -2`` and
+    ``--nodes 0`` alike; ``--gpus-per-node 0`` on a GPU family is a range error, not a missing
+    option). The job's other numbers are held to theirs by SlurmJob (builder.cluster.job)."""
+    low_gpus = 0 if family == "cpu" else 1
+    for option, value, low, high in (
+            ("--nodes", args.nodes, 1, MAX_NODES),
+            ("--gpus-per-node", args.gpus_per_node, low_gpus, MAX_GPUS_PER_NODE),
+            ("--tp", args.tp, 1, MAX_NODES * MAX_GPUS_PER_NODE),
+            ("--pp", args.pp, 1, MAX_NODES * MAX_GPUS_PER_NODE)):
+        if value is not None and not low <= value <= high:
+            scope = f" for a {family} job" if option == "--gpus-per-node" else ""
+            raise SlurmError(f"{option} must be a whole number from {low} to {high}{scope}, "
+                             f"not {value}")
+
+
 def _note(line: str) -> None:
     print(line, file=sys.stderr, flush=True)  # stdout may be the script itself
 
@@ -128,7 +174,9 @@ def _note(line: str) -> None:
 def _check_argv(job: SlurmJob) -> tuple[list[str], int, int] | str:
     """The training argv as the head node will run it, with its nnodes and GPUs per node; or
     why it cannot be checked here."""
-    here = {"SLURM_SUBMIT_DIR": os.getcwd(), "HOME": str(Path.home())}
+    # the job id is not known before sbatch; the check reads no checkpoint (the default one is
+    # under the job's directory, ${SLURM_SUBMIT_DIR}/verl-env-${SLURM_JOB_ID}/checkpoints)
+    here = {"SLURM_SUBMIT_DIR": os.getcwd(), "HOME": str(Path.home()), "SLURM_JOB_ID": "0"}
     return shapes.local_argv(train_argv(training_command(job)), here)
 
 
@@ -220,9 +268,15 @@ def _options(parser: argparse.ArgumentParser) -> None:
 
 def _train_options(parser: argparse.ArgumentParser) -> None:
     train = parser.add_argument_group("the default training command (without --train-cmd)")
-    train.add_argument("--algorithm", choices=("grpo", "ppo"), default="grpo")
-    train.add_argument("--tp", type=int, default=1, metavar="N",
-                       help="the rollout's tensor-parallel size (default 1)")
+    train.add_argument("--algorithm", choices=shapes.ALGORITHMS, default=None,
+                       help="grpo (default) or ppo")
+    train.add_argument("--tp", type=int, default=None, metavar="N",
+                       help="tensor-parallel size (default 1): the rollout's, and on a target "
+                            "whose stack layer has its own trainer configuration the actor's "
+                            "(docs/train-check.md)")
+    train.add_argument("--pp", type=int, default=None, metavar="N",
+                       help="the actor's pipeline-parallel size on such a target (default 1; "
+                            "tp x pp must divide nodes x GPUs per node)")
     train.add_argument("--logger", action="append", metavar="NAME",
                        help="trainer.logger entry (repeatable; default console); a logger's "
                             "key (wandb: WANDB_API_KEY) is passed by name")

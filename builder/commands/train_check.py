@@ -51,6 +51,10 @@ def shape_options(p: argparse.ArgumentParser) -> None:
                    help="GPUs per node (default 8)")
     g.add_argument("--tp", type=positive_int, default=1, metavar="K",
                    help="the rollout's tensor-parallel size (default 1)")
+    g.add_argument("--pp", type=positive_int, default=1, metavar="P",
+                   help="the actor's pipeline-parallel size on a target whose stack layer has "
+                        "its own trainer configuration (default 1; tp x pp "
+                        "must divide nodes x GPUs per node)")
     g.add_argument("--algorithm", choices=shapes.ALGORITHMS, default="grpo",
                    help="grpo (default) or ppo (GAE with a critic)")
     g.add_argument("--rollout", choices=shapes.ROLLOUTS, default=None,
@@ -75,19 +79,20 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise lib.TrainCheckError(f"the training command needs {' and '.join(missing)}")
     ref, target = _shared.verified_source(args)
-    verl, rollout = args.verl, args.rollout
+    verl, rollout, layer = args.verl, args.rollout, None
     if target is not None:
         t = load_matrix(args.matrix).target(target)
         verl, rollout = verl or shapes.target_verl(t), rollout or shapes.target_rollout(t)
+        layer = shapes.target_layer(t)
     if args.print_command and verl and rollout:
-        print(shlex.join(_argv(args, inputs, verl, rollout)))
+        print(shlex.join(_argv(args, inputs, verl, rollout, layer)))
         return 0
     engine, image = _shared.engine_image(ref, target, lib.TrainCheckError)
     verl = verl or shapes.label_pin(image.labels, "verl")
     if verl is None:
         raise lib.TrainCheckError(f"{ref}: its labels name no verl pin; give --verl VERSION")
     argv = _argv(args, inputs, verl, rollout or shapes.label_rollout(image.labels)
-                 or shapes.default_rollout())
+                 or shapes.default_rollout(), layer)
     if args.print_command:
         print(shlex.join(argv))
         return 0
@@ -102,9 +107,11 @@ def run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def _argv(args: argparse.Namespace, inputs: Inputs, verl: str, rollout: str) -> list[str]:
+def _argv(args: argparse.Namespace, inputs: Inputs, verl: str, rollout: str,
+          layer: str | None) -> list[str]:
+    """The default command (a Megatron target's on verl's Megatron trainer configuration)."""
     return shapes.default_command(
         verl, rollout=rollout, nnodes=args.nodes, gpus_per_node=args.gpus_per_node, tp=args.tp,
-        algorithm=args.algorithm, loggers=tuple(args.logger or ("console",)),
+        pp=args.pp, layer=layer, algorithm=args.algorithm, loggers=tuple(args.logger or ("console",)),
         model=str(inputs.model), train_files=str(inputs.train_files),
         val_files=str(inputs.val_files), overrides=args.override)

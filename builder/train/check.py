@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -21,6 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from builder.engine import ContainerEngine
 from builder.errors import BuildEnvError, InfraError, SifError
+from builder.train import overrides as hydra
 from builder.train.shapes import engine_args, hydra_overrides, parse_override
 
 CHECKER = Path(__file__).resolve().parent / "incheck.py"
@@ -75,11 +77,11 @@ def data_files(argv: Sequence[str]) -> list[str]:
     path or a hydra list ``[a,b]``; the last value of a key wins, as in hydra)."""
     found: dict[str, list[str]] = {}
     for word in hydra_overrides(argv):
+        if word.startswith("-"):  # hydra's own flags (--config-name=...)
+            continue
         key, text = parse_override(word)
         if key in ("data.train_files", "data.val_files"):
-            value = text.split("=", 1)[1].strip().strip("'\"")
-            items = value[1:-1].split(",") if value.startswith("[") else [value]
-            found[key] = [i.strip().strip("'\"") for i in items if i.strip()]
+            found[key] = [i for i in hydra.items(text.split("=", 1)[1]) if i]
     return [f for files in found.values() for f in files]
 
 
@@ -87,9 +89,11 @@ def model_path(argv: Sequence[str]) -> str | None:
     """``actor_rollout_ref.model.path`` of a trainer argv (the last one wins)."""
     out = None
     for word in hydra_overrides(argv):
+        if word.startswith("-"):
+            continue
         key, text = parse_override(word)
         if key == "actor_rollout_ref.model.path":
-            out = text.split("=", 1)[1].strip().strip("'\"")
+            out = hydra.unquote(text.split("=", 1)[1])
     return out
 
 
@@ -155,31 +159,24 @@ def _verdict(image: str, raw: bytes | None, exit_code: int | None, logs: str, se
 
 def relocate(words: Sequence[str], roots: Sequence[str], prefix: str) -> list[str]:
     """The overrides with every path value at or under one of ``roots`` (absolute) moved under
-    ``prefix`` (where the check copied those files); a hydra list ``[a,b]`` item by item, its
-    quotes kept. Every other word is kept as it is."""
+    ``prefix`` (where the check copied those files), quoted for hydra again; a hydra list
+    ``[a,b]`` item by item. Every other word is kept as it is."""
     bases = [r.rstrip("/") or "/" for r in roots]
 
-    def move(item: str) -> str:
-        text = item.strip()
-        quote = text[0] if text[:1] in ("'", '"') else ""
-        path = os.path.expanduser(text.strip("'\""))
-        if any(path == b or path.startswith(b + "/") for b in bases):
-            return f"{quote}{prefix}{path}{quote}"
-        return item
+    def under(path: str) -> bool:
+        return any(path == b or path.startswith(b + "/") for b in bases)
 
     out = []
     for word in words:
         head, eq, value = word.partition("=")
-        body = value.strip()
-        if not eq:
+        paths = [os.path.expanduser(i) for i in hydra.items(value)] if eq else []
+        if not any(under(p) for p in paths):
             out.append(word)
-        elif body.startswith("[") and body.endswith("]"):
-            items = [move(i) for i in body[1:-1].split(",")]
-            out.append(f"{head}=[{','.join(items)}]" if items != body[1:-1].split(",")
-                       else word)
-        else:
-            moved = move(value)
-            out.append(f"{head}={moved}" if moved != value else word)
+            continue
+        moved = [hydra.quote(f"{prefix}{p}" if under(p) else p) for p in paths]
+        body = value.strip()
+        out.append(f"{head}=[{','.join(moved)}]" if body.startswith("[") and body.endswith("]")
+                   else f"{head}={moved[0]}")
     return out
 
 
@@ -253,8 +250,16 @@ def summary_lines(check: TrainCheck) -> list[str]:
         if status == "fail":
             out.append(f"         verl: {s.get('message', '')}")
             if s.get("fix"):
-                out.append(f"         fix:  --override {s['fix']}"
-                           if "=" in str(s["fix"]).split(" ")[0] else f"         fix:  {s['fix']}")
+                out.append(f"         fix:  {fix_options(str(s['fix']))}")
     if check.status == "error":
         out.append(f"  error: {check.report.get('error', '')}")
     return out
+
+
+def fix_options(fix: str) -> str:
+    """A stage's fix as the options to type: ``--override KEY=VALUE`` for each override of an
+    override-only fix (``a=1 b=2`` -> ``--override a=1 --override b=2``), else as said."""
+    words = fix.split(" ")
+    if all(re.match(r"^[+~]*[A-Za-z_][\w.\-]*=\S*$", w) for w in words):
+        return " ".join(f"--override {w}" for w in words)
+    return fix

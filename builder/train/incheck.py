@@ -96,6 +96,61 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def _batch_rules(cfg: Any) -> tuple[int, int, int, int]:
+    """(rollout.n, the actor's data-parallel size, its micro batch per GPU, verl's minimal
+    batch) of a composed config: validate_config's and the workers' normalisation."""
+    a, n_gpus = cfg.actor_rollout_ref.actor, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    micro = int(getattr(a, "ppo_micro_batch_size_per_gpu", None) or 1)
+    n = int(cfg.actor_rollout_ref.rollout.n)
+    m = getattr(a, str(getattr(a, "strategy", "")), None)  # the model-parallel engine's section
+    if m is not None and hasattr(m, "pipeline_model_parallel_size"):
+        dp = n_gpus // max(1, int(m.tensor_model_parallel_size) * int(
+            m.pipeline_model_parallel_size) * int(getattr(m, "context_parallel_size", 1) or 1))
+        return n, max(dp, 1), micro, max(dp, 1) * micro
+    sp = int(getattr(a, "ulysses_sequence_parallel_size", 1) or 1)
+    return n, max(n_gpus // sp, 1), micro, n_gpus
+
+
+def fit_batches(cfg: Any, rows: int | None = None) -> tuple[int, int] | None:
+    """The largest (data.train_batch_size, ppo_mini_batch_size) at most the current ones (and
+    ``rows``) that verl's batch rules take: train x n a multiple of the minimal batch, the mini
+    batch dividing the train batch with mini x n / dp a positive multiple of the micro batch.
+    None when no batch that small can hold them (more rows are needed)."""
+    n, dp, micro, minimal = _batch_rules(cfg)
+    top = min(int(cfg.data.train_batch_size), rows if rows is not None else 1 << 30)
+    mini_top = int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
+    for batch in range(top, 0, -1):
+        if (batch * n) % minimal:
+            continue
+        for mini in range(min(batch, mini_top), 0, -1):
+            per = mini * n
+            if batch % mini == 0 and per % dp == 0 and (per // dp) % micro == 0:
+                return batch, mini
+    return None
+
+
+def least_batch(cfg: Any) -> int:
+    """The smallest train batch verl's batch rules take on this shape (rows needed)."""
+    n, dp, micro, minimal = _batch_rules(cfg)
+    batch = 1
+    while (batch * n) % minimal or (batch * n) % dp or ((batch * n) // dp) % micro:
+        batch += 1
+    return batch
+
+
+def _fit_fix(cfg: Any, rows: int | None = None) -> str:
+    """The batch sizes to set (both, so that the fix passes the same checks), or the rows to
+    add."""
+    try:
+        fit = fit_batches(cfg, rows)
+    except Exception:  # noqa: BLE001 - a suggestion only
+        return "a smaller data.train_batch_size, or more train rows"
+    if fit is None:
+        return f"at least {least_batch(cfg)} train rows (this cluster shape's smallest batch)"
+    return (f"data.train_batch_size={fit[0]} "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={fit[1]}")
+
+
 FIXES: list[tuple[str, Callable[[re.Match, Any], str]]] = [
     (r"Please set at least one of '([\w.]+?)' or '([\w.]+)'",
      lambda m, c: f"{_full(m[2])}={_micro(c)}"),
@@ -105,7 +160,7 @@ FIXES: list[tuple[str, Callable[[re.Match, Any], str]]] = [
      lambda m, c: "data.train_batch_size="
                   f"{_round_up(c.data.train_batch_size, int(m[2]))}"),
     (r"train_batch_size \((\d+)\) must be >= actor.ppo_mini_batch_size \((\d+)\)",
-     lambda m, c: f"actor_rollout_ref.actor.ppo_mini_batch_size={m[1]}"),
+     lambda m, c: _fit_fix(c)),
     (r"ppo_mini_batch_size \((\d+)\) must be divisible by ppo_micro_batch_size \((\d+)\)",
      lambda m, c: f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={_micro(c)}"),
     (r"Missing mandatory value: ([\w.]+)",
@@ -189,12 +244,15 @@ class Check:
         from verl.utils.device import auto_set_device
 
         # main_ppo: @hydra.main(config_path="config", config_name="ppo_trainer") in
-        # verl/trainer/main_ppo.py, i.e. the config module verl.trainer.config
+        # verl/trainer/main_ppo.py, i.e. the config module verl.trainer.config; a command's
+        # --config-name=NAME (a Megatron target's ppo_megatron_trainer) picks another there
+        name, overrides = config_name(self.args.overrides)
         with initialize_config_module("verl.trainer.config", version_base=None):
-            cfg = compose("ppo_trainer", overrides=list(self.args.overrides))
+            cfg = compose(name, overrides=overrides)
         auto_set_device(cfg)
         self.cfg = cfg
-        return {"overrides": len(self.args.overrides), "device": str(cfg.trainer.device)}
+        return {"overrides": len(overrides), "config_name": name,
+                "device": str(cfg.trainer.device)}
 
     def validate(self) -> dict[str, Any]:
         from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -388,10 +446,9 @@ class Check:
         batch = int(cfg.data.train_batch_size)
         rows = self.rows_count.get("train")
         if rows is not None and rows < batch:
-            fit = max(n_gpus, rows // n_gpus * n_gpus)
             raise Rejected(f"data.train_batch_size ({batch}) is more than the {rows} train rows: "
                            "verl's dataloader drops the last partial batch, so no step runs",
-                           fix=f"data.train_batch_size={fit}, or more train rows")
+                           fix=_fit_fix(cfg, rows))
         return {"n_gpus": n_gpus, "rollout_replicas": n_gpus // infer, **sizes,
                 "train_batch_size": batch,
                 "steps_per_epoch": rows // batch if rows is not None else None}
@@ -415,6 +472,20 @@ class Check:
         out = self.data_stage(split)
         self.rows_count[split] = out["rows"]
         return out
+
+
+def config_name(words: list[str]) -> tuple[str, list[str]]:
+    """hydra's ``--config-name NAME`` (or ``=NAME``, ``-cn``) out of a command's overrides:
+    (the name, ppo_trainer when none; the overrides left)."""
+    name, out, rest = "ppo_trainer", [], list(words)
+    while rest:
+        word = rest.pop(0)
+        flag, eq, value = word.partition("=")
+        if flag in ("--config-name", "-cn"):
+            name = value if eq else (rest.pop(0) if rest else name)
+        else:
+            out.append(word)
+    return name, out
 
 
 def _trainer_imports(v1: bool, mode: str) -> str:

@@ -24,6 +24,7 @@ import yaml
 from builder import catalog
 from builder.errors import BuildEnvError
 from builder.matrix.spec import Target
+from builder.train import overrides as hydra
 
 DATA = Path(__file__).resolve().parent / "verl_commands.yaml"
 ALGORITHMS = ("grpo", "ppo")
@@ -52,6 +53,18 @@ class Batches:
     mini_batch_size: int
     micro_batch_size_per_gpu: int
     rollout_n: int
+    #: the actor's data-parallel size: n_gpus on FSDP, n_gpus / (tp x pp) on Megatron
+    dp: int = 0
+    model_parallel: bool = False  # the actor's data-parallel size is dp, its minimal dp x micro
+
+    def __post_init__(self) -> None:
+        if not self.dp:  # FSDP: every GPU is a data-parallel rank
+            object.__setattr__(self, "dp", self.n_gpus)
+
+    @property
+    def minimal(self) -> int:
+        """verl's minimal batch (validate_config): the GPUs on FSDP, dp x micro on Megatron."""
+        return self.dp * self.micro_batch_size_per_gpu if self.model_parallel else self.n_gpus
 
 
 @lru_cache(maxsize=4)
@@ -91,8 +104,9 @@ def shape_for(verl_version: str, path: Path = DATA) -> dict[str, Any]:
 
 
 def batches(shape: Mapping[str, Any], *, algorithm: str, nnodes: int,
-            gpus_per_node: int) -> Batches:
-    """The batch sizes for a cluster shape, by the data's rule."""
+            gpus_per_node: int, model_parallel: int = 0) -> Batches:
+    """The batch sizes for a cluster shape, by the data's rule; ``model_parallel``: a Megatron
+    actor's tp x pp (0: FSDP)."""
     n_gpus = nnodes * gpus_per_node
     train = int(shape["prompts_per_gpu"]) * n_gpus
     per_step = int(shape["mini_batches_per_step"])
@@ -100,19 +114,21 @@ def batches(shape: Mapping[str, Any], *, algorithm: str, nnodes: int,
         raise TrainShapeError(f"train batch {train} is not divisible by mini_batches_per_step "
                               f"{per_step} ({DATA.name})")
     return Batches(n_gpus, train, train // per_step, int(shape["micro_batch_size_per_gpu"]),
-                   int(shape["algorithms"][algorithm]["rollout_n"]))
+                   int(shape["algorithms"][algorithm]["rollout_n"]),
+                   n_gpus // model_parallel if model_parallel else n_gpus, model_parallel > 0)
 
 
 def check_batches(b: Batches) -> None:
     """verl 0.9.1's batch rules (validate_config and the workers' normalisation), held early."""
-    if (b.train_batch_size * b.rollout_n) % b.n_gpus:
+    if (b.train_batch_size * b.rollout_n) % b.minimal:
         raise TrainShapeError(f"train_batch_size * rollout.n ({b.train_batch_size} * "
-                              f"{b.rollout_n}) is not divisible by the {b.n_gpus} GPUs")
-    per_gpu, rest = divmod(b.mini_batch_size * b.rollout_n, b.n_gpus)
+                              f"{b.rollout_n}) is not divisible by verl's minimal batch "
+                              f"{b.minimal}")
+    per_gpu, rest = divmod(b.mini_batch_size * b.rollout_n, b.dp)
     if rest or per_gpu <= 0 or per_gpu % b.micro_batch_size_per_gpu:
         raise TrainShapeError(
-            f"ppo_mini_batch_size * rollout.n / n_gpus ({b.mini_batch_size} * {b.rollout_n} / "
-            f"{b.n_gpus}) must be a positive multiple of the micro batch "
+            f"ppo_mini_batch_size * rollout.n / dp ({b.mini_batch_size} * {b.rollout_n} / "
+            f"{b.dp}) must be a positive multiple of the micro batch "
             f"{b.micro_batch_size_per_gpu}")
 
 
@@ -126,6 +142,12 @@ def parse_override(text: str) -> tuple[str, str]:
     if "\n" in text or "\x00" in text:
         raise TrainShapeError(f"--override {text!r}: a newline or NUL is not allowed")
     key = m.group(2) if m.re is _OVERRIDE else m.group(1)
+    value = m.group(3) if m.re is _OVERRIDE else None
+    why = hydra.problem(value) if value is not None else None
+    if why is not None and value is not None:
+        raise TrainShapeError(
+            f"--override {text!r}: hydra does not read {value!r} as one value ({why}); quote "
+            f"it: --override \"{(m.group(1) or '') + hydra.suggestion(key, value)}\"")
     return key, text
 
 
@@ -155,26 +177,50 @@ def _fill(items: Sequence[str], values: Mapping[str, Any]) -> list[str]:
 
 
 def _validate(verl_version: str, *, rollout: str, nnodes: int, gpus_per_node: int, tp: int,
-              algorithm: str, shape: Mapping[str, Any], paths: Mapping[str, str]) -> None:
+              pp: int, algorithm: str, shape: Mapping[str, Any], paths: Mapping[str, str],
+              layer: Mapping[str, Any] | None) -> None:
     if rollout not in shape.get("rollouts", ROLLOUTS):
         raise TrainShapeError(f"unknown rollout engine {rollout!r} for verl {verl_version} "
                               f"(known: {', '.join(shape.get('rollouts', ROLLOUTS))})")
     if algorithm not in shape["algorithms"]:
         raise TrainShapeError(f"unknown algorithm {algorithm!r} (known: "
                               f"{', '.join(shape['algorithms'])})")
-    for what, n in (("nnodes", nnodes), ("gpus per node", gpus_per_node), ("tp", tp)):
+    for what, n in (("--nodes", nnodes), ("--gpus-per-node", gpus_per_node), ("--tp", tp),
+                    ("--pp", pp)):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise TrainShapeError(f"{what} must be a whole number >= 1, not {n!r}")
-    if (nnodes * gpus_per_node) % tp or tp > nnodes * gpus_per_node:
-        raise TrainShapeError(f"tensor-parallel size {tp} does not divide the "
-                              f"{nnodes * gpus_per_node} GPUs ({nnodes} x {gpus_per_node})")
+    n_gpus = nnodes * gpus_per_node
+    if n_gpus % tp:
+        raise TrainShapeError(f"--tp {tp} does not divide the {n_gpus} GPUs ({nnodes} node(s) "
+                              f"x {gpus_per_node})")
+    if pp > 1 and layer is None:
+        raise TrainShapeError(f"--pp {pp}: pipeline parallelism is the actor's on a target "
+                              f"with a stack layer of {DATA.name} "
+                              f"({', '.join(shape.get('layers', {})) or 'none'}); this target "
+                              "has none (its actor is FSDP)")
+    if layer is not None and n_gpus % (tp * pp):
+        raise TrainShapeError(f"--tp {tp} x --pp {pp} = {tp * pp} does not divide the {n_gpus} "
+                              f"GPUs ({nnodes} node(s) x {gpus_per_node})")
     for what, value in paths.items():
         if not value or any(c in value for c in "\n\x00"):
             raise TrainShapeError(f"the {what} path is empty or holds a newline")
 
 
+def _layer(shape: Mapping[str, Any], layer: str | None, verl_version: str
+           ) -> Mapping[str, Any] | None:
+    """The command data of a stack layer (``layers.NAME``: a Megatron target's trainer
+    configuration); None for none."""
+    if layer is None:
+        return None
+    found = shape.get("layers", {}).get(layer)
+    if found is None:
+        raise TrainShapeError(f"no default training command for the {layer} layer of verl "
+                              f"{verl_version} in {DATA} (layers.{layer}); pass --train-cmd")
+    return found
+
+
 def default_command(verl_version: str, *, rollout: str, nnodes: int, gpus_per_node: int,
-                    tp: int = 1, algorithm: str = "grpo",
+                    tp: int = 1, pp: int = 1, layer: str | None = None, algorithm: str = "grpo",
                     loggers: tuple[str, ...] = ("console",), model: str, train_files: str,
                     val_files: str, checkpoint_dir: str | None = None,
                     overrides: Sequence[str] = ()) -> list[str]:
@@ -182,16 +228,21 @@ def default_command(verl_version: str, *, rollout: str, nnodes: int, gpus_per_no
     checkpoint directory (when given) then the user's ``overrides`` last (hydra: the last value
     of a key wins)."""
     shape = shape_for(verl_version)
+    stack = _layer(shape, layer, verl_version)
     paths = {"model": model, "train_files": train_files, "val_files": val_files}
     _validate(verl_version, rollout=rollout, nnodes=nnodes, gpus_per_node=gpus_per_node, tp=tp,
-              algorithm=algorithm, shape=shape, paths=paths)
+              pp=pp, algorithm=algorithm, shape=shape, paths=paths, layer=stack)
     for text in overrides:
         parse_override(text)
-    b = batches(shape, algorithm=algorithm, nnodes=nnodes, gpus_per_node=gpus_per_node)
+    b = batches(shape, algorithm=algorithm, nnodes=nnodes, gpus_per_node=gpus_per_node,
+                model_parallel=tp * pp if stack else 0)
     check_batches(b)
     keys, algo = shape["keys"], shape["algorithms"][algorithm]
-    values = {**paths, "micro": b.micro_batch_size_per_gpu}
-    argv = ["python3", "-m", shape["module"],
+    head = ([f"--config-name={stack['config_name']}", f"{stack['keys']['tp']}={tp}",
+             f"{stack['keys']['pp']}={pp}"] if stack else [])
+    values = {**{k: hydra.quote(v) for k, v in paths.items()},
+              "micro": b.micro_batch_size_per_gpu}
+    argv = ["python3", "-m", shape["module"], *head,
             f"{keys['adv_estimator']}={algo['adv_estimator']}",
             f"{keys['rollout']}={rollout}",
             f"{keys['rollout_n']}={b.rollout_n}",
@@ -205,8 +256,15 @@ def default_command(verl_version: str, *, rollout: str, nnodes: int, gpus_per_no
             *_fill(shape["paths"], values), *_fill(shape["fixed"], values),
             *_fill(algo["args"], values)]
     if checkpoint_dir is not None:
-        argv.append(f"{keys['checkpoint_dir']}={checkpoint_dir}")
+        argv += _resume(keys, checkpoint_dir)
     return argv + list(overrides)
+
+
+def _resume(keys: Mapping[str, Any], checkpoint_dir: str) -> list[str]:
+    """Checkpoints under ``checkpoint_dir``, and verl resuming from the newest one there (a
+    requeued job's next attempt goes on where the last one saved)."""
+    return [f"{keys['checkpoint_dir']}={hydra.quote(checkpoint_dir)}",
+            f"{keys['resume_mode']}=auto"]
 
 
 def job_command(*, model: str, train_files: str, val_files: str, checkpoint_dir: str,
@@ -218,9 +276,10 @@ def job_command(*, model: str, train_files: str, val_files: str, checkpoint_dir:
     newest in the data file when None."""
     shape = shape_for(verl_version or newest_version())
     keys = shape["keys"]
-    paths = {"model": model, "train_files": train_files, "val_files": val_files}
+    paths = {"model": hydra.quote(model), "train_files": hydra.quote(train_files),
+             "val_files": hydra.quote(val_files)}
     return ["python3", "-m", shape["module"], *_fill(shape["paths"], paths),
-            f"{keys['checkpoint_dir']}={checkpoint_dir}", f"{keys['nnodes']}={nnodes}",
+            *_resume(keys, checkpoint_dir), f"{keys['nnodes']}={nnodes}",
             f"{keys['gpus_per_node']}={gpus_per_node}", *overrides]
 
 
@@ -237,6 +296,12 @@ def target_verl(target: Target) -> str:
     if p is None:
         raise TrainShapeError(f"{target.where('packages')}: target {target.name} pins no verl")
     return p.version
+
+
+def target_layer(target: Target) -> str | None:
+    """The stack layer a target switches on (``megatron``), whose trainer configuration its
+    default command uses; None for none."""
+    return target.layer.name if target.layer is not None else None
 
 
 def default_rollout() -> str:

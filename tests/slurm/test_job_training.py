@@ -41,7 +41,9 @@ def test_default_command_is_the_train_data_for_the_target(capsys: pytest.Capture
                  "trainer.nnodes=2", "trainer.n_gpus_per_node=8", "trainer.logger=[console]",
                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
                  "data.train_files=/shared/gsm8k/train.parquet",
-                 "trainer.default_local_dir=${SLURM_SUBMIT_DIR}/checkpoints"):
+                 "trainer.default_local_dir='${SLURM_SUBMIT_DIR}/verl-env-${SLURM_JOB_ID}/"
+                 "checkpoints'",
+                 "trainer.resume_mode=auto"):
         assert word in cmd, (word, cmd)
     assert "TRAIN_NNODES=\"2\"" in text and "TRAIN_GPUS_PER_NODE=\"8\"" in text
 
@@ -198,8 +200,9 @@ def test_build_env_slurm_refuses_a_command_verl_rejects(
     assert not out.exists()
     assert seen["nnodes"] == 2 and seen["gpus"] == 8 and seen["image"] == "sha256:abc"
     argv = seen["argv"]
-    assert isinstance(argv, list) and f"trainer.default_local_dir={os.getcwd()}/checkpoints" \
-        in argv  # ${SLURM_SUBMIT_DIR}: where sbatch runs, here
+    assert isinstance(argv, list) and ("trainer.default_local_dir="
+                                       f"'{os.getcwd()}/verl-env-0/checkpoints'") in argv
+    # ${SLURM_SUBMIT_DIR}: where sbatch runs, here; the job id is not known yet
 
 
 @pytest.mark.parametrize("said", [

@@ -217,7 +217,8 @@ def test_node_list_ray_ports_and_train_defaults() -> None:
             '"data.train_files=/shared/data/gsm8k/train.parquet" '
             '"data.val_files=/shared/data/gsm8k/test.parquet" '
             '"actor_rollout_ref.model.path=/shared/models/qwen" '
-            '"trainer.default_local_dir=/shared/ckpt" "trainer.nnodes=${SLURM_NNODES}" '
+            '"trainer.default_local_dir=/shared/ckpt" "trainer.resume_mode=auto" '
+            '"trainer.nnodes=${SLURM_NNODES}" '
             '"trainer.n_gpus_per_node=${VERL_ENV_GPUS_PER_NODE}")') in text
     assert 'BIND_SRC=("/shared/data/gsm8k" "/shared/models/qwen" "/shared/ckpt")' in text
     assert "BIND_MODE=(ro ro rw)" in text
@@ -231,7 +232,8 @@ def test_inputs_binds_and_refusals(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert hub.train_files == f"{tmp_path}/rel/data/train.parquet"  # relative: against the cwd
     assert [(b.src, b.dst, b.ro) for b in hub.all_binds()] == [
         (f"{tmp_path}/rel/data", f"{tmp_path}/rel/data", True),
-        ("${SLURM_SUBMIT_DIR}/checkpoints", "${SLURM_SUBMIT_DIR}/checkpoints", False),
+        ("${SLURM_SUBMIT_DIR}/verl-env-${SLURM_JOB_ID}/checkpoints",
+         "${SLURM_SUBMIT_DIR}/verl-env-${SLURM_JOB_ID}/checkpoints", False),
         ("/a", "/b", True), ("/c", "/c", False)]
     assert "actor_rollout_ref.model.path=Org/Model" in hub.trainer_command()
     assert all(path != "Org/Model" for _, path in hub.checks())  # a hub id is fetched, not bound

@@ -119,7 +119,7 @@ def test_cli_prints_the_command_without_an_image(inputs: dict[str, Path],
 @pytest.mark.parametrize("extra,words", [
     (["--override", "oops"], "--override 'oops': expected KEY=VALUE"),
     (["--verl", "0.10.0"], "no default training command for verl '0.10.0'"),
-    (["--tp", "3"], "tensor-parallel size 3 does not divide the 8 GPUs"),
+    (["--tp", "3"], "--tp 3 does not divide the 8 GPUs"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(inputs: dict[str, Path], extra: list[str],
                                           words: str, capsys: pytest.CaptureFixture) -> None:
@@ -136,3 +136,24 @@ def test_cli_refuses_a_hub_model_id(inputs: dict[str, Path],
     code = main(["train-check", "--target", "cpu-x86_64", "--matrix", str(FIXTURE),
                  "--model", "Qwen/Qwen2.5-0.5B", "--data", str(inputs["data"])])
     assert code == 2 and "local model directory" in capsys.readouterr().err
+
+
+def test_cli_megatron_target_checks_verls_megatron_trainer(inputs: dict[str, Path],
+                                                           capsys: pytest.CaptureFixture) -> None:
+    """Issue 39 item 4: a Megatron target's command is verl's Megatron trainer configuration,
+    tensor/pipeline sizes from --tp/--pp (what the check then runs verl's checks on)."""
+    code = main(["train-check", "--target", "cuda-x86_64-megatron", "--matrix",
+                 str(REPO / "matrix.yaml"), "--model", str(inputs["model"]), "--data",
+                 str(inputs["data"]), "--nodes", "2", "--gpus-per-node", "8", "--tp", "2",
+                 "--pp", "2", "--print-command"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith("python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer "
+                          "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 "
+                          "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 ")
+    code = main(["train-check", "--target", "cuda-x86_64-megatron", "--matrix",
+                 str(REPO / "matrix.yaml"), "--model", str(inputs["model"]), "--data",
+                 str(inputs["data"]), "--nodes", "1", "--gpus-per-node", "8", "--tp", "4",
+                 "--pp", "4", "--print-command"])
+    assert code == 2 and "--tp 4 x --pp 4 = 16 does not divide the 8 GPUs" in (
+        capsys.readouterr().err)

@@ -46,9 +46,20 @@ def test_relocate_moves_only_the_copied_paths() -> None:
              "trainer.default_local_dir=/ckpt", "~trainer.logger", "hub=Qwen/Q"]
     moved = check.relocate(words, ["/d/train.parquet", "/d/test.parquet", "/m"], "/S")
     assert moved == ["data.train_files=/S/d/train.parquet",
-                     "data.val_files=['/S/d/test.parquet',/e/x]",
+                     "data.val_files=[/S/d/test.parquet,/e/x]",
                      "actor_rollout_ref.model.path=/S/m", "critic.model.path=/S/m/", "a.b=/mx",
                      "trainer.default_local_dir=/ckpt", "~trainer.logger", "hub=Qwen/Q"]
+
+
+def test_relocate_keeps_a_quoted_path_one_hydra_value() -> None:
+    """A path hydra needs quoted (a space, a comma, a quote) is moved and quoted again."""
+    words = ["data.train_files='/d/my data,v2/train.parquet'",
+             "data.val_files=['/d/it\\'s/test.parquet']"]
+    moved = check.relocate(words, ["/d"], "/S")
+    assert moved == ["data.train_files='/S/d/my data,v2/train.parquet'",
+                     "data.val_files=['/S/d/it\\'s/test.parquet']"]
+    assert check.data_files(["python3", "-m", "m", *moved]) == [
+        "/S/d/my data,v2/train.parquet", "/S/d/it's/test.parquet"]
 
 
 def test_run_check_sif_copies_moves_and_names_back(

@@ -36,8 +36,6 @@ CFG = SimpleNamespace(
      "'actor.ppo_micro_batch_size_per_gpu'.", "actor_rollout_ref.actor.ppo_micro_batch_size=null"),
     ("real_train_batch_size (240) must be divisible by minimal possible batch size (16)",
      "data.train_batch_size=64"),
-    ("train_batch_size (16) must be >= actor.ppo_mini_batch_size (32)",
-     "actor_rollout_ref.actor.ppo_mini_batch_size=16"),
     ("Missing mandatory value: actor_rollout_ref.rollout.name",
      "actor_rollout_ref.rollout.name=VALUE"),
 ])

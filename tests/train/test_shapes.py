@@ -64,7 +64,7 @@ def test_every_shape_meets_verls_batch_rules(algorithm: str) -> None:
 
 
 def test_check_batches_refuses_what_verl_refuses() -> None:
-    with pytest.raises(TrainShapeError, match="not divisible by the 3 GPUs"):
+    with pytest.raises(TrainShapeError, match="not divisible by verl's minimal batch 3"):
         shapes.check_batches(shapes.Batches(3, 4, 2, 2, 1))
     with pytest.raises(TrainShapeError, match="positive multiple of the micro batch 2"):
         shapes.check_batches(shapes.Batches(4, 4, 4, 2, 1))
@@ -82,13 +82,13 @@ def test_rollout_and_tp_are_flags() -> None:
     v = values(cmd(rollout="sglang", tp=4))
     assert v["actor_rollout_ref.rollout.name"] == "sglang"
     assert v["actor_rollout_ref.rollout.tensor_model_parallel_size"] == "4"
-    with pytest.raises(TrainShapeError, match="tensor-parallel size 3 does not divide the 16"):
+    with pytest.raises(TrainShapeError, match="--tp 3 does not divide the 16"):
         cmd(tp=3)
     with pytest.raises(TrainShapeError, match="unknown rollout engine 'hf'"):
         cmd(rollout="hf")
     with pytest.raises(TrainShapeError, match="unknown algorithm 'dpo'"):
         cmd(algorithm="dpo")
-    with pytest.raises(TrainShapeError, match="nnodes must be a whole number >= 1"):
+    with pytest.raises(TrainShapeError, match="--nodes must be a whole number >= 1"):
         cmd(nnodes=0)
 
 
