@@ -82,8 +82,9 @@ stop_side_groups() {
 }
 trap stop_side_groups EXIT
 "${pytest[@]}" --basetemp="$tmp/main" \
-  -m "(docker or registry) and not emulated and not slurm and not heavy" --ignore=tests/core
-verdict "the main group" $?
+  -m "(docker or registry) and not emulated and not slurm and not heavy" --ignore=tests/core \
+  2>&1 | tee "$root/main.log"
+verdict "the main group" "${PIPESTATUS[0]}"
 status=$?
 for name in core unit heavy slurm emulated; do
   wait "${pids[$name]}"
@@ -93,4 +94,7 @@ for name in core unit heavy slurm emulated; do
   cat "$root/$name.log"
   verdict "the $name group" "$group_status" || status=1
 done
+# each group's 15 slowest tests into docs/testing.md, by the run itself
+scripts/slowest.py main="$root/main.log" core="$root/core.log" unit="$root/unit.log" \
+  heavy="$root/heavy.log" slurm="$root/slurm.log" emulated="$root/emulated.log" || true
 exit "$status"

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Write each CI group's slowest tests, as pytest printed them, into docs/testing.md.
+
+``scripts/test.sh`` calls it after a whole run with ``GROUP=LOG`` pairs: from each log it takes
+pytest's ``slowest N durations`` block and its final summary line (passed, skipped, wall), and
+replaces what stands between the two marker lines of docs/testing.md (written atomically; the
+rest of the file is kept). A log without the block (a group that crashed) is named as such.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BEGIN = "<!-- slowest: written by scripts/slowest.py after each whole run -->"
+END = "<!-- slowest: end -->"
+_DURATION = re.compile(r"^\s*\d+\.\d+s (call|setup|teardown)\s+\S")
+_SUMMARY = re.compile(r"^=+ (.*\d+ (passed|failed|error).* in [\d.]+s.*?) =+$")
+
+
+def group_section(name: str, text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if "slowest" in ln and "durations" in ln), None)
+    summary = next((m.group(1) for ln in reversed(lines) if (m := _SUMMARY.match(ln))), None)
+    out = [f"**{name}**: {summary or 'no pytest summary in its log (the group did not finish)'}",
+           ""]
+    if start is None:
+        return out + ["(no durations block in its log)", ""]
+    rows = [ln.strip() for ln in lines[start + 1:] if _DURATION.match(ln)][:15]
+    return out + ["```", *rows, "```", ""]
+
+
+def render(groups: list[tuple[str, str]], head: str) -> str:
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    body = [BEGIN, "", f"Written by the whole run of {when} at {head}; each group's 15 slowest",
+            "tests as pytest timed them (wall seconds, all groups running side by side).", ""]
+    for name, text in groups:
+        body += group_section(name, text)
+    return "\n".join([*body, END])
+
+
+def main(argv: list[str]) -> int:
+    doc = Path(__file__).resolve().parents[1] / "docs" / "testing.md"
+    groups = []
+    for pair in argv:
+        name, _, path = pair.partition("=")
+        try:
+            groups.append((name, Path(path).read_text(errors="replace")))
+        except OSError as exc:
+            groups.append((name, f"(log unreadable: {exc.strerror})"))
+    head = subprocess.run(["git", "-C", str(doc.parent), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip() or "an unknown commit"
+    text = doc.read_text()
+    if BEGIN not in text or END not in text:
+        print(f"slowest.py: {doc}: the marker lines are missing; nothing written", file=sys.stderr)
+        return 1
+    before, rest = text.split(BEGIN, 1)
+    after = rest.split(END, 1)[1]
+    new = before + render(groups, head) + after
+    fd, tmp = tempfile.mkstemp(dir=doc.parent, prefix=".testing.", suffix=".part")
+    with os.fdopen(fd, "w") as f:
+        f.write(new)
+    os.replace(tmp, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
