@@ -20,7 +20,8 @@ from pathlib import Path
 BEGIN = "<!-- slowest: written by scripts/slowest.py after each whole run -->"
 END = "<!-- slowest: end -->"
 _DURATION = re.compile(r"^\s*\d+\.\d+s (call|setup|teardown)\s+\S")
-_SUMMARY = re.compile(r"^=+ (.*\d+ (passed|failed|error).* in [\d.]+s.*?) =+$")
+# pytest's last line: "==== 12 passed, 1 skipped in 3.40s (0:00:03) ====" (undecorated under -q)
+_SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|error)[^=]* in [\d.]+s[^=]*?)\s*=*$")
 
 
 def group_section(name: str, text: str) -> list[str]:
