@@ -5,11 +5,11 @@ command sees an argparse Namespace."""
 from __future__ import annotations
 
 from builder.commands import (build, check, cluster, completion, doctor, init, listing, lock,
-                              propose, publish, render, sif, slurm, sqsh, status, train_check,
-                              trust, verify)
+                              propose, publish, render, reproduce, sif, slurm, sqsh, status,
+                              train_check, trust, verify)
 
 COMMANDS = (build, init, listing, check, lock, render, verify, sif, sqsh, publish, slurm, doctor,
-            train_check, trust, cluster, status, completion, propose)
+            train_check, trust, cluster, status, completion, propose, reproduce)
 BY_NAME = {m.NAME: m for m in COMMANDS}
 
 __all__ = ["BY_NAME", "COMMANDS"]
