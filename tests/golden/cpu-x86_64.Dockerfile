@@ -4,6 +4,8 @@
 
 # ---------------------------------------------------------------------------- runtime image
 FROM verl-env-test/debian:bookworm
+ARG SOURCE_DATE_EPOCH=315532800
+ARG PYC_INVALIDATION_MODE=CHECKED_HASH
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:$PATH \
@@ -14,7 +16,8 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates python3.11 python3.11-venv procps \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/ldconfig/aux-cache /var/log/apt/* \
+       /var/log/dpkg.log /var/log/alternatives.log
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
 RUN python3.11 -m venv /opt/venv \

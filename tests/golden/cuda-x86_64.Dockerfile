@@ -9,6 +9,8 @@
 # byte-compiled: no file of this stage is shipped, and the build compiles only what it imports
 # (byte-compiling torch's every module took minutes under emulation).
 FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS source-build
+ARG SOURCE_DATE_EPOCH=315532800
+ARG PYC_INVALIDATION_MODE=CHECKED_HASH
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:$PATH \
@@ -24,7 +26,8 @@ RUN apt-get update \
     && libpython=$(apt-cache pkgnames libpython3.12 | grep -xE 'libpython3\.12(t64)?' | sort | tail -n 1 || true) \
     && { [ -n "$libpython" ] || { echo "no libpython3.12 package in the base's apt sources (shared_libpython)" >&2; exit 100; }; } \
     && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv build-essential git ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps python3.12-dev "$libpython" \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/ldconfig/aux-cache /var/log/apt/* \
+       /var/log/dpkg.log /var/log/alternatives.log
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
 RUN python3.12 -m venv /opt/venv \
@@ -50,6 +53,7 @@ RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
 FROM source-build AS source-flash-attn
 COPY source/flash-attn.txt /tmp/verl-env/source/
 RUN --mount=type=cache,id=verl-env-src-flash-attn-f0cf6df39518,target=/root/.cache/pip \
+    SOURCE_DATE_EPOCH=315532800 \
     pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
     TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0;10.3;12.0" \
     SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FLASH_ATTN=2.8.3 \
@@ -60,6 +64,8 @@ RUN --mount=type=cache,id=verl-env-src-flash-attn-f0cf6df39518,target=/root/.cac
 
 # ---------------------------------------------------------------------------- runtime image
 FROM nvidia/cuda:13.0.2-base-ubuntu24.04 AS runtime
+ARG SOURCE_DATE_EPOCH=315532800
+ARG PYC_INVALIDATION_MODE=CHECKED_HASH
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:$PATH \
@@ -75,7 +81,8 @@ RUN apt-get update \
     && libpython=$(apt-cache pkgnames libpython3.12 | grep -xE 'libpython3\.12(t64)?' | sort | tail -n 1 || true) \
     && { [ -n "$libpython" ] || { echo "no libpython3.12 package in the base's apt sources (shared_libpython)" >&2; exit 100; }; } \
     && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps "$libpython" \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/ldconfig/aux-cache /var/log/apt/* \
+       /var/log/dpkg.log /var/log/alternatives.log
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
 RUN python3.12 -m venv /opt/venv \

@@ -4,6 +4,8 @@
 
 # ---------------------------------------------------------------------------- runtime image
 FROM rocm/verl:verl-0.7.1.amd0_rocm7.0.2_ubuntu22.04_py3.12_vllm0.20.2@sha256:64072e02ef3fc364a0bef09e71c0f4b3ae32ba6fc65e4d121a4736a538aa2bb8
+ARG SOURCE_DATE_EPOCH=315532800
+ARG PYC_INVALIDATION_MODE=CHECKED_HASH
 # Vendor base (declared, not yet inspected): it provides torch 2.9.1.dev20251204+rocm7.0.2, vllm 0.20.2rc1.
 # Everything installs into its own interpreter (python3); nothing it holds is
 # reinstalled or upgraded (those packages are not in the layers below).
@@ -16,7 +18,8 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/ldconfig/aux-cache /var/log/apt/* \
+       /var/log/dpkg.log /var/log/alternatives.log
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
 RUN python3 -m pip install --no-cache-dir --no-deps --require-hashes --target /opt/verl-env/tools -r /opt/verl-env/layers/00-tools.txt
