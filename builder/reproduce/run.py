@@ -26,7 +26,7 @@ from typing import Any
 from builder import pipeline
 from builder.engine import ContainerEngine, ImageInfo, faults
 from builder.engine.filetree import FileEntry
-from builder.errors import BuildEnvError, InfraError, SpecError
+from builder.errors import BuildEnvError, InfraError, LockError, RenderError, SpecError
 from builder.files import atomic_write_text
 from builder.gate import verdicts
 from builder.gate.record import FileTreeRecord, GateRecord
@@ -89,8 +89,7 @@ class Outcome:
 
 
 def _labels(info: ImageInfo) -> dict[str, str]:
-    labels = info.config.get("Labels") if isinstance(info.config, dict) else None
-    return dict(labels or {})
+    return info.labels
 
 
 def _request(req: ReproduceRequest, target: str, workdir: Path) -> BuildRequest:
@@ -130,10 +129,10 @@ def _plan(req: ReproduceRequest, target: str, workdir: Path) -> BuildPlan:
     breq = _request(req, target, workdir)
     try:
         opened = open_target(breq)
-    except SpecError as exc:
-        raise InputsUnavailable(f"the matrix here cannot give the image's target: {exc}",
+        plan = plan_build(breq, opened)
+    except (SpecError, LockError, RenderError) as exc:
+        raise InputsUnavailable(f"the site here cannot give the image's inputs: {exc}",
                                 target=target) from None
-    plan = plan_build(breq, opened)
     if plan.inspect_base or plan.context is None:
         raise InputsUnavailable("its declared vendor base must be inspected first "
                                 f"(build-env lock --probe --target {target})", target=target)

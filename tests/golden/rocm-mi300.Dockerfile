@@ -18,8 +18,9 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps \
-    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/ldconfig/aux-cache /var/log/apt/* \
-       /var/log/dpkg.log /var/log/alternatives.log
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/* /var/cache/ldconfig/aux-cache /var/log/apt/* \
+              /var/log/dpkg.log /var/log/alternatives.log
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
 RUN python3 -m pip install --no-cache-dir --no-deps --require-hashes --target /opt/verl-env/tools -r /opt/verl-env/layers/00-tools.txt
