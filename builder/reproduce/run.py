@@ -112,12 +112,17 @@ def _target_of(info: ImageInfo, ref: str) -> str:
     return name
 
 
-def input_differences(image: dict[str, str], rendered: dict[str, str]) -> list[str]:
+def input_differences(image: dict[str, str], rendered: dict[str, str],
+                      inherited: dict[str, str] | None = None) -> list[str]:
     """Each recorded input (a ``org.verl-env.*`` label) whose value here differs from the
-    image's: the matrix entry, the lock, a source, the site CA, the builder version."""
+    image's: the matrix entry, the lock, a source, the site CA, the builder version. A label the
+    image has from its base (``inherited``, with the same value) is the base's, not an input."""
     out = []
+    inherited = inherited or {}
     keys = {k for k in image.keys() | rendered.keys() if k.startswith(LABEL_NS + ".")}
     for key in sorted(keys):
+        if key not in rendered and key in inherited and inherited[key] == image.get(key):
+            continue
         if image.get(key) != rendered.get(key):
             name = key.removeprefix(LABEL_NS + ".")
             out.append(f"{name}: the image records {image.get(key)!r}, here it is "
@@ -151,11 +156,13 @@ def _original(engine: ContainerEngine, req: ReproduceRequest, plan: BuildPlan | 
     return engine.image(found)
 
 
-def check_inputs(info: ImageInfo, plan: BuildPlan, content_tag: str, prefix: str) -> None:
-    """Refuse (exit 3) when what would be rebuilt is not what ``info`` records."""
+def check_inputs(info: ImageInfo, plan: BuildPlan, content_tag: str, prefix: str,
+                 inherited: dict[str, str] | None = None) -> None:
+    """Refuse (exit 3) when what would be rebuilt is not what ``info`` records (``inherited``:
+    the labels of the base images)."""
     assert plan.context is not None
     name = plan.target.name
-    diffs = input_differences(_labels(info), plan.context.labels)
+    diffs = input_differences(_labels(info), plan.context.labels, inherited)
     mine = f"{prefix}:{name}-"
     tags = [t for t in info.tags if t.startswith(mine) and t != f"{prefix}:{name}-candidate"
             and "-verl" in t]
@@ -179,7 +186,10 @@ def reproduce(req: ReproduceRequest, engine: ContainerEngine,
         assert plan.context is not None
         facts = pipeline.resolve(plan, engine)
         info = _original(engine, req, plan, facts.tags.content)
-        check_inputs(info, plan, facts.tags.content, req.tag_prefix)
+        inherited: dict[str, str] = {}
+        for ref in plan.base_refs:
+            inherited.update(engine.image(ref).labels)
+        check_inputs(info, plan, facts.tags.content, req.tag_prefix, inherited)
         say(f"rebuilding {name} with no cache from {plan.context.path} "
             f"(original {info.id[7:19]})")
         with faults.stage(engine, "build", what=f"the rebuild of {name}", target=name):

@@ -152,3 +152,8 @@ def test_the_inputs_that_differ_are_named_by_label() -> None:
         "lock-hash: the image records 'sha256:1', here it is 'sha256:2'",
         "source.x: the image records 'tree sha256:a', here it is None"]
     assert input_differences(here, dict(here)) == []
+    # a label the image has from its base, with the base's value, is not an input
+    base = {"org.verl-env.debian-key": "04d4"}
+    assert input_differences({**here, **base}, here, base) == []
+    assert input_differences({**here, "org.verl-env.debian-key": "x"}, here, base) == [
+        "debian-key: the image records 'x', here it is None"]

@@ -67,9 +67,10 @@ def _planted_templates(where: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_a_planted_random_file_is_caught_and_named(debian_base: str, docker_host: str,
-                                                   tmp_path: Path) -> None:
+                                                   ca_bundle: Path, tmp_path: Path) -> None:
     templates = _planted_templates(tmp_path / "templates")
-    site = ["--matrix", str(TINY), "--snapshot", str(SNAPSHOT), "--templates", str(templates)]
+    site = ["--matrix", str(TINY), "--snapshot", str(SNAPSHOT), "--ca-bundle", str(ca_bundle),
+            "--templates", str(templates)]
     proc = run_build_env("--target", "tiny-x86_64", *site, "--workdir", str(tmp_path / "w"))
     assert proc.returncode == 0, proc.stderr[-6000:]
     before = _images(docker_host)
@@ -83,7 +84,7 @@ def test_a_planted_random_file_is_caught_and_named(debian_base: str, docker_host
     assert _images(docker_host) == before, "the rebuilt candidate was not removed"
     # without the planted step the inputs are not the image's: refused, exit 3, naming it
     proc = run_build_env("reproduce", "verl-env:tiny-x86_64", "--matrix", str(TINY),
-                         "--snapshot", str(SNAPSHOT))
+                         "--snapshot", str(SNAPSHOT), "--ca-bundle", str(ca_bundle))
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "the inputs the image records cannot be had here" in proc.stderr
     assert "content: the image is verl-env:tiny-x86_64-verl" in proc.stderr, proc.stderr
