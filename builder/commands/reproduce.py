@@ -52,6 +52,8 @@ def _say(line: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if (args.image is None) == (args.target is None):
         raise UsageError("reproduce: name the image (IMAGE) or --target T, one of them")
+    if args.tree is not None and not args.tree.parent.is_dir():
+        raise UsageError(f"reproduce --tree {args.tree}: no such directory {args.tree.parent}")
     if args.against_record is not None:
         if args.image is None:
             raise UsageError("reproduce --against-record: name the image (IMAGE)")

@@ -144,8 +144,8 @@ def _plan(req: ReproduceRequest, target: str, workdir: Path) -> BuildPlan:
     return plan
 
 
-def _original(engine: ContainerEngine, req: ReproduceRequest, plan: BuildPlan | None,
-              content_tag: str | None) -> ImageInfo:
+def _original(engine: ContainerEngine, req: ReproduceRequest, content_tag: str | None
+              ) -> ImageInfo:
     if req.image is not None:
         return engine.image(req.image)
     found = engine.find(content_tag) if content_tag else None
@@ -185,7 +185,7 @@ def reproduce(req: ReproduceRequest, engine: ContainerEngine,
         plan = _plan(req, name, Path(scratch))
         assert plan.context is not None
         facts = pipeline.resolve(plan, engine)
-        info = _original(engine, req, plan, facts.tags.content)
+        info = _original(engine, req, facts.tags.content)
         inherited: dict[str, str] = {}
         for ref in plan.base_refs:
             inherited.update(engine.image(ref).labels)
