@@ -16,7 +16,7 @@ MODULES: Mapping[str, str] = {
     "render": "render", "verify": "verify", "sif": "sif", "sqsh": "sqsh", "publish": "publish",
     "slurm": "slurm", "doctor": "doctor", "train-check": "train_check", "trust": "trust",
     "cluster": "cluster", "status": "status", "completion": "completion", "propose": "propose",
-    "audit": "audit",
+    "audit": "audit", "reproduce": "reproduce",
 }
 
 

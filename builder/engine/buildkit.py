@@ -239,13 +239,16 @@ class Builds:
 
     def build(self, context: Path, *, target: str, network: str | None = "host",
               platform: str | None = None, secrets: dict[str, Path] | None = None,
-              on_event: Callable[[BuildProgress, str], None] | None = None) -> BuildResult:
+              on_event: Callable[[BuildProgress, str], None] | None = None,
+              no_cache: bool = False) -> BuildResult:
         """Build ``context/Dockerfile`` with BuildKit (untagged) on this engine's daemon.
 
         ``network``: for RUN steps (``host``; None: the daemon's default). ``platform``: the
         target's arch or platform; ``--platform`` is passed only when it differs from the
         daemon's. ``secrets``: BuildKit secrets (id -> file), e.g. the site CA. Raises EngineError
-        naming the failed step; on SIGINT/SIGTERM (KeyboardInterrupt, see interrupts_raise) the
+        naming the failed step. ``no_cache``: no step is taken from the build cache (``--no-cache``;
+        BuildKit still mounts the cache mounts, e.g. uv's download cache, whose files
+        ``--require-hashes`` checks); on SIGINT/SIGTERM (KeyboardInterrupt, see interrupts_raise) the
         build process group is killed, which cancels the build: nothing is tagged.
         """
         cli = find_buildkit_cli()
@@ -258,6 +261,8 @@ class Builds:
                    "--file", str(Path(context) / "Dockerfile")]
             if network:
                 cmd += ["--network", network]
+            if no_cache:
+                cmd.append("--no-cache")
             wanted = platform_of(platform) if platform else None
             if wanted and wanted != self.platforms.daemon_platform():
                 self.platforms.require_emulation(wanted, target=target)

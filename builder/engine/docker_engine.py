@@ -17,6 +17,7 @@ import docker
 from builder.engine.buildkit import Builds
 from builder.engine.containers import Containers
 from builder.engine.client import Daemon
+from builder.engine.filetree import FileEntry, read_tree
 from builder.engine.images import Images
 from builder.engine.platforms import Platforms
 from builder.engine.protocol import ContainerEngine
@@ -71,9 +72,10 @@ class Engine(ContainerEngine):
     # builds
     def build(self, context: Path, *, target: str, network: str | None = "host",
               platform: str | None = None, secrets: dict[str, Path] | None = None,
-              on_event: Callable[[BuildProgress, str], None] | None = None) -> BuildResult:
+              on_event: Callable[[BuildProgress, str], None] | None = None,
+              no_cache: bool = False) -> BuildResult:
         return self.builds.build(context, target=target, network=network, platform=platform,
-                                 secrets=secrets, on_event=on_event)
+                                 secrets=secrets, on_event=on_event, no_cache=no_cache)
 
     def prune_build_cache(self) -> int:
         return self.builds.prune_build_cache()
@@ -119,6 +121,10 @@ class Engine(ContainerEngine):
     def export(self, image: str, *, chunk_size: int = 4 << 20
                ) -> AbstractContextManager[Iterator[bytes]]:
         return self.containers.export(image, chunk_size=chunk_size)
+
+    def file_tree(self, image: str) -> list[FileEntry]:
+        with self.containers.export(image) as chunks:
+            return read_tree(chunks)
 
     def remove_orphans(self, role: str | None = None) -> list[str]:
         return self.containers.remove_orphans(role)

@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
+from builder.engine.filetree import FileEntry
 from builder.engine.results import BuildProgress, BuildResult, ImageInfo, RunResult
 
 
@@ -54,8 +55,10 @@ class ContainerEngine(EngineHealth, Protocol):
     # builds
     def build(self, context: Path, *, target: str, network: str | None = "host",
               platform: str | None = None, secrets: dict[str, Path] | None = None,
-              on_event: Callable[[BuildProgress, str], None] | None = None) -> BuildResult:
-        """Build ``context/Dockerfile`` (untagged); EngineError naming the failed step."""
+              on_event: Callable[[BuildProgress, str], None] | None = None,
+              no_cache: bool = False) -> BuildResult:
+        """Build ``context/Dockerfile`` (untagged); EngineError naming the failed step.
+        ``no_cache``: every step runs again (``build-env reproduce``)."""
         raise NotImplementedError
 
     # images
@@ -105,6 +108,11 @@ class ContainerEngine(EngineHealth, Protocol):
     def export(self, image: str, *, chunk_size: int = 4 << 20
                ) -> AbstractContextManager[Iterator[bytes]]:
         """The image's flattened filesystem as a tar stream, for the ``with`` block."""
+        raise NotImplementedError
+
+    def file_tree(self, image: str) -> list[FileEntry]:
+        """Every path of the image's flattened filesystem (:mod:`builder.engine.filetree`):
+        type, mode, owner, size, content digest, link target; sorted by path."""
         raise NotImplementedError
 
     def remove_orphans(self, role: str | None = None) -> list[str]:

@@ -166,6 +166,33 @@ class SifRun:
 
 
 @dataclass(frozen=True)
+class FileTreeRecord:
+    """The image's file tree as ``build-env reproduce`` proved it (a rebuild from the recorded
+    inputs gave the same files): the root digest over every compared path's type, mode, owner,
+    size and content digest (:func:`builder.reproduce.compare.root_digest`), how many paths it
+    covers, and when and how it was proved. ``build-env reproduce IMAGE --against-record``
+    checks an image against it without rebuilding."""
+
+    root: str
+    files: int
+    schema: str = "verl-env/filetree/v1"
+    proved: str | None = None  # "rebuilt identical at <time>"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "root": self.root, "files": self.files,
+                "proved": self.proved}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> FileTreeRecord | None:
+        d = _dict(data)
+        root, files = _str(d.get("root")), _int(d.get("files"))
+        if root is None or files is None:
+            return None
+        return cls(root, files, _str(d.get("schema")) or "verl-env/filetree/v1",
+                   _str(d.get("proved")))
+
+
+@dataclass(frozen=True)
 class GateRecord:
     """The ``gate`` section of a report. ``scope`` is None for a record written before the gate
     kept it (such a verdict is partial); ``run`` is None for such a record too."""
@@ -180,6 +207,7 @@ class GateRecord:
     gpus: GateGpus | None = None
     schema: str = GATE_SCHEMA
     extra: dict[str, Any] = field(default_factory=dict)  # keys this build-env does not know
+    files: FileTreeRecord | None = None  # the file tree a rebuild reproduced (reproduce)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"schema": self.schema}
@@ -196,6 +224,8 @@ class GateRecord:
             out.update(self._scope_keys())
             if self.gpus is not None:
                 out["gpus"] = self.gpus.to_dict()
+        if self.files is not None:
+            out["files"] = self.files.to_dict()
         out.update(self.extra)
         return out
 
@@ -245,7 +275,8 @@ class GateRecord:
                    partial_reason=_str(d.get("partial_reason")),
                    gpus=GateGpus.from_dict(d["gpus"]) if "gpus" in d else None,
                    schema=_str(d.get("schema")) or GATE_SCHEMA,
-                   extra={k: v for k, v in d.items() if k not in _KNOWN})
+                   extra={k: v for k, v in d.items() if k not in _KNOWN},
+                   files=FileTreeRecord.from_dict(d["files"]) if "files" in d else None)
 
     @property
     def arch(self) -> ArchRecord | None:
@@ -259,4 +290,4 @@ class GateRecord:
 _KNOWN = frozenset({"schema", "subject", "family", "phases", "required_phases", "selftest_args",
                     "entrypoint", "bind_mounts", "arch", "scope", "partial_reason",
                     "selftest_argv", "gpus", "runtime", "runtime_flags", "passed_env",
-                    "command"})
+                    "command", "files"})

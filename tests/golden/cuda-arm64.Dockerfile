@@ -9,6 +9,8 @@
 # byte-compiled: no file of this stage is shipped, and the build compiles only what it imports
 # (byte-compiling torch's every module took minutes under emulation).
 FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS source-build
+ARG SOURCE_DATE_EPOCH=315532800
+ARG PYC_INVALIDATION_MODE=CHECKED_HASH
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:$PATH \
@@ -24,7 +26,9 @@ RUN apt-get update \
     && libpython=$(apt-cache pkgnames libpython3.12 | grep -xE 'libpython3\.12(t64)?' | sort | tail -n 1 || true) \
     && { [ -n "$libpython" ] || { echo "no libpython3.12 package in the base's apt sources (shared_libpython)" >&2; exit 100; }; } \
     && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv build-essential git ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps python3.12-dev "$libpython" \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/* /var/cache/ldconfig/aux-cache /var/log/apt/* \
+              /var/log/dpkg.log /var/log/alternatives.log
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
 RUN python3.12 -m venv /opt/venv \
@@ -32,10 +36,14 @@ RUN python3.12 -m venv /opt/venv \
     && /opt/venv/bin/python -m pip uninstall -y -q setuptools
 COPY layers/10-torch.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --require-hashes -r /opt/verl-env/layers/10-torch.txt
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --require-hashes -r /opt/verl-env/layers/10-torch.txt \
+    && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
+    && rm -f /tmp/uv-*.lock
 COPY layers/build-tools.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --require-hashes -r /opt/verl-env/layers/build-tools.txt
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --require-hashes -r /opt/verl-env/layers/build-tools.txt \
+    && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
+    && rm -f /tmp/uv-*.lock
 # One stage per source package below, so a change to one rebuilds only its own wheel (BuildKit
 # builds the stages side by side); each has its own pip cache, keyed by what its wheel is built
 # against. No build isolation (it must compile against the torch of this very lock); sources
@@ -47,6 +55,7 @@ RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
 FROM source-build AS source-tensordict
 COPY source/tensordict/ /tmp/verl-env/source/tensordict/
 RUN --mount=type=cache,id=verl-env-src-tensordict-3a43828fd48c,target=/root/.cache/pip \
+    SOURCE_DATE_EPOCH=315532800 \
     pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
     TORCH_CUDA_ARCH_LIST="9.0;10.0;10.3" \
     SETUPTOOLS_SCM_PRETEND_VERSION_FOR_TENSORDICT=0.10.0 \
@@ -59,6 +68,7 @@ RUN --mount=type=cache,id=verl-env-src-tensordict-3a43828fd48c,target=/root/.cac
 FROM source-build AS source-flash-attn
 COPY source/flash-attn.txt /tmp/verl-env/source/
 RUN --mount=type=cache,id=verl-env-src-flash-attn-4f16e4b12d3d,target=/root/.cache/pip \
+    SOURCE_DATE_EPOCH=315532800 \
     pybind11_DIR="$(/opt/venv/bin/python -m pybind11 --cmakedir)" \
     TORCH_CUDA_ARCH_LIST="9.0;10.0;10.3" \
     SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FLASH_ATTN=2.8.3 \
@@ -69,6 +79,8 @@ RUN --mount=type=cache,id=verl-env-src-flash-attn-4f16e4b12d3d,target=/root/.cac
 
 # ---------------------------------------------------------------------------- runtime image
 FROM nvidia/cuda:13.0.2-base-ubuntu24.04 AS runtime
+ARG SOURCE_DATE_EPOCH=315532800
+ARG PYC_INVALIDATION_MODE=CHECKED_HASH
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:$PATH \
@@ -84,7 +96,9 @@ RUN apt-get update \
     && libpython=$(apt-cache pkgnames libpython3.12 | grep -xE 'libpython3\.12(t64)?' | sort | tail -n 1 || true) \
     && { [ -n "$libpython" ] || { echo "no libpython3.12 package in the base's apt sources (shared_libpython)" >&2; exit 100; }; } \
     && apt-get install -y --no-install-recommends ca-certificates python3.12 python3.12-venv ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps "$libpython" \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/* /var/cache/ldconfig/aux-cache /var/log/apt/* \
+              /var/log/dpkg.log /var/log/alternatives.log
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
 RUN python3.12 -m venv /opt/venv \
@@ -94,27 +108,37 @@ RUN python3.12 -m venv /opt/venv \
 # torch: 29 packages
 COPY layers/10-torch.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/10-torch.txt
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/10-torch.txt \
+    && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
+    && rm -f /tmp/uv-*.lock
 
 # engine: 165 packages
 COPY layers/20-engine.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt \
+    && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
+    && rm -f /tmp/uv-*.lock
 
 # deps: 65 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt \
+    && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
+    && rm -f /tmp/uv-*.lock
 
 # source-built: tensordict, flash-attn (wheels mounted from
 # their build stages, never copied into a layer)
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,from=source-tensordict,source=/wheels,target=/tmp/verl-env/built/tensordict --mount=type=bind,from=source-flash-attn,source=/wheels,target=/tmp/verl-env/built/flash-attn \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode /tmp/verl-env/built/*/*.whl
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode /tmp/verl-env/built/*/*.whl \
+    && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
+    && rm -f /tmp/uv-*.lock
 
 # verl: 1 packages
 COPY layers/40-verl.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt
+    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt \
+    && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
+    && rm -f /tmp/uv-*.lock
 
 # The gate: the self-test that verify, apptainer exec and srun run inside this image.
 COPY selftest/ /opt/verl-env/verl_env_selftest/

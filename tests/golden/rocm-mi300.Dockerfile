@@ -4,6 +4,8 @@
 
 # ---------------------------------------------------------------------------- runtime image
 FROM rocm/verl:verl-0.7.1.amd0_rocm7.0.2_ubuntu22.04_py3.12_vllm0.20.2@sha256:64072e02ef3fc364a0bef09e71c0f4b3ae32ba6fc65e4d121a4736a538aa2bb8
+ARG SOURCE_DATE_EPOCH=315532800
+ARG PYC_INVALIDATION_MODE=CHECKED_HASH
 # Vendor base (declared, not yet inspected): it provides torch 2.9.1.dev20251204+rocm7.0.2, vllm 0.20.2rc1.
 # Everything installs into its own interpreter (python3); nothing it holds is
 # reinstalled or upgraded (those packages are not in the layers below).
@@ -16,7 +18,9 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ibverbs-providers libibverbs1 libnuma1 librdmacm1 procps \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/* /var/cache/ldconfig/aux-cache /var/log/apt/* \
+              /var/log/dpkg.log /var/log/alternatives.log
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
 RUN python3 -m pip install --no-cache-dir --no-deps --require-hashes --target /opt/verl-env/tools -r /opt/verl-env/layers/00-tools.txt
@@ -24,12 +28,14 @@ RUN python3 -m pip install --no-cache-dir --no-deps --require-hashes --target /o
 # deps: 118 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    /opt/verl-env/tools/bin/uv pip install --python python3 --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt
+    /opt/verl-env/tools/bin/uv pip install --python python3 --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt \
+    && rm -f /tmp/uv-*.lock
 
 # verl: 1 packages
 COPY layers/40-verl.txt /opt/verl-env/layers/
 RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    /opt/verl-env/tools/bin/uv pip install --python python3 --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt
+    /opt/verl-env/tools/bin/uv pip install --python python3 --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt \
+    && rm -f /tmp/uv-*.lock
 
 # The gate: the self-test that verify, apptainer exec and srun run inside this image.
 COPY selftest/ /opt/verl-env/verl_env_selftest/

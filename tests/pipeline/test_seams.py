@@ -250,7 +250,8 @@ class PlanEngine(ContainerEngine):
 
     def build(self, context: Path, *, target: str, network: str | None = "host",
               platform: str | None = None, secrets: dict[str, Path] | None = None,
-              on_event: Callable[[BuildProgress, str], None] | None = None) -> BuildResult:
+              on_event: Callable[[BuildProgress, str], None] | None = None,
+              no_cache: bool = False) -> BuildResult:
         self.calls.append("build")
         assert (context / "Dockerfile").is_file() and target == "cuda-x86_64"
         if self.build_error is not None:
