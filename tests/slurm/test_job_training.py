@@ -216,7 +216,8 @@ def test_gpu_boundary_is_its_own_result(tmp_path: Path, said: str) -> None:
                                  train_cmd="python3 -m verl.trainer.main_ppo a=1"))
     tlog = tmp_path / "training.log"
     code = (f"VERL_ENV_JOB_DIR={tmp_path}\nRAY_LOGICAL_GPUS=1\nTRAIN_MAIN_PPO=0\nHEAD=node1\n"
-            "RAY_PIDS=()\nLOST=()\nSTAGE=setup\nADDRS=(127.0.0.1)\nlog() { echo \"$*\"; }\n"
+            "RAY_PIDS=()\nLOST=()\nSTAGE=setup\nNODES=(node1)\nTRAIN_NNODES=1\n"
+            "TRAIN_GPUS_PER_NODE=1\nlog() { echo \"$*\"; }\n"
             + _function(text, "gpu_boundary") + "\n"
             + re.search(r"^GPU_FIRST_CALLS=.*$", text, re.M).group(0) + "\n"
             + _function(text, "stage_code") + "\n" + _function(text, "fail") + "\n"
