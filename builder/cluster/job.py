@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from builder.cluster.inputs import DEFAULT_JOB_DIR, Inputs, absolute_path, home_path
+from builder.cluster.requeue import Resilience
 from builder.cluster.ports import (SHARED_RAY_PORTS, SHARED_SELFTEST_PORT, RayPorts, check_ports,
                                    slot_count)
 from builder.cluster.runtime import DIGEST, REMOTE, RUNTIMES
@@ -113,6 +114,7 @@ class SlurmJob:
     # unpacked from)
     cluster: str | None = None
     verdict_sif: str | None = None
+    resilience: Resilience = field(default_factory=Resilience)  # requeue and resume
 
     def __post_init__(self) -> None:
         if self.job_name is None:

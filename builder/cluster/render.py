@@ -16,6 +16,7 @@ import jinja2
 
 from builder.cluster.job import FAMILY_PROFILES, SlurmJob, training_command, validate
 from builder.cluster.ports import port_span
+from builder.cluster.requeue import Resilience, validate as validate_resilience
 from builder.cluster.runtime import (CLEAN_START_NAMES, MIN_SLURM, PASSED_NAMES, PASSED_PREFIXES,
                                      RUNTIME_PARTS, job_devices, pyxis_image, sif_cache_name)
 from builder.cluster.shell import escape, shell_word, train_argv
@@ -38,7 +39,13 @@ def sbatch_options(job: SlurmJob) -> list[tuple[str, str | None]]:
             out.append((option, str(value)))
     if job.exclusive:
         out.append(("exclusive", None))
-    return out
+    return out + resilience_of(job).sbatch_options()
+
+
+def resilience_of(job: SlurmJob) -> Resilience:
+    """The job's requeue and resume choices (the defaults when it carries none)."""
+    value = getattr(job, "resilience", None)
+    return validate_resilience(value if isinstance(value, Resilience) else Resilience())
 
 
 def _environment() -> jinja2.Environment:
@@ -75,6 +82,7 @@ def render_sbatch(job: SlurmJob) -> str:
         passed_names=PASSED_NAMES + (CLEAN_START_NAMES if job.runtime in ("pyxis", "ch-run")
                                      else ()),
         sbatch_options=sbatch_options(job),
+        resilience=resilience_of(job),
         train_shape=train_shape(train_argv(training_command(job))),
         checker_b64=base64.b64encode(job.train_checker).decode(),
         checker_args=engine_args(),

@@ -64,6 +64,9 @@ class ClusterVerdict:
     world_size: int | None
     inter_node: Mapping[str, Any]  # {"checks": {id: {status, value, unit, reason}}, transport, ...}
     runtime: str | None = None  # the container runtime the job ran the image with
+    # the nodes earlier attempts of the job excluded before it requeued itself (issue 39):
+    # {"node", "attempt" (0: the first), "reason"}; not part of this verdict's nodes
+    excluded: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def family(self) -> str | None:
@@ -116,6 +119,9 @@ class ClusterVerdict:
             parts.append(str(self.inter_node["transport"]))
         if bw is not None:
             parts.append(f"busbw {bw:g} GB/s")
+        if self.excluded:
+            parts.append("excluded " + ", ".join(sorted({str(e.get("node"))
+                                                         for e in self.excluded})))
         return f"{self.overall} on {self.cluster} ({'; '.join(parts)}), {self.level} level"
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,7 +129,7 @@ class ClusterVerdict:
                 "job": self.job, "recorded_at": self.recorded_at, "overall": self.overall,
                 "level": self.level, "problems": self.problems, "world_size": self.world_size,
                 "nodes": [n.to_dict() for n in self.nodes], "inter_node": dict(self.inter_node),
-                "runtime": self.runtime}
+                "runtime": self.runtime, "excluded": [dict(e) for e in self.excluded]}
 
     @classmethod
     def from_dict(cls, d: Any) -> ClusterVerdict:
@@ -140,7 +146,8 @@ class ClusterVerdict:
                    tuple(NodeResult.from_dict(n) for n in d.get("nodes") or ()
                          if isinstance(n, Mapping)),
                    ws if isinstance(ws, int) else None, dict(d.get("inter_node") or {}),
-                   str(d["runtime"]) if d.get("runtime") else None)
+                   str(d["runtime"]) if d.get("runtime") else None,
+                   tuple(dict(e) for e in d.get("excluded") or () if isinstance(e, Mapping)))
 
 
 def _node_gpu(report: Mapping[str, Any], family: str | None) -> dict[str, Any]:
@@ -196,6 +203,27 @@ def _inter_node(reports: list[dict[str, Any]]) -> tuple[dict[str, Any], int | No
     bw = (checks.get("collective.busbw") or {}).get("value")
     info.update(checks=checks, busbw_gbps=bw if isinstance(bw, (int, float)) else None)
     return info, world
+
+
+EXCLUDED_FILE = "excluded-nodes.tsv"  # the job's record: ATTEMPT<TAB>NODE<TAB>REASON a line
+
+
+def excluded_nodes(job_dir: Path) -> tuple[dict[str, Any], ...]:
+    """The nodes the job's earlier attempts excluded before requeueing itself (the job appends
+    one line per node to ``excluded-nodes.tsv``), in the order they were excluded."""
+    path = Path(job_dir) / EXCLUDED_FILE
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ()
+    out = []
+    for line in lines:
+        attempt, _, rest = line.partition("\t")
+        node, _, reason = rest.partition("\t")
+        if node.strip():
+            out.append({"node": node.strip(), "reason": reason.strip(),
+                        "attempt": int(attempt) if attempt.strip().isdigit() else None})
+    return tuple(out)
 
 
 EXIT_NAMES = {0: PASS, 1: FAIL, 2: "incomplete", 3: "error"}  # the self-test's exit codes
@@ -288,7 +316,7 @@ def collect(job_dir: Path, sif: Path, cluster: str, *, job: str | None = None,
     subject = {"name": sif.name, "digest": sha256_file(sif),
                "target": labels.get("org.verl-env.target"), "family": family}
     return ClusterVerdict(cluster, subject, job or job_dir.name, stamp, tuple(results), world,
-                          inter, runtime)
+                          inter, runtime, excluded_nodes(job_dir))
 
 
 def write(verdict: ClusterVerdict, path: Path) -> Path:

@@ -8,6 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from builder.cluster import requeue
 from builder.commands import _shared
 from builder.errors import BuildEnvError, SlurmError
 from builder.cluster.inputs import (DEFAULT_CHECKPOINT_DIR, Inputs, TrainChoice, absolute_path,
@@ -32,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _shared.common(p)
     p.add_argument("--target", default=None, help="matrix target (sets the accelerator family)")
     _options(p)
+    requeue.add_arguments(p)
     _shared.json_flag(p, "what was written (with --output) or the script itself")
     _shared.quiet(p)
 
@@ -101,7 +103,7 @@ def job_from_args(args: argparse.Namespace, family: str | None = None,
         node_check_interval=args.node_check_interval,
         trust_key=trust_key,
         trust_pgp=path(args.trust_pgp, "--trust-pgp"), cluster=args.cluster,
-        verdict_sif=path(args.verdict_sif, "--verdict-sif"))
+        verdict_sif=path(args.verdict_sif, "--verdict-sif"), resilience=requeue.from_args(args))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""Fixtures for the Slurm tests: a real two-node Slurm on this host and free port blocks.
+"""Fixtures for the Slurm tests: a real two-node Slurm on this host (and a three-node one for the
+requeue tests) and free port blocks.
 
 The cluster is Debian's slurmctld + two ``slurmd -N nodeI`` on localhost with ``auth/none``
 (research/feasibility.md §2), binding every task to the cores of its CPUs (``task/affinity``,
@@ -94,7 +95,7 @@ class SlurmCluster:
 
 
 def _write_conf(root: Path, nodes: int, ctld_port: int, node_ports: list[int],
-                plugstack: str = "") -> Path:
+                plugstack: str = "", extra: tuple[str, ...] = ()) -> Path:
     lines = [
         "ClusterName=verlenvtest",
         "SlurmctldHost=localhost",
@@ -129,6 +130,7 @@ def _write_conf(root: Path, nodes: int, ctld_port: int, node_ports: list[int],
         f"SlurmdLogFile={root}/slurmd-%n.log",
         f"PlugStackConfig={root}/plugstack.conf",
         f"TaskProlog={root}/taskprolog.sh",
+        *extra,
     ]
     for i, port in enumerate(node_ports, start=1):
         lines.append(f"NodeName=node{i} NodeHostname=localhost Port={port} CPUs=2 "
@@ -180,6 +182,22 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     yield from start_cluster(tmp_path_factory.mktemp("slurm"))
 
 
+# A requeued job waits a credential lifetime before it may start again (Slurm 22.05: the
+# AuthInfo cred_expire, 120 s by default, plus 1 s); 20 s keeps the requeue tests short and
+# leaves a loaded host time to launch every step within a credential's lifetime.
+REQUEUE_CONF = ("AuthInfo=cred_expire=20",)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """Three fake nodes (node1..node3; 2 CPUs each) for the jobs that route around a bad node
+    and requeue themselves (tests/slurm/test_requeue_real.py), torn down by PID."""
+    reason = slurm_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    yield from start_cluster(tmp_path_factory.mktemp("slurm3"), nodes=3, extra=REQUEUE_CONF)
+
+
 @pytest.fixture(scope="session")
 def pyxis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """The same two nodes with pyxis in plugstack.conf and enroot (built here from the
@@ -201,20 +219,21 @@ def pyxis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         yield cluster
 
 
-def start_cluster(root: Path, plugstack: str = "",
-                  node_paths: dict[str, str] | None = None) -> Iterator[SlurmCluster]:
-    """Start slurmctld and two slurmd under ``root``; yield the cluster; stop them by PID.
-    ``node_paths``: a PATH for each slurmd (what pyxis runs enroot with)."""
+def start_cluster(root: Path, plugstack: str = "", node_paths: dict[str, str] | None = None,
+                  nodes: int = 2, extra: tuple[str, ...] = ()) -> Iterator[SlurmCluster]:
+    """Start slurmctld and ``nodes`` slurmd under ``root``; yield the cluster; stop them by
+    PID. ``node_paths``: a PATH for each slurmd (what pyxis runs enroot with); ``extra``: more
+    slurm.conf lines."""
     root.mkdir(parents=True, exist_ok=True)
-    base = free_port_block(3)
-    conf = _write_conf(root, 2, base, [base + 1, base + 2], plugstack)
+    base = free_port_block(nodes + 1)
+    conf = _write_conf(root, nodes, base, [base + 1 + i for i in range(nodes)], plugstack, extra)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     cluster = SlurmCluster(root, conf, env)
     log = open(root / "daemons.out", "wb")
     try:
         cluster.procs.append(subprocess.Popen(["slurmctld", "-D", "-f", str(conf)], env=env,
                                               stdout=log, stderr=subprocess.STDOUT))
-        for i in (1, 2):
+        for i in range(1, nodes + 1):
             node_env = dict(env)
             if node_paths:
                 node_env["PATH"] = node_paths[f"node{i}"]
@@ -230,7 +249,7 @@ def start_cluster(root: Path, plugstack: str = "",
                 state = cluster.run("sinfo", "-h", "-o", "%t %D").strip()
             except (RuntimeError, subprocess.TimeoutExpired):
                 state = ""
-            if state == "idle 2":
+            if state == f"idle {nodes}":
                 break
             time.sleep(0.2)
         else:

@@ -33,6 +33,7 @@ import pytest
 from builder.cluster.inputs import Inputs, TrainChoice, checker_bytes, default_train_cmd
 from builder.cluster.job import SlurmJob
 from builder.cluster.ports import RayPorts
+from builder.cluster.requeue import Resilience
 from builder.cluster.render import write_sbatch
 from builder.matrix.spec import load_matrix
 from tests.conftest import FIXTURE, run_build_env
@@ -172,6 +173,9 @@ class Bench:
             # verl's trainer arguments, with the stand-in in place of verl.trainer.main_ppo
             train_cmd=inputs.trainer_command().replace("-m verl.trainer.main_ppo",
                                                        "/mnt/train.py"),
+            # no warning signal within the 10-minute limit (a slow job here would be stopped
+            # and requeued halfway); test_requeue_real.py sets its own
+            resilience=Resilience(signal_seconds=0),
         )
         values.update(overrides)
         return SlurmJob(**values)  # type: ignore[arg-type]
@@ -537,11 +541,22 @@ def test_real_trainer_to_the_gpu_boundary_on_both_nodes(bench: Bench, tiny: Path
     over both nodes, and the trainer stops where a real GPU is needed: the job's own result
     (16), not a hang and not "training failed"."""
     info, out, wall = bench.submit(_real_trainer_job(bench, tiny), "trainer", timeout=900)
+    tlog = (bench.root / f"job-{info['JobId']}" / "training.log").read_text(errors="replace")
+    print("--- verl's own lines where it stopped:\n" + "\n".join(
+        line for line in tlog.splitlines() if "ray::" in line or "NCCL" in line or "CUDA" in line))
     assert info["ExitCode"] == "16:0", out
     assert "train check: pass (configuration level" in out
     assert re.search(r"ray: 2/2 nodes alive", out), out
     assert ("Ray counts 2 GPUs = trainer.nnodes x trainer.n_gpus_per_node (2 x 1)") in out
-    assert "training stopped where a GPU is needed" in out
+    # where verl stopped, from verl's own log: both of its workers (one logical GPU on each
+    # node), at init_model, with torch's message on a CPU build (its process group's NCCL)
+    assert ("training stopped where a GPU is needed, in verl's workers at init_model "
+            "(WorkerDict.actor_rollout_ref_init_model; 2 workers), on every node") in out, out
+    workers = set(re.findall(r"\(WorkerDict pid=(\d+)", tlog))
+    assert len(workers) == 2, workers
+    assert re.search(r"ray::WorkerDict\.actor_rollout_ref_init_model\(\)\S* \(pid=(" +
+                     "|".join(workers) + ")", tlog), tlog[-3000:]
+    assert "Distributed package doesn't have NCCL built in" in tlog
     assert "result: stopped at the GPU boundary (exit 16)" in out
     print(f"TIMING real trainer job wall {wall:.1f}s")
     assert _leftover_ray(bench) == []

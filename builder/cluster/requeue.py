@@ -1,0 +1,108 @@
+"""How a generated Slurm job survives the cluster (issue 39): a bad node routed around and a
+preemption or time limit resumed, both through Slurm's own requeue.
+
+* ``max_requeues``: when a node fails its self-test, is lost before training, or cannot run a
+  step, the job names it, excludes it (``scontrol update JobId=… ExcNodeList=…``, keeping the
+  nodes earlier attempts excluded) and requeues itself (``scontrol requeue``), at most this many
+  times in all (Slurm's ``SLURM_RESTART_COUNT`` counts them). 0 turns it off: the job stops at
+  the failing stage, naming the node, as before.
+* ``signal_seconds``: ``#SBATCH --signal=B:USR1@SECONDS``: Slurm signals the batch script that
+  many seconds before the time limit (and a site's preemption with a grace time does the same);
+  the job stops the trainer once verl's next checkpoint is written (or the grace is spent) and
+  requeues itself, so the next attempt resumes from verl's last checkpoint
+  (``trainer.resume_mode=auto``). 0 turns it off.
+
+The options are parsed here (:func:`add_arguments`, :func:`from_args`); the templates read a
+:class:`Resilience` as ``resilience``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from builder.errors import SlurmError
+
+DEFAULT_MAX_REQUEUES = 1
+DEFAULT_SIGNAL_SECONDS = 300
+MAX_SIGNAL_SECONDS = 65535  # Slurm's --signal takes 0..65535 seconds
+MAX_REQUEUES_CEILING = 100  # a typo guard: every requeue waits in the queue again
+
+
+@dataclass(frozen=True)
+class Resilience:
+    """What the job does about a bad node and about Slurm's warning signal."""
+
+    max_requeues: int = DEFAULT_MAX_REQUEUES
+    signal_seconds: int = DEFAULT_SIGNAL_SECONDS
+
+    @property
+    def requeues(self) -> bool:
+        """The job may requeue itself (for either reason): ``#SBATCH --requeue``."""
+        return self.max_requeues > 0 or self.signal_seconds > 0
+
+    def sbatch_options(self) -> list[tuple[str, str | None]]:
+        """The #SBATCH lines these choices need. ``open-mode=append``: a requeued attempt
+        writes after the earlier attempts' output instead of truncating it."""
+        out: list[tuple[str, str | None]] = []
+        if self.requeues:
+            out += [("requeue", None), ("open-mode", "append")]
+        if self.signal_seconds > 0:
+            out.append(("signal", f"B:USR1@{self.signal_seconds}"))
+        return out
+
+    def stop_grace(self) -> int:
+        """Seconds the job waits for verl's next checkpoint after the signal before it stops
+        the trainer: most of the warning, leaving 30 s (at least 5) to stop and requeue."""
+        return max(self.signal_seconds - max(30, self.signal_seconds // 5), 5) \
+            if self.signal_seconds > 0 else 0
+
+
+def validate(value: Resilience) -> Resilience:
+    """Raise :class:`SlurmError` naming the option whose value cannot work."""
+    if not isinstance(value.max_requeues, int) or isinstance(value.max_requeues, bool) or \
+            not 0 <= value.max_requeues <= MAX_REQUEUES_CEILING:
+        raise SlurmError(f"--max-requeues must be a whole number from 0 (off) to "
+                         f"{MAX_REQUEUES_CEILING}, not {value.max_requeues!r}")
+    if not isinstance(value.signal_seconds, int) or isinstance(value.signal_seconds, bool) or \
+            not 0 <= value.signal_seconds <= MAX_SIGNAL_SECONDS:
+        raise SlurmError(f"--requeue-signal-seconds must be a whole number of seconds from 0 "
+                         f"(off) to {MAX_SIGNAL_SECONDS}, not {value.signal_seconds!r}")
+    return value
+
+
+def _whole(option: str) -> object:
+    def parse(text: str) -> int:
+        try:
+            return int(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option} takes a whole number, not {text!r}") \
+                from None
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``build-env slurm`` that shape requeue and resume."""
+    group = parser.add_argument_group(
+        "surviving the cluster (Slurm requeue; docs/slurm.md 'Requeue and resume')")
+    group.add_argument("--max-requeues", type=_whole("--max-requeues"),
+                       default=DEFAULT_MAX_REQUEUES, metavar="N",
+                       help="a node that fails its self-test or is lost before training is "
+                            "excluded and the job requeues itself, at most N times in all "
+                            f"(default {DEFAULT_MAX_REQUEUES}; 0: off, the job stops there)")
+    group.add_argument("--requeue-signal-seconds", type=_whole("--requeue-signal-seconds"),
+                       default=DEFAULT_SIGNAL_SECONDS, metavar="S",
+                       help="Slurm signals the job S seconds before its time limit or a "
+                            "preemption (#SBATCH --signal=B:USR1@S); the job lets verl finish "
+                            "its checkpoint, stops and requeues itself, and the next attempt "
+                            f"resumes (default {DEFAULT_SIGNAL_SECONDS}; 0: off)")
+
+
+def from_args(args: argparse.Namespace) -> Resilience:
+    """The :class:`Resilience` of parsed options (validated)."""
+    return validate(Resilience(
+        max_requeues=getattr(args, "max_requeues", DEFAULT_MAX_REQUEUES),
+        signal_seconds=getattr(args, "requeue_signal_seconds", DEFAULT_SIGNAL_SECONDS)))
+
+
+__all__ = ["Resilience", "add_arguments", "from_args", "validate"]

@@ -1,0 +1,169 @@
+"""The job survives the cluster (issue 39), on a real three-node Slurm (``slurm_cluster3``:
+node1..node3 on this host, a requeued job's start delayed 21 s instead of Slurm's 121 s), running
+the CPU fixture image through ``ch-run``; each job asks for two nodes.
+
+* A bad node: node2's TaskProlog breaks its environment (HIP_VISIBLE_DEVICES !=
+  CUDA_VISIBLE_DEVICES, as a bad prolog could), so the image's self-test fails there. The job
+  names node2 from its own checks, excludes it (``ExcNodeList``), requeues itself, and the second
+  attempt runs on node1 and node3 through the self-test to the training stage.
+* A preemption: Slurm's warning signal (``scancel --signal=USR1 --batch``, what
+  ``--signal=B:USR1@S`` sends before the time limit) reaches the job while it trains; it waits for
+  the trainer's next checkpoint, stops it and requeues itself; the second attempt starts from the
+  first attempt's last checkpoint. The trainer here is a stand-in (``RESUME_PY``) that writes and
+  reads verl's checkpoint layout (``global_step_N/`` and ``latest_checkpointed_iteration.txt`` in
+  ``trainer.default_local_dir``, as ``RayPPOTrainer._save_checkpoint`` and
+  ``_load_checkpoint`` with ``trainer.resume_mode=auto`` do): verl itself cannot train past the
+  GPU boundary on CPU nodes.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from builder.cluster.render import write_sbatch
+from builder.cluster.requeue import Resilience
+from tests.slurm.conftest import SlurmCluster
+from tests.slurm.test_sbatch_real import (
+    Bench,
+    _bench,
+    _leftover_ray,
+    image_dir,  # noqa: F401  (fixture: the image ch-run runs)
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.fault]
+
+# The stand-in trainer: resumes from verl's tracker file when there is one, then saves a
+# checkpoint every second in verl's layout; a resumed run stops after two more steps.
+RESUME_PY = """
+import os, sys, time
+args = dict(a.split("=", 1) for a in sys.argv[1:])
+ckpt = args["trainer.default_local_dir"]
+tracker = os.path.join(ckpt, "latest_checkpointed_iteration.txt")
+start = 0
+if os.path.exists(tracker):
+    start = int(open(tracker).read().strip())
+    state = open(os.path.join(ckpt, "global_step_%d" % start, "actor", "state.txt")).read()
+    print("RESUMED from global_step_%d (%s)" % (start, state.strip()), flush=True)
+last = start + 2 if start else 600
+for step in range(start + 1, last + 1):
+    time.sleep(1)
+    folder = os.path.join(ckpt, "global_step_%d" % step, "actor")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "state.txt"), "w") as handle:
+        handle.write("step %d\\n" % step)
+    with open(tracker + ".tmp", "w") as handle:
+        handle.write(str(step))
+    os.replace(tracker + ".tmp", tracker)
+    print("SAVED global_step_%d" % step, flush=True)
+print("TRAINING DONE at global_step_%d" % last, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def bench3(slurm_cluster3: SlurmCluster, image_dir: Path,  # noqa: F811
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    yield from _bench(slurm_cluster3, image_dir, "ch-run", tmp_path_factory)
+
+
+def _wait(bench: Bench, job_id: str, out: Path, timeout: float) -> dict[str, str]:
+    """Wait for the job's end through its requeues (a requeued job keeps its id)."""
+    deadline = time.monotonic() + timeout
+    info: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        info = bench.cluster.job(job_id)
+        if info.get("JobState") in {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}:
+            return info
+        time.sleep(1)
+    bench.cluster.run("scancel", job_id)
+    text = out.read_text(errors="replace") if out.exists() else ""
+    raise AssertionError(f"job {job_id} still {info.get('JobState')} after {timeout}s "
+                         f"(cancelled):\n{text[-4000:]}")
+
+
+def test_a_bad_node_is_excluded_and_the_job_requeued_onto_the_others(bench3: Bench) -> None:
+    bench = bench3
+    switch = bench.break_node("node2", "HIP_VISIBLE_DEVICES=0\nCUDA_VISIBLE_DEVICES=1\n")
+    job = bench.job(resilience=Resilience(max_requeues=1, signal_seconds=0))
+    script = write_sbatch(job, bench.root / "bad-node.sbatch")
+    out = bench.root / "bad-node.out"
+    start = time.monotonic()
+    try:
+        job_id = bench.cluster.sbatch(script, out, bench.env)
+        info = _wait(bench, job_id, out, 600)
+    finally:
+        switch.unlink()
+    text = out.read_text(errors="replace")
+    print(f"--- bad node: job {job_id} {info.get('JobState')} in {time.monotonic() - start:.1f}s"
+          f"\n{text}")
+    first, _, second = text.partition("result: requeued")
+    assert second, "the job did not requeue itself"
+    # attempt 1: node2's own checks failed; it is named, excluded, and the job requeued
+    assert "self-test node2: FAIL" in first
+    assert "node(s) node2 failed their own checks" in first, first
+    assert "=== stage training ===" not in first
+    assert second.startswith(" (attempt 2, excluded: node2): node(s) node2 failed the self-test")
+    # attempt 2: node1 and node3, self-test passed, training reached and done
+    assert "attempt 2 of job" in second and "excluded: node2" in second
+    assert "node node1: lo 127.0.0.1" in second and "node node3: lo 127.0.0.1" in second
+    assert "node node2:" not in second
+    assert "self-test node1: pass" in second and "self-test node3: pass" in second
+    assert "=== stage training ===" in second
+    assert "TRAIN-STANDIN alive=2 tasks_on_nodes=2" in second
+    assert "result: ok" in second
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", info
+    assert info["Restarts"] == "1" and info["ExcNodeList"] == "node2", info
+    assert bench.cluster.run("scontrol", "show", "hostnames", info["NodeList"]).split() == \
+        ["node1", "node3"]
+    job_dir = bench.root / f"job-{job_id}"
+    assert (job_dir / "excluded-nodes.tsv").read_text().startswith("0\tnode2\t")
+    assert (job_dir / "attempt-0" / "selftest-node2.rc").exists()  # the first attempt's, aside
+    assert not (job_dir / "selftest-node2.rc").exists()
+    assert _leftover_ray(bench) == []
+
+
+def test_a_preempted_job_resumes_from_its_checkpoint(bench3: Bench) -> None:
+    bench = bench3
+    (bench.root / "scripts" / "resume.py").write_text(RESUME_PY)
+    inputs = bench.inputs()
+    job = bench.job(inputs=inputs,
+                    resilience=Resilience(max_requeues=0, signal_seconds=60),
+                    train_cmd=inputs.trainer_command().replace("-m verl.trainer.main_ppo",
+                                                               "/mnt/resume.py"))
+    script = write_sbatch(job, bench.root / "preempt.sbatch")
+    assert "#SBATCH --signal=B:USR1@60" in script.read_text()
+    out = bench.root / "preempt.out"
+    start = time.monotonic()
+    job_id = bench.cluster.sbatch(script, out, bench.env)
+    tlog = bench.root / f"job-{job_id}" / "training.log"
+    deadline = time.monotonic() + 400
+    while "SAVED global_step_2" not in (tlog.read_text() if tlog.exists() else ""):
+        assert time.monotonic() < deadline, out.read_text()[-3000:]
+        assert bench.cluster.job(job_id).get("JobState") in {"PENDING", "CONFIGURING",
+                                                             "RUNNING"}, out.read_text()
+        time.sleep(0.5)
+    bench.cluster.run("scancel", "--signal=USR1", "--batch", job_id)
+    info = _wait(bench, job_id, out, 400)
+    text = out.read_text(errors="replace")
+    print(f"--- preempt: job {job_id} {info.get('JobState')} in {time.monotonic() - start:.1f}s"
+          f"\n{text}")
+    first, _, second = text.partition("result: requeued")
+    assert second, "the job did not requeue itself"
+    assert "Slurm's signal USR1" in first and "waiting up to" in first
+    saved = re.search(r"verl resumes from global_step_(\d+)", second)
+    assert saved, second[:400]
+    step = int(saved.group(1))
+    assert step >= 2
+    earlier = (bench.root / f"job-{job_id}" / "attempt-0" / "training.log").read_text()
+    assert f"SAVED global_step_{step}\n" in earlier and "RESUMED" not in earlier
+    # the second attempt: the same job, resumed from that checkpoint, to the end
+    assert f"RESUMED from global_step_{step} (step {step})" in second, second
+    assert f"TRAINING DONE at global_step_{step + 2}" in second
+    assert "result: ok" in second
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", info
+    assert info.get("ExcNodeList") in ("(null)", ""), info  # a preemption blames no node
+    assert _leftover_ray(bench) == []
