@@ -184,7 +184,9 @@ def lookup(image_id: str) -> dict[str, Any] | None:
 def summary(doc: Mapping[str, Any]) -> str:
     """One line: the counts and the database date (``status``, ``publish``)."""
     c = doc.get("counts") or {}
-    shown = ", ".join(f"{n} {k}" for k, n in c.items() if n) or "no known vulnerabilities"
+    # in the levels' order, whatever order the document kept (a signed one comes back sorted)
+    levels = [k for k in (*osv.LEVELS, UNKNOWN) if k in c] + sorted(set(c) - {*osv.LEVELS, UNKNOWN})
+    shown = ", ".join(f"{c[k]} {k}" for k in levels if c[k]) or "no known vulnerabilities"
     db = doc.get("database") or {}
     return (f"{sum(c.values())} hits ({shown}) in {doc.get('distributions')} distributions; "
             f"OSV database of {db.get('newest_modified') or '?'}")

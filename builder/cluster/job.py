@@ -288,6 +288,7 @@ def _check_selftest_args(job: SlurmJob, words: list[str]) -> None:
     """``--selftest-args`` read by the self-test's own parser (builder.selftest.cli), here:
     what it would refuse on every node after the allocation is refused when the job is
     written; ``--json`` is the job's (it reads each node's report)."""
+    # the self-test's own parser (stdlib-only, shipped into images), only for --selftest-args
     from builder.selftest.cli import UsageError, read_args
 
     if {"-h", "--help", "--version"} & set(words):

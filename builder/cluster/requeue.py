@@ -12,13 +12,12 @@ preemption or time limit resumed, both through Slurm's own requeue.
   requeues itself, so the next attempt resumes from verl's last checkpoint
   (``trainer.resume_mode=auto``). 0 turns it off.
 
-The options are parsed here (:func:`add_arguments`, :func:`from_args`); the templates read a
+The options are parsed by :mod:`builder.commands._requeue`; the templates read a
 :class:`Resilience` as ``resilience``.
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from builder.errors import SlurmError
@@ -71,38 +70,4 @@ def validate(value: Resilience) -> Resilience:
     return value
 
 
-def _whole(option: str) -> object:
-    def parse(text: str) -> int:
-        try:
-            return int(text.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{option} takes a whole number, not {text!r}") \
-                from None
-    return parse
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``build-env slurm`` that shape requeue and resume."""
-    group = parser.add_argument_group(
-        "surviving the cluster (Slurm requeue; docs/slurm.md 'Requeue and resume')")
-    group.add_argument("--max-requeues", type=_whole("--max-requeues"),
-                       default=DEFAULT_MAX_REQUEUES, metavar="N",
-                       help="a node that fails its self-test or is lost before training is "
-                            "excluded and the job requeues itself, at most N times in all "
-                            f"(default {DEFAULT_MAX_REQUEUES}; 0: off, the job stops there)")
-    group.add_argument("--requeue-signal-seconds", type=_whole("--requeue-signal-seconds"),
-                       default=DEFAULT_SIGNAL_SECONDS, metavar="S",
-                       help="Slurm signals the job S seconds before its time limit or a "
-                            "preemption (#SBATCH --signal=B:USR1@S); the job lets verl finish "
-                            "its checkpoint, stops and requeues itself, and the next attempt "
-                            f"resumes (default {DEFAULT_SIGNAL_SECONDS}; 0: off)")
-
-
-def from_args(args: argparse.Namespace) -> Resilience:
-    """The :class:`Resilience` of parsed options (validated)."""
-    return validate(Resilience(
-        max_requeues=getattr(args, "max_requeues", DEFAULT_MAX_REQUEUES),
-        signal_seconds=getattr(args, "requeue_signal_seconds", DEFAULT_SIGNAL_SECONDS)))
-
-
-__all__ = ["Resilience", "add_arguments", "from_args", "validate"]
+__all__ = ["Resilience", "validate", "DEFAULT_MAX_REQUEUES", "DEFAULT_SIGNAL_SECONDS"]

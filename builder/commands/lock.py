@@ -14,7 +14,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from builder import exclusive as runlock
-from builder.resolve import vendor
+from builder.resolve import sources, vendor
 from builder.commands import _shared
 from builder.resolve.compat import check_target
 from builder.engine import Engine
@@ -78,6 +78,14 @@ def base_record(args: argparse.Namespace, t: Any, lock_file: Path, probe: bool
     return record
 
 
+def _unchanged(t: Any, snapshot: Any, path: Path) -> bool:
+    """The lock was made from the inputs the target has now, and no git source on this host
+    (``git+file://``, asked without a network call, as ``check`` asks) moved since: a remote
+    one is asked only by a resolution (``--refresh``)."""
+    return (stale_reason(t, snapshot, path) is None
+            and not sources.moved_refs(t, path, remote=False)[0])
+
+
 def _kept(args: argparse.Namespace, t: Any, path: Path) -> dict[str, Any]:
     """The result for a lock kept as it is: made from the target's inputs as they are now."""
     count = len(parse_lock(path.read_text()))
@@ -117,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         # prebuilt, build tools) are read and written as one set; a second run waits, then
         # starts from the first one's lock (usually: unchanged).
         with runlock.held(runlock.key_for_path(path), what=f"lock of {t.name} ({path})"):
-            if not resolve_all and stale_reason(t, snapshot, path) is None:
+            if not resolve_all and _unchanged(t, snapshot, path):
                 results.append(_kept(args, t, path))
                 continue
             record = base_record(args, t, path, args.probe)

@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from builder.cluster import requeue
+from builder.commands import _requeue as requeue
 from builder.commands import _shared
 from builder.errors import BuildEnvError, SlurmError
 from builder.cluster.inputs import (DEFAULT_CHECKPOINT_DIR, Inputs, TrainChoice, absolute_path,

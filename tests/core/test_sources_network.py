@@ -108,7 +108,11 @@ def test_the_offline_check_asks_no_git_remote(site: Path, hole: BlackHole) -> No
 
 def test_lock_gives_up_on_a_silent_git_remote_in_one_line(site: Path, hole: BlackHole) -> None:
     before = _digest(site)
+    # an unchanged lock is kept without asking the remote (issue 38: resolved only when asked)
     proc = _run(site, "lock", "--target", "cuda-arm64")
+    assert proc.returncode == 0 and "unchanged" in proc.stdout, proc.stdout + proc.stderr
+    assert hole.accepted == [], "an unchanged lock connected to the git remote"
+    proc = _run(site, "lock", "--target", "cuda-arm64", "--refresh")
     assert proc.returncode == 3, proc.stdout + proc.stderr
     line = _one_error(proc, hole.port)
     assert re.search(r"no answer within 2 s", line), line

@@ -25,6 +25,7 @@ from builder.cluster import requeue
 from builder.cluster.render import render_sbatch
 from builder.cluster.requeue import Resilience
 from builder.cluster.verdict import ClusterVerdict, excluded_nodes
+from builder.commands import _requeue
 from builder.errors import SlurmError
 from tests.slurm.test_job_admin import _function, _tool
 from tests.slurm.test_render import job_for
@@ -67,7 +68,7 @@ def test_out_of_range_values_name_the_option(option: str, value: str,
 
 def test_a_word_is_refused_naming_the_option() -> None:
     parser = argparse.ArgumentParser(exit_on_error=False)
-    requeue.add_arguments(parser)
+    _requeue.add_arguments(parser)
     with pytest.raises(argparse.ArgumentError, match="--max-requeues takes a whole number"):
         parser.parse_args(["--max-requeues", "two"])
     with pytest.raises(SlurmError, match="--max-requeues"):
