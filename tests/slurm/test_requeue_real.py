@@ -41,7 +41,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.fault]
 # checkpoint every second in verl's layout; a resumed run stops after two more steps.
 RESUME_PY = """
 import os, sys, time
-args = dict(a.split("=", 1) for a in sys.argv[1:])
+# KEY=VALUE as hydra reads it: a value the job quoted for hydra's grammar (a path holding
+# ${SLURM_JOB_ID}, expanded by the shell first) has its quotes taken off
+args = {k: v[1:-1].replace("\\\\'", "'") if len(v) > 1 and v[0] == v[-1] == "'" else v
+        for k, v in (a.split("=", 1) for a in sys.argv[1:])}
 ckpt = args["trainer.default_local_dir"]
 tracker = os.path.join(ckpt, "latest_checkpointed_iteration.txt")
 start = 0

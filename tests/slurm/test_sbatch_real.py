@@ -47,7 +47,10 @@ pytestmark = pytest.mark.slurm
 TRAIN_PY = """
 import os, sys, ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-args = dict(a.split("=", 1) for a in sys.argv[1:])
+# KEY=VALUE as hydra reads it: a value the job quoted for hydra's grammar (a path holding
+# ${SLURM_JOB_ID}, expanded by the shell first) has its quotes taken off
+args = {k: v[1:-1].replace("\\\\'", "'") if len(v) > 1 and v[0] == v[-1] == "'" else v
+        for k, v in (a.split("=", 1) for a in sys.argv[1:])}
 for key in ("data.train_files", "data.val_files"):
     assert open(args[key]).read().startswith("PAR1"), key
 assert os.path.isfile(os.path.join(args["actor_rollout_ref.model.path"], "config.json"))
