@@ -27,7 +27,11 @@ def _installed(image: str) -> dict[str, str]:
     return dict(json.loads(r.logs.strip().splitlines()[-1]))
 
 
-def test_audit_of_the_fixture_image(cpu_image: dict, tmp_path: Path) -> None:
+def test_audit_of_the_fixture_image(cpu_image: dict, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # the audit this records stays in this test's own state: the session's image is published
+    # by other tests, and `publish --sign-key` attaches an image's recorded audit
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     image = cpu_image["image_id"]
     venv = _installed(image)
     (a, va), (b, vb), (c, vc) = sorted(venv.items())[:3]
