@@ -38,11 +38,8 @@ class Problem:
         return f"{self.where}: {self.key}: {self.message}"
 
 
-def marker_env(target: Target, extra: str = "") -> dict[str, str]:
-    return _env(target.python, target.arch, extra)
-
-
 def _env(python: str, arch: str, extra: str) -> dict[str, str]:
+    """The PEP 508 marker environment of a target's platform (by its python and arch)."""
     return {
         "python_version": python, "python_full_version": f"{python}.0",
         "platform_machine": arch, "sys_platform": "linux", "platform_system": "Linux",
