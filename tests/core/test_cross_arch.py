@@ -204,3 +204,67 @@ def test_raylet_alive_reads_proc(tmp_path: Path) -> None:
     (tmp_path / "14" / "cmdline").write_bytes(b"/venv/ray/core/src/ray/raylet/raylet\0--x\0")
     assert raylet_alive(str(tmp_path)) is True
     assert raylet_alive(str(tmp_path / "missing")) is True
+
+
+def test_the_raylet_is_given_its_agents_ports_so_it_does_not_wait_for_their_files(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's raylet waits a fixed 15 s for each agent port it was not given (the agents write
+    them to files once bound): the self-test gives it free ones, fresh per start, and keeps a
+    port the caller gave."""
+    from builder.selftest.phases import rayphase
+
+    class RayParams:  # ray._private.parameter.RayParams's shape (keyword arguments)
+        def __init__(self, num_cpus: int | None = None, metrics_agent_port: int | None = None,
+                     runtime_env_agent_port: int | None = None,
+                     metrics_export_port: int | None = None) -> None:
+            self.metrics_agent_port, self.runtime_env_agent_port = (metrics_agent_port,
+                                                                    runtime_env_agent_port)
+            self.metrics_export_port = metrics_export_port
+
+    parameter = types.ModuleType("ray._private.parameter")
+    parameter.RayParams = RayParams  # type: ignore[attr-defined]
+    ray = types.SimpleNamespace(_private=types.SimpleNamespace(parameter=parameter))
+    ports = iter(range(40001, 40010))
+    monkeypatch.setattr(rayphase, "free_port", lambda: next(ports))
+    pinned = ("metrics_agent_port", "metrics_export_port", "runtime_env_agent_port")
+    assert rayphase.pin_agent_ports(ray) == pinned  # what this RayParams knows of AGENT_PORTS
+    assert rayphase.pin_agent_ports(ray) == pinned  # wrapped once
+    made = parameter.RayParams(num_cpus=1)  # type: ignore[attr-defined]
+    assert isinstance(made, RayParams)
+    assert (made.metrics_agent_port, made.metrics_export_port,
+            made.runtime_env_agent_port) == (40001, 40002, 40003)
+    again = parameter.RayParams(runtime_env_agent_port=7)  # type: ignore[attr-defined]
+    assert (again.metrics_agent_port, again.runtime_env_agent_port) == (40004, 7)
+    # a Ray without RayParams (or the fakes above): nothing to pin
+    assert rayphase.pin_agent_ports(types.SimpleNamespace()) == ()
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    from builder.selftest.phases.rayphase import free_port
+
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_the_raylet_is_given_the_agent_listen_port_ray_passes_only_to_the_agent() -> None:
+    from builder.selftest.phases.rayphase import _listen_port_to_raylet, raylet_listen_port
+
+    agent = ("--dashboard_agent_command=/venv/bin/python -u /ray/dashboard/agent.py "
+             "--grpc-port=41 --listen-port=52365 --minimal")
+    raylet = ["/ray/raylet", "--metrics-agent-port=41", agent, "--session-name=s"]
+    assert raylet_listen_port(raylet) == 52365
+    assert raylet_listen_port(["/ray/raylet", agent.replace("52365", "0")]) is None
+    assert raylet_listen_port(["/ray/raylet"]) is None
+    seen: list[tuple[list[str], str]] = []
+    start = _listen_port_to_raylet(lambda command, kind, *a, **k: seen.append((command, kind)))
+    assert _listen_port_to_raylet(start) is start  # wrapped once
+    start(raylet, "raylet", True)
+    start(["/ray/gcs_server", agent], "gcs_server", True)  # only the raylet's command changes
+    start([*raylet, "--dashboard_agent_listen_port=9"], "raylet", True)  # a given flag is kept
+    assert seen[0] == ([*raylet, "--dashboard_agent_listen_port=52365"], "raylet")
+    assert seen[1] == (["/ray/gcs_server", agent], "gcs_server")
+    assert seen[2][0][-1] == "--dashboard_agent_listen_port=9"
+    assert sum(c.startswith("--dashboard_agent_listen_port") for c in seen[2][0]) == 1

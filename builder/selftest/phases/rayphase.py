@@ -3,9 +3,11 @@ run one CPU task, and with GPUs one GPU task; then shut down and remove its temp
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from typing import Any
@@ -39,6 +41,86 @@ EMULATED_ATTEMPTS = 8
 NATIVE_ATTEMPTS = 3
 
 
+# The agents' ports the raylet otherwise learns from files the agents write once they have
+# bound, waiting a fixed 15 s for them (Ray 2.60 NodeManager::WaitForDashboardAgentPorts:
+# WaitForPersistedPort's default, used for each port given as 0; no setting reaches it): on a
+# loaded or emulated host the dashboard agent can take longer to import, and the raylet dies
+# ("timed out during startup"). Given up front, free ports are not waited for (the raylet
+# connects to the agents when it needs them, under RAY_agent_register_timeout_ms, which a
+# setting does reach: RAY_STARTUP_CONFIG).
+AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port",
+               "runtime_env_agent_port")
+
+
+def free_port() -> int:
+    """A TCP port free on every address now (the agent binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def pin_agent_ports(ray: Any) -> tuple[str, ...]:
+    """Make every ``ray.init`` of this process give the raylet its agents' ports (fresh free
+    ones per start, unless given): ``RayParams`` wrapped where ``ray.init`` looks it up. Returns
+    the ports pinned (none on a Ray whose RayParams knows neither)."""
+    parameter = getattr(getattr(ray, "_private", None), "parameter", None)
+    params = getattr(parameter, "RayParams", None)
+    if params is None:
+        return ()
+    if getattr(params, "_verl_env_pinned", False):
+        return tuple(params._verl_env_pinned)
+    known = inspect.signature(params.__init__).parameters
+    names = tuple(n for n in AGENT_PORTS if n in known)
+
+    class Pinned(params):  # type: ignore[misc, valid-type]
+        _verl_env_pinned = names
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            for name in names:
+                if kwargs.get(name) is None:
+                    kwargs[name] = free_port()
+            super().__init__(*args, **kwargs)
+
+    parameter.RayParams = Pinned
+    services = getattr(ray._private, "services", None)
+    if services is not None and hasattr(services, "start_ray_process"):
+        services.start_ray_process = _listen_port_to_raylet(services.start_ray_process)
+    return names
+
+
+LISTEN_FLAG = "--dashboard_agent_listen_port"
+
+
+def _listen_port_to_raylet(start: Any) -> Any:
+    """``services.start_ray_process`` that also gives the raylet the dashboard agent's listen
+    port, which Ray 2.60's Python passes to the agent (``--listen-port=N`` inside
+    ``--dashboard_agent_command``) but not to the raylet, whose flag of that name then stays 0
+    and is waited for."""
+    if getattr(start, "_verl_env_pinned", False):
+        return start
+
+    def starting(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
+        if process_type == "raylet" and not any(c.startswith(LISTEN_FLAG) for c in command):
+            port = raylet_listen_port(command)
+            if port:
+                command = [*command, f"{LISTEN_FLAG}={port}"]
+        return start(command, process_type, *args, **kwargs)
+
+    starting._verl_env_pinned = True  # type: ignore[attr-defined]
+    return starting
+
+
+def raylet_listen_port(command: list[str]) -> int | None:
+    """The nonzero ``--listen-port`` of the agent command in a raylet command line, if any."""
+    for arg in command:
+        if arg.startswith("--dashboard_agent_command="):
+            for word in arg.split():
+                if word.startswith("--listen-port="):
+                    value = word.split("=", 1)[1]
+                    return int(value) if value.isdigit() and int(value) else None
+    return None
+
+
 def init_ray(ray: Any, tmp: str, visible: int, factor: float) -> str:
     """``ray.init`` a private local head: up to EMULATED_ATTEMPTS starts under emulation
     (NATIVE_ATTEMPTS natively) while each times out during startup: Ray 2.60's raylet waits a
@@ -48,6 +130,7 @@ def init_ray(ray: Any, tmp: str, visible: int, factor: float) -> str:
     reason ("" when the first attempt started)."""
     attempts = EMULATED_ATTEMPTS if factor > 1 else NATIVE_ATTEMPTS
     how = "emulated" if factor > 1 else "a loaded host"
+    pin_agent_ports(ray)
     for attempt in range(1, attempts + 1):
         try:
             ray.init(address="local", include_dashboard=False, num_cpus=1, num_gpus=visible,
@@ -186,7 +269,8 @@ def _running(pid: int, proc: str) -> bool:
 RAY_STARTUP_CONFIG = {"raylet_start_wait_time_s": 10, "gcs_rpc_server_connect_timeout_s": 5,
                       "gcs_rpc_server_reconnect_timeout_s": 60,
                       "gcs_server_request_timeout_seconds": 60,
-                      "worker_register_timeout_seconds": 60}
+                      "worker_register_timeout_seconds": 60,
+                      "agent_register_timeout_ms": 30_000}
 
 
 def scale_ray_startup(factor: float) -> dict[str, str]:
