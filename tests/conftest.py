@@ -26,6 +26,8 @@ from tests.support.dockerd import Dockerd, import_debian_base, start_dockerd, un
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "cpu.yaml"
+# the emulated group's session fixtures (one arm64 build, one emulated gate per session)
+pytest_plugins = ["tests.support.arm64"]
 CA_BUNDLE = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"))
 
 # A shell without job control starts a background command (`pytest ... &`, as test.sh does for

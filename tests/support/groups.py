@@ -20,6 +20,7 @@ NEEDS: Mapping[str, tuple[str, ...]] = {
     "cpu_image": ENGINE_MARKS, "gate_base": ENGINE_MARKS, "docker_client": ENGINE_MARKS,
     "registry": ("registry", *ENGINE_MARKS), "token_registry": ("registry", *ENGINE_MARKS),
     "slurm_cluster": ("slurm",), "pyxis_cluster": ("slurm",),
+    "emulation": ("emulated",), "arm64_base": ("emulated",), "arm64_image": ("emulated",),
 }
 
 
