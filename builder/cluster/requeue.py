@@ -11,6 +11,11 @@ preemption or time limit resumed, both through Slurm's own requeue.
   the job stops the trainer once verl's next checkpoint is written (or the grace is spent) and
   requeues itself, so the next attempt resumes from verl's last checkpoint
   (``trainer.resume_mode=auto``). 0 turns it off.
+* ``bisect_seconds``: when the cross-node collective fails (or falls far below its reference)
+  and no node failed its own checks, the job runs the collective again on node subsets, an
+  anchor node with half the suspects at a time, to find the one node that fails with every
+  healthy partner, for at most this many seconds; that node is then routed around as above.
+  0 turns it off (the job stops at the self-test, naming no node).
 
 The options are parsed by :mod:`builder.commands._requeue`; the templates read a
 :class:`Resilience` as ``resilience``.
@@ -24,6 +29,8 @@ from builder.errors import SlurmError
 
 DEFAULT_MAX_REQUEUES = 1
 DEFAULT_SIGNAL_SECONDS = 300
+DEFAULT_BISECT_SECONDS = 600
+MAX_BISECT_SECONDS = 86400  # a typo guard: the bisection spends the allocation's time
 MAX_SIGNAL_SECONDS = 65535  # Slurm's --signal takes 0..65535 seconds
 MAX_REQUEUES_CEILING = 100  # a typo guard: every requeue waits in the queue again
 
@@ -34,6 +41,7 @@ class Resilience:
 
     max_requeues: int = DEFAULT_MAX_REQUEUES
     signal_seconds: int = DEFAULT_SIGNAL_SECONDS
+    bisect_seconds: int = DEFAULT_BISECT_SECONDS
 
     @property
     def requeues(self) -> bool:
@@ -67,7 +75,12 @@ def validate(value: Resilience) -> Resilience:
             not 0 <= value.signal_seconds <= MAX_SIGNAL_SECONDS:
         raise SlurmError(f"--requeue-signal-seconds must be a whole number of seconds from 0 "
                          f"(off) to {MAX_SIGNAL_SECONDS}, not {value.signal_seconds!r}")
+    if not isinstance(value.bisect_seconds, int) or isinstance(value.bisect_seconds, bool) or \
+            not 0 <= value.bisect_seconds <= MAX_BISECT_SECONDS:
+        raise SlurmError(f"--bisect-seconds must be a whole number of seconds from 0 (off) to "
+                         f"{MAX_BISECT_SECONDS}, not {value.bisect_seconds!r}")
     return value
 
 
-__all__ = ["Resilience", "validate", "DEFAULT_MAX_REQUEUES", "DEFAULT_SIGNAL_SECONDS"]
+__all__ = ["Resilience", "validate", "DEFAULT_BISECT_SECONDS", "DEFAULT_MAX_REQUEUES",
+           "DEFAULT_SIGNAL_SECONDS"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from builder.cluster.requeue import (DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL_SECONDS,
-                                     Resilience, validate)
+from builder.cluster.requeue import (DEFAULT_BISECT_SECONDS, DEFAULT_MAX_REQUEUES,
+                                     DEFAULT_SIGNAL_SECONDS, Resilience, validate)
 
 
 def _whole(option: str) -> object:
@@ -34,13 +34,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "preemption (#SBATCH --signal=B:USR1@S); the job lets verl finish "
                             "its checkpoint, stops and requeues itself, and the next attempt "
                             f"resumes (default {DEFAULT_SIGNAL_SECONDS}; 0: off)")
+    group.add_argument("--bisect-seconds", type=_whole("--bisect-seconds"),
+                       default=DEFAULT_BISECT_SECONDS, metavar="S",
+                       help="when the cross-node collective fails and no node failed its own "
+                            "checks, test node subsets for at most S seconds to find the node "
+                            "to exclude (default "
+                            f"{DEFAULT_BISECT_SECONDS}; 0: off)")
 
 
 def from_args(args: argparse.Namespace) -> Resilience:
     """The :class:`Resilience` of parsed options (validated)."""
     return validate(Resilience(
         max_requeues=getattr(args, "max_requeues", DEFAULT_MAX_REQUEUES),
-        signal_seconds=getattr(args, "requeue_signal_seconds", DEFAULT_SIGNAL_SECONDS)))
+        signal_seconds=getattr(args, "requeue_signal_seconds", DEFAULT_SIGNAL_SECONDS),
+        bisect_seconds=getattr(args, "bisect_seconds", DEFAULT_BISECT_SECONDS)))
 
 
 __all__ = ["add_arguments", "from_args"]

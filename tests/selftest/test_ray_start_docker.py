@@ -6,9 +6,9 @@ files once they have imported and bound), and dies when the dashboard agent is s
 gate's ``ray.local_start`` failed this way on 2-vCPU CI hosts (natively at load 17, and on every
 one of eight attempts under QEMU emulation). The self-test gives the raylet those ports up front
 (``rayphase.pin_agent_ports``). Here the agents are held back 25 s by a ``sitecustomize`` on
-their PYTHONPATH: the head must start and run its task all the same (measured 2026-11-29 on
-this image: without the pinned ports, three starts timed out and the check failed after 110 s;
-with them, the check passed with the first start).
+their PYTHONPATH: the head must start and run its task all the same, on the first start
+(measured 2026-11-29: without the pinned ports, three starts in this image timed out and the
+check failed after 110 s).
 """
 
 from __future__ import annotations

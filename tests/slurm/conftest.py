@@ -189,13 +189,14 @@ REQUEUE_CONF = ("AuthInfo=cred_expire=20",)
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """Three fake nodes (node1..node3; 2 CPUs each) for the jobs that route around a bad node
-    and requeue themselves (tests/slurm/test_requeue_real.py), torn down by PID."""
+def slurm_cluster4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """Four fake nodes (node1..node4; 2 CPUs each) for the jobs that route around a bad node
+    and requeue themselves (tests/slurm/test_requeue_real.py): a job of two or three nodes
+    still has enough once one is excluded. Torn down by PID."""
     reason = slurm_skip_reason()
     if reason:
         pytest.skip(reason)
-    yield from start_cluster(tmp_path_factory.mktemp("slurm3"), nodes=3, extra=REQUEUE_CONF)
+    yield from start_cluster(tmp_path_factory.mktemp("slurm4"), nodes=4, extra=REQUEUE_CONF)
 
 
 @pytest.fixture(scope="session")

@@ -185,11 +185,15 @@ def test_the_next_attempt_moves_the_earlier_results_aside(tmp_path: Path) -> Non
     for name in ("selftest-node3.rc", "selftest-node1.json", "cluster-verdict.json",
                  "training.log", "job.sh"):
         (tmp_path / name).write_text("x")
+    (tmp_path / "bisect").mkdir()
+    (tmp_path / "bisect" / "1-node2.rc").write_text("1\n")
     code = _requeue_code(text, _function(text, "archive_attempt") + "\narchive_attempt\n")
     proc = _run(tmp_path, code, SLURM_RESTART_COUNT="1", EXC="node3")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (tmp_path / "attempt-0").iterdir()) == [
-        "cluster-verdict.json", "selftest-node1.json", "selftest-node3.rc", "training.log"]
+        "bisect", "cluster-verdict.json", "selftest-node1.json", "selftest-node3.rc",
+        "training.log"]
+    assert (tmp_path / "attempt-0" / "bisect" / "1-node2.rc").exists()
     assert (tmp_path / "job.sh").exists()
     assert "attempt 2 of job 77 (requeued 1 time(s))" in proc.stderr and "excluded: node3" \
         in proc.stderr
@@ -201,6 +205,100 @@ def test_the_verdict_keeps_the_excluded_nodes() -> None:
                        (), None, {}, "ch-run", excluded)
     again = ClusterVerdict.from_dict(json.loads(json.dumps(v.to_dict())))
     assert again.excluded == excluded and "excluded node3" in again.describe()
+
+
+# ---- the collective's culprit found by bisection -------------------------------------------------
+
+# srun stand-in: the collective on --nodelist fails on every node when BAD names one of them
+# (a rank that cannot reach its peers fails them all); each node's exit code where the job's
+# node side leaves it (PREFIX-NODE.rc), after SLOW seconds
+BISECT_SRUN = r"""echo "srun $*" >>"$CALLS"
+for a in "$@"; do case $a in --nodelist=*) nodes=${a#--nodelist=} ;; esac; done
+prefix=${@: -2:1}
+sleep "${SLOW:-0}"
+rc=0
+for n in ${nodes//,/ }; do for b in $BAD; do if [ "$n" = "$b" ]; then rc=1; fi; done; done
+for n in ${nodes//,/ }; do echo "$rc" >"$prefix-$n.rc"; done
+exit "$rc"
+"""
+
+
+def _bisect(tmp_path: Path, nodes: int, bad: str, seconds: int = 600,
+            slow: str = "0") -> tuple[list[str], str, list[str]]:
+    """Run the script's bisect_collective on NODES node1..N; (its stdout words, its log, the
+    node lists it ran the collective on)."""
+    text = render_sbatch(job_for("cpu", runtime="ch-run", sif="/x", train_cmd="python3 t.py"))
+    parts = [_function(text, name) for name in ("node_addr", "collective_on",
+                                                "bisect_collective", "bisect_time")]
+    names = " ".join(f"node{i}" for i in range(1, nodes + 1))
+    addrs = " ".join(f"10.0.0.{i}" for i in range(1, nodes + 1))
+    code = ("set -uo pipefail\nlog() { echo \"$*\" >&2; }\n"
+            f"NODES=({names})\nADDRS=({addrs})\nSELFTEST_PORT=29500\nMIN_CPUS=1\n"
+            f"CPU_BIND=cores\nPX=()\nSELF=/job.sh\nBISECT_SECONDS={seconds}\n"
+            + "\n".join(parts) + "\nbisect_collective\n")
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    _tool(bindir, "srun", BISECT_SRUN)
+    (tmp_path / "calls").write_text("")
+    proc = subprocess.run(["bash", "-c", code], capture_output=True, text=True, env={
+        "PATH": f"{bindir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"),
+        "VERL_ENV_JOB_DIR": str(tmp_path), "BAD": bad, "SLOW": slow})
+    assert proc.returncode == 0, proc.stderr
+    runs = [re.search(r"--nodelist=(\S+)", c).group(1)  # type: ignore[union-attr]
+            for c in (tmp_path / "calls").read_text().splitlines()]
+    return proc.stdout.split(), proc.stderr, runs
+
+
+@pytest.mark.parametrize("nodes,bad,most", [(3, "node3", 2), (3, "node2", 2), (3, "node1", 3),
+                                            (6, "node5", 4), (16, "node11", 6),
+                                            (16, "node1", 3), (64, "node40", 8)])
+def test_the_node_the_collective_fails_with_is_found(tmp_path: Path, nodes: int, bad: str,
+                                                     most: int) -> None:
+    """An anchor that passed with a partner, then half the suspects at a time: about log2(N)
+    runs, each on the anchor and a half, the last one on a pair."""
+    found, said, runs = _bisect(tmp_path, nodes, bad)
+    assert found == [bad], said
+    assert len(runs) <= most, runs
+    assert f"collective bisection: {bad} fails the collective with nodes that pass together" \
+        in said
+    assert len(runs) >= 2 and all(len(r.split(",")) >= 2 for r in runs)
+    # each run is the self-test's collective on those nodes only, with its own results
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert all("/job.sh --node selftest " in c and c.endswith(" preflight,env,collective")
+               for c in calls), calls
+    assert (tmp_path / "bisect" / f"1-{runs[0].split(',')[0]}.rc").exists()
+
+
+def test_no_culprit_is_named_when_it_cannot_be_told(tmp_path: Path) -> None:
+    found, said, runs = _bisect(tmp_path, 4, "node1 node2")  # two bad nodes
+    assert found == [] and "no pair of node1, node2, node3 passed" in said, said
+    found, said, runs = _bisect(tmp_path, 2, "node2")  # a pair cannot name one of its two
+    assert found == [] and runs == [] and "a pair that fails cannot tell" in said
+    found, said, runs = _bisect(tmp_path, 5, "")  # the failure does not come back
+    assert found == [] and "every subset passed" in said, said
+    found, said, runs = _bisect(tmp_path, 5, "node4", seconds=0)
+    assert found == [] and runs == [] and "off (--bisect-seconds 0)" in said
+
+
+def test_the_bisection_is_bounded_in_time(tmp_path: Path) -> None:
+    """Sixteen nodes take six runs; at 1.5 s a run, three seconds hold two or three."""
+    found, said, runs = _bisect(tmp_path, 16, "node11", seconds=3, slow="1.5")
+    assert found == [] and "(--bisect-seconds 3): nothing excluded" in said, said
+    assert f"out of time after {len(runs)} runs" in said and 1 <= len(runs) <= 3, runs
+
+
+def test_the_job_bisects_only_when_no_node_failed_its_own_checks(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*CPU, "--bisect-seconds", "120"]) == 0
+    text = capsys.readouterr().out
+    assert "BISECT_SECONDS=120" in text
+    stage = _function(text, "stage_selftest")
+    own, collective = stage.index("failed their own checks"), stage.index("bisect_collective")
+    assert own < collective
+    assert 'route_around "failed the cross-node collective (found by bisection)"' in stage
+    assert main([*CPU, "--bisect-seconds", "-1"]) == 2
+    assert "--bisect-seconds must be a whole number of seconds from 0" in \
+        capsys.readouterr().err
 
 
 # ---- Slurm's signal: verl's checkpoint, then a requeue ----------------------------------------------

@@ -1,11 +1,16 @@
-"""The job survives the cluster (issue 39), on a real three-node Slurm (``slurm_cluster3``:
-node1..node3 on this host, a requeued job's start delayed 21 s instead of Slurm's 121 s), running
-the CPU fixture image through ``ch-run``; each job asks for two nodes.
+"""The job survives the cluster (issue 39), on a real four-node Slurm (``slurm_cluster4``:
+node1..node4 on this host, a requeued job's start delayed 21 s instead of Slurm's 121 s), running
+the CPU fixture image through ``ch-run``; each job asks for two nodes (three for the bisection).
 
 * A bad node: node2's TaskProlog breaks its environment (HIP_VISIBLE_DEVICES !=
   CUDA_VISIBLE_DEVICES, as a bad prolog could), so the image's self-test fails there. The job
   names node2 from its own checks, excludes it (``ExcNodeList``), requeues itself, and the second
   attempt runs on node1 and node3 through the self-test to the training stage.
+* A node only the collective fails with: node2's TaskProlog points gloo at an interface that
+  does not exist there (``GLOO_SOCKET_IFNAME``, as a wrong site setting could), so node2's own
+  checks pass and the cross-node collective fails. The three-node job finds node2 by running the
+  collective on node subsets (bisection), excludes it, requeues itself, and the second attempt
+  runs on node1, node3 and node4 to the training stage.
 * A preemption: Slurm's warning signal (``scancel --signal=USR1 --batch``, what
   ``--signal=B:USR1@S`` sends before the time limit) reaches the job while it trains; it waits for
   the trainer's next checkpoint, stops it and requeues itself; the second attempt starts from the
@@ -68,9 +73,9 @@ print("TRAINING DONE at global_step_%d" % last, flush=True)
 
 
 @pytest.fixture(scope="module")
-def bench3(slurm_cluster3: SlurmCluster, image_dir: Path,  # noqa: F811
+def bench4(slurm_cluster4: SlurmCluster, image_dir: Path,  # noqa: F811
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
-    yield from _bench(slurm_cluster3, image_dir, "ch-run", tmp_path_factory)
+    yield from _bench(slurm_cluster4, image_dir, "ch-run", tmp_path_factory)
 
 
 def _wait(bench: Bench, job_id: str, out: Path, timeout: float) -> dict[str, str]:
@@ -88,8 +93,8 @@ def _wait(bench: Bench, job_id: str, out: Path, timeout: float) -> dict[str, str
                          f"(cancelled):\n{text[-4000:]}")
 
 
-def test_a_bad_node_is_excluded_and_the_job_requeued_onto_the_others(bench3: Bench) -> None:
-    bench = bench3
+def test_a_bad_node_is_excluded_and_the_job_requeued_onto_the_others(bench4: Bench) -> None:
+    bench = bench4
     switch = bench.break_node("node2", "HIP_VISIBLE_DEVICES=0\nCUDA_VISIBLE_DEVICES=1\n")
     job = bench.job(resilience=Resilience(max_requeues=1, signal_seconds=0))
     script = write_sbatch(job, bench.root / "bad-node.sbatch")
@@ -129,8 +134,53 @@ def test_a_bad_node_is_excluded_and_the_job_requeued_onto_the_others(bench3: Ben
     assert _leftover_ray(bench) == []
 
 
-def test_a_preempted_job_resumes_from_its_checkpoint(bench3: Bench) -> None:
-    bench = bench3
+def test_a_node_only_the_collective_fails_with_is_found_by_bisection_and_excluded(
+        bench4: Bench) -> None:
+    bench = bench4
+    switch = bench.break_node("node2", "GLOO_SOCKET_IFNAME=verlbad0\n")
+    # per-phase timeouts of 20 s: a rank whose peer never joins waits out the collective's
+    # deadline (preflight + env + collective), once in the self-test and once in the bisection
+    job = bench.job(nodes=3, resilience=Resilience(max_requeues=1, signal_seconds=0,
+                                                   bisect_seconds=300),
+                    selftest_args="--timeout 20")
+    script = write_sbatch(job, bench.root / "bisect.sbatch")
+    out = bench.root / "bisect.out"
+    start = time.monotonic()
+    try:
+        job_id = bench.cluster.sbatch(script, out, bench.env)
+        info = _wait(bench, job_id, out, 900)
+    finally:
+        switch.unlink()
+    text = out.read_text(errors="replace")
+    print(f"--- bisection: job {job_id} {info.get('JobState')} in "
+          f"{time.monotonic() - start:.1f}s\n{text}")
+    first, _, second = text.partition("result: requeued")
+    assert second, "the job did not requeue itself"
+    # attempt 1: every node's own checks passed, the collective failed; the bisection names node2
+    assert "self-test node2: FAIL" in first  # the ranks share one verdict
+    assert "no node failed its own checks: the cross-node collective did" in first, first
+    assert "bisection run 1: node1 node2 FAIL" in first
+    assert "bisection run 2: node1 node3 pass" in first
+    assert "collective bisection: node2 fails the collective with nodes that pass together " \
+        "(2 runs" in first
+    assert "=== stage training ===" not in first
+    assert second.startswith(" (attempt 2, excluded: node2): node(s) node2 failed the cross-node "
+                             "collective (found by bisection)"), second[:300]
+    # attempt 2: node1, node3, node4 through the self-test to the training stage
+    assert "node node2:" not in second
+    for node in ("node1", "node3", "node4"):
+        assert f"self-test {node}: pass" in second, second
+    assert "TRAIN-STANDIN alive=3 tasks_on_nodes=3" in second
+    assert "result: ok" in second
+    assert info["JobState"] == "COMPLETED" and info["ExcNodeList"] == "node2", info
+    job_dir = bench.root / f"job-{job_id}"
+    assert (job_dir / "attempt-0" / "bisect" / "1-node2.rc").read_text().strip() != "0"
+    assert (job_dir / "excluded-nodes.tsv").read_text().startswith("0\tnode2\t")
+    assert _leftover_ray(bench) == []
+
+
+def test_a_preempted_job_resumes_from_its_checkpoint(bench4: Bench) -> None:
+    bench = bench4
     (bench.root / "scripts" / "resume.py").write_text(RESUME_PY)
     inputs = bench.inputs()
     job = bench.job(inputs=inputs,
