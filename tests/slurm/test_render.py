@@ -513,8 +513,9 @@ def test_every_step_asks_for_its_cpus_and_binds_them(runtime: str, sif: str) -> 
     # every other srun goes through step() / every_node() / cstep()
     assert len(re.findall(r"(^|[\s(;])srun ", "\n".join(
         _code(line) for line in text.splitlines()), re.M)) == len(calls)
-    # step(), every_node(), the Ray wait, the self-test, the node watch's probe
-    assert len(steps) == 5, steps
+    # step(), every_node(), the Ray wait, the self-test, the collective bisection's runs, the
+    # node watch's probe
+    assert len(steps) == 6, steps
 
 
 def test_cpu_map_expands_slurm_counts() -> None:
