@@ -39,6 +39,7 @@ EMULATED_ENV = "VERL_ENV_EMULATED"
 PHASES = ("preflight", "env", "imports", "versions", "coverage", "abi", "cpu", "gpu",
           "collective", "ray")
 DISTRIBUTED_DEFAULT = ("preflight", "env", "collective")
+RANK0_FIRST = 15.0  # s the other ranks wait beyond rank 0 for a hung collective
 TIMEOUTS = {"detect": 90.0, "preflight": 30.0, "env": 30.0, "imports": 240.0,
             "versions": 60.0, "coverage": 120.0, "abi": 120.0, "cpu": 120.0, "gpu": 180.0,
             "collective": 300.0, "ray": 180.0}
@@ -279,6 +280,11 @@ def _run(a: argparse.Namespace, started: str, t0: float, manifest: dict[str, Any
                       target=manifest.get("target"), manifest=a.manifest)
     if info.distributed:
         margin = min(max(5.0, 0.1 * ctx["dist_timeout"]), 30.0)  # child's own timeout first
+        if info.rank != 0:
+            # rank 0 writes the report: on a hung collective it gives up first, so that a
+            # launcher that stops the other ranks once one exits (torchrun) cannot stop rank 0
+            # before its report is written (the ranks can start seconds apart on a loaded host)
+            margin += RANK0_FIRST
         out = run_distributed(info, ctx_path, checks, workdir, ctx["dist_timeout"] + margin)
         overall = out["overall"]
         if info.rank != 0:
