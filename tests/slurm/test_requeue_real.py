@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.cluster.job import SlurmJob
 from builder.cluster.render import write_sbatch
 from builder.cluster.requeue import Resilience
 from tests.slurm.conftest import SlurmCluster
@@ -93,23 +94,33 @@ def _wait(bench: Bench, job_id: str, out: Path, timeout: float) -> dict[str, str
                          f"(cancelled):\n{text[-4000:]}")
 
 
-def test_a_bad_node_is_excluded_and_the_job_requeued_onto_the_others(bench4: Bench) -> None:
-    bench = bench4
-    switch = bench.break_node("node2", "HIP_VISIBLE_DEVICES=0\nCUDA_VISIBLE_DEVICES=1\n")
-    job = bench.job(resilience=Resilience(max_requeues=1, signal_seconds=0))
-    script = write_sbatch(job, bench.root / "bad-node.sbatch")
-    out = bench.root / "bad-node.out"
+def _broken_node_run(bench: Bench, name: str, lines: str, job: SlurmJob,
+                     timeout: float) -> tuple[str, dict[str, str], str, str]:
+    """Submit ``job`` with node2's tasks given ``lines`` (its TaskProlog), wait for its end
+    through the requeue, put node2 right again; (job id, its Slurm record, the output before
+    the requeue, the output after it)."""
+    switch = bench.break_node("node2", lines)
+    script = write_sbatch(job, bench.root / f"{name}.sbatch")
+    out = bench.root / f"{name}.out"
     start = time.monotonic()
     try:
         job_id = bench.cluster.sbatch(script, out, bench.env)
-        info = _wait(bench, job_id, out, 600)
+        info = _wait(bench, job_id, out, timeout)
     finally:
         switch.unlink()
     text = out.read_text(errors="replace")
-    print(f"--- bad node: job {job_id} {info.get('JobState')} in {time.monotonic() - start:.1f}s"
-          f"\n{text}")
+    print(f"--- {name}: job {job_id} {info.get('JobState')} in "
+          f"{time.monotonic() - start:.1f}s\n{text}")
     first, _, second = text.partition("result: requeued")
     assert second, "the job did not requeue itself"
+    return job_id, info, first, second
+
+
+def test_a_bad_node_is_excluded_and_the_job_requeued_onto_the_others(bench4: Bench) -> None:
+    bench = bench4
+    job = bench.job(resilience=Resilience(max_requeues=1, signal_seconds=0))
+    job_id, info, first, second = _broken_node_run(
+        bench, "bad-node", "HIP_VISIBLE_DEVICES=0\nCUDA_VISIBLE_DEVICES=1\n", job, 600)
     # attempt 1: node2's own checks failed; it is named, excluded, and the job requeued
     assert "self-test node2: FAIL" in first
     assert "node(s) node2 failed their own checks" in first, first
@@ -137,25 +148,13 @@ def test_a_bad_node_is_excluded_and_the_job_requeued_onto_the_others(bench4: Ben
 def test_a_node_only_the_collective_fails_with_is_found_by_bisection_and_excluded(
         bench4: Bench) -> None:
     bench = bench4
-    switch = bench.break_node("node2", "GLOO_SOCKET_IFNAME=verlbad0\n")
     # per-phase timeouts of 20 s: a rank whose peer never joins waits out the collective's
     # deadline (preflight + env + collective), once in the self-test and once in the bisection
     job = bench.job(nodes=3, resilience=Resilience(max_requeues=1, signal_seconds=0,
                                                    bisect_seconds=300),
                     selftest_args="--timeout 20")
-    script = write_sbatch(job, bench.root / "bisect.sbatch")
-    out = bench.root / "bisect.out"
-    start = time.monotonic()
-    try:
-        job_id = bench.cluster.sbatch(script, out, bench.env)
-        info = _wait(bench, job_id, out, 900)
-    finally:
-        switch.unlink()
-    text = out.read_text(errors="replace")
-    print(f"--- bisection: job {job_id} {info.get('JobState')} in "
-          f"{time.monotonic() - start:.1f}s\n{text}")
-    first, _, second = text.partition("result: requeued")
-    assert second, "the job did not requeue itself"
+    job_id, info, first, second = _broken_node_run(bench, "bisect",
+                                                   "GLOO_SOCKET_IFNAME=verlbad0\n", job, 900)
     # attempt 1: every node's own checks passed, the collective failed; the bisection names node2
     assert "self-test node2: FAIL" in first  # the ranks share one verdict
     assert "no node failed its own checks: the cross-node collective did" in first, first
