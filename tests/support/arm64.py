@@ -95,5 +95,4 @@ def arm64_image(arm64_base: str, ca_bundle: Path, tmp_path_factory: pytest.TempP
         pytest.fail(f"arm64 build failed (exit {proc.returncode}):\n{proc.stderr[-5000:]}\n"
                     f"{proc.stdout[-3000:]}")
     report: dict[str, Any] = json.loads(proc.stdout)
-    report["workdir"] = str(workdir)
     return report
