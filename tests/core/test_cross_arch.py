@@ -239,6 +239,38 @@ def test_the_raylet_is_given_its_agents_ports_so_it_does_not_wait_for_their_file
     assert rayphase.pin_agent_ports(types.SimpleNamespace()) == ()
 
 
+def test_the_head_starts_no_process_ray_init_never_waits_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The autoscaler monitor and the log monitor are started by ``ray.init`` but never waited
+    for: the wrapped RayParams asks for neither unless the caller did, and a Ray whose RayParams
+    knows neither option is handed neither."""
+    from builder.selftest.phases import rayphase
+
+    class RayParams:
+        def __init__(self, no_monitor: bool | None = False,
+                     include_log_monitor: bool | None = None) -> None:
+            self.no_monitor, self.include_log_monitor = no_monitor, include_log_monitor
+
+    parameter = types.ModuleType("ray._private.parameter")
+    parameter.RayParams = RayParams  # type: ignore[attr-defined]
+    rayphase.pin_agent_ports(types.SimpleNamespace(_private=types.SimpleNamespace(
+        parameter=parameter)))
+    made = parameter.RayParams()  # type: ignore[attr-defined]  # as ray.init makes it
+    assert (made.no_monitor, made.include_log_monitor) == (True, False)
+    made = parameter.RayParams(no_monitor=False,  # type: ignore[attr-defined]
+                               include_log_monitor=True)
+    assert (made.no_monitor, made.include_log_monitor) == (False, True)  # the caller's choice
+
+    class OldRayParams:
+        def __init__(self, num_cpus: int | None = None) -> None:
+            self.num_cpus = num_cpus
+
+    parameter.RayParams = OldRayParams  # type: ignore[attr-defined]
+    rayphase.pin_agent_ports(types.SimpleNamespace(_private=types.SimpleNamespace(
+        parameter=parameter)))
+    assert parameter.RayParams(num_cpus=1).num_cpus == 1  # type: ignore[attr-defined]
+
+
 def test_free_port_is_bindable() -> None:
     import socket
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..phases.bandwidth import expand_debug_file
+from . import rank
+from .forked import ForkedRank
 from ..report import FAIL, PASS, Check, threshold
 from ..runner import describe_rc, summarize_log
 
@@ -36,10 +38,12 @@ class SpawnResult:
 
 def spawn_local(backend: str, world: int, devices: list[str], check_bytes: int,
                 bw_bytes: int, iters: int, warmup: int, timeout: float,
-                env_extra: dict[str, str] | None = None, workdir: str | None = None
-                ) -> SpawnResult:
+                env_extra: dict[str, str] | None = None, workdir: str | None = None,
+                fork: bool = False) -> SpawnResult:
     """Run ``world`` rank processes (device ``devices[r]``) and collect their results.
-    Their scratch dir goes under ``workdir`` (the run's, removed by the CLI) when given."""
+    Their scratch dir goes under ``workdir`` (the run's, removed by the CLI) when given.
+    ``fork``: each rank forked from this process (CPU ranks only, torch imported here
+    already: :mod:`.forked`) instead of started as a new interpreter."""
     pkg = __package__ or "verl_env_selftest.launch"
     tmp = tempfile.mkdtemp(prefix="vst-ranks-",
                            dir=workdir if workdir and os.path.isdir(workdir) else None)
@@ -52,17 +56,22 @@ def spawn_local(backend: str, world: int, devices: list[str], check_bytes: int,
         env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
         env.setdefault("NCCL_DEBUG_FILE", os.path.join(tmp, "nccl.%h.%p.log"))
     env.update(env_extra or {})
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[subprocess.Popen[bytes] | ForkedRank] = []
     t0 = time.monotonic()
     try:
         for r in range(world):
-            cmd = [sys.executable, "-m", f"{pkg}.rank", "--backend", backend, "--rank", str(r),
-                   "--world", str(world), "--store", os.path.join(tmp, "store"),
-                   "--device", devices[r], "--check-bytes", str(check_bytes),
-                   "--bw-bytes", str(bw_bytes), "--iters", str(iters), "--warmup", str(warmup),
-                   "--timeout", str(timeout), "--out", os.path.join(tmp, f"rank{r}.json")]
-            with open(os.path.join(tmp, f"rank{r}.log"), "wb") as log:
-                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+            args = ["--backend", backend, "--rank", str(r), "--world", str(world),
+                    "--store", os.path.join(tmp, "store"), "--device", devices[r],
+                    "--check-bytes", str(check_bytes), "--bw-bytes", str(bw_bytes),
+                    "--iters", str(iters), "--warmup", str(warmup), "--timeout", str(timeout),
+                    "--out", os.path.join(tmp, f"rank{r}.json")]
+            log_path = os.path.join(tmp, f"rank{r}.log")
+            if fork:
+                procs.append(ForkedRank(rank.main, args, log_path, env))
+                continue
+            with open(log_path, "wb") as log:
+                procs.append(subprocess.Popen([sys.executable, "-m", f"{pkg}.rank", *args],
+                                              stdout=log, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL, env=env))
         deadline = t0 + timeout
         for r, p in enumerate(procs):

@@ -53,12 +53,19 @@ def tensordict_step(run: Run) -> Check:
 
 
 def gloo_step(run: Run) -> Check:
-    """Spawn ``--gloo-ranks`` ranks (default 2) and all-reduce over gloo."""
+    """``--gloo-ranks`` ranks (default 2) all-reduce over gloo: forked from this process once
+    it imported ``torch.distributed`` (no rank imports torch again); spawned as new interpreters
+    when that import fails here, so each rank's log says why."""
     opts = run.options
     world = int(opts.get("gloo_ranks", 2))
+    try:
+        import torch.distributed  # type: ignore[import-not-found]  # noqa: F401 - the ranks' import, once
+        fork = True
+    except Exception:  # noqa: BLE001 - the spawned ranks report it
+        fork = False
     res = spawn_local("gloo", world, ["cpu"] * world, GLOO_CHECK_BYTES, GLOO_BW_BYTES,
                       iters=3, warmup=1, timeout=rank_timeout(run, PHASE),
-                      workdir=run.ctx.get("workdir"))
+                      workdir=run.ctx.get("workdir"), fork=fork)
     run.fact("cpu.gloo_world", world)
     run.fact("cpu.gloo_transport", "gloo/tcp")
     return decide_allreduce("cpu.gloo_allreduce", PHASE, res, transport="gloo/tcp")
