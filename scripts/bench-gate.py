@@ -13,8 +13,13 @@ load and page cache):
   cluster node pays it (the container, the self-test's phases, the report read back), with the
   self-test's own duration from its report beside it.
 
-Prints one markdown table (wall seconds per round, medians, the ratio of medians) and the load
-average before and after. Never a timed assert: the numbers go to docs/benchmarks.md.
+Then, inside one container of the image (no engine or CLI start-up on either side), the same
+import against the image's own self-test (``python -m verl_env_selftest``, all phases), wall and
+CPU seconds (the container's cgroup: every process, Ray's daemons included), rounds alternating:
+the CPU ratio is what a loaded machine moves least.
+
+Prints two markdown tables (per round, medians, the ratio of medians) and the load average
+before and after. Never a timed assert: the numbers go to docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -40,6 +45,58 @@ def manifest_imports(image: str) -> list[str]:
         raise SystemExit(f"{image}: no /opt/verl-env/manifest.json (not a verl-env image?): "
                          f"{proc.stderr.strip()[-500:]}")
     return sorted(set(json.loads(proc.stdout).get("imports", {}).values()))
+
+
+# Runs inside the image: each side's wall and the container cgroup's CPU (v2 or v1) around it.
+IN_CONTAINER = """
+import json, subprocess, sys, time
+def cpu():
+    for path, scale in (("/sys/fs/cgroup/cpu.stat", 1e6),
+                        ("/sys/fs/cgroup/cpuacct/cpuacct.usage", 1e9)):
+        try:
+            text = open(path).read()
+        except OSError:
+            continue
+        if path.endswith("cpu.stat"):
+            text = next(l.split()[1] for l in text.splitlines() if l.startswith("usage_usec"))
+        return int(text) / scale
+    return float("nan")
+out = {}
+for side, argv in json.loads(sys.argv[1]):
+    c0, t0 = cpu(), time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"{side}: exit {proc.returncode}: {proc.stdout[-1500:]} {proc.stderr[-1500:]}")
+    time.sleep(1)  # daemons a side started (Ray's) are gone and counted
+    out[side] = [time.monotonic() - t0 - 1, cpu() - c0]
+print(json.dumps(out))
+"""
+
+
+def in_one_container(image: str, modules: list[str], rounds: int) -> None:
+    """The import against the self-test inside one container, wall and cgroup CPU."""
+    sides = [["import", ["python3", "-c", "import " + ", ".join(modules)]],
+             ["self-test", ["python3", "-m", "verl_env_selftest", "--expect-gpus", "0"]]]
+    walls: dict[str, list[float]] = {"import": [], "self-test": []}
+    cpus: dict[str, list[float]] = {"import": [], "self-test": []}
+    print("\nIn one container (no engine or CLI start-up):\n")
+    print("| round | import: wall / CPU | self-test, all phases: wall / CPU | ratio wall / CPU |")
+    print("|---|---|---|---|")
+    for r in range(rounds):
+        order = sides if r % 2 == 0 else sides[::-1]
+        _, out = timed(["docker", "run", "--rm", "--network", "none", "-w", "/opt/verl-env",
+                        "--entrypoint", "python3", image, "-c", IN_CONTAINER, json.dumps(order)])
+        got = json.loads(out)
+        for side, (wall, cpu) in got.items():
+            walls[side].append(wall)
+            cpus[side].append(cpu)
+        (iw, ic), (sw, sc) = got["import"], got["self-test"]
+        print(f"| {r + 1} ({order[0][0]} first) | {iw:.1f} / {ic:.1f} s | {sw:.1f} / {sc:.1f} s "
+              f"| {sw / iw:.2f}x / {sc / ic:.2f}x |")
+    iw, ic, sw, sc = (statistics.median(v) for v in (walls["import"], cpus["import"],
+                                                      walls["self-test"], cpus["self-test"]))
+    print(f"| median | {iw:.1f} / {ic:.1f} s | {sw:.1f} / {sc:.1f} s "
+          f"| **{sw / iw:.2f}x** / **{sc / ic:.2f}x** |")
 
 
 def timed(argv: list[str]) -> tuple[float, str]:
@@ -81,6 +138,7 @@ def main() -> int:
     print("\n".join(rows))
     mi, mg, ms = (statistics.median(v) for v in (imp, gate, selftest))
     print(f"| median | {mi:.1f} s | {mg:.1f} s ({ms:.1f} s self-test) | **{mg / mi:.2f}x** |")
+    in_one_container(args.image, modules, args.rounds)
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
     return 0
 
