@@ -29,10 +29,9 @@ import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-import requests
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name,
                              parse_sdist_filename, parse_wheel_filename)
@@ -40,6 +39,9 @@ from packaging.version import InvalidVersion, Version
 
 from builder.files import atomic_write_text
 from builder.errors import BuildEnvError, NetworkError
+
+if TYPE_CHECKING:
+    import requests
 
 SNAPSHOT_SCHEMA = "verl-env/pypi-snapshot/v1"
 # How long one network call may wait for an answer (connect, or between two reads) before it
@@ -234,6 +236,7 @@ class _RangeFile(io.RawIOBase):
     def _block(self, n: int) -> bytes:
         if n not in self.blocks:
             lo, hi = n * self.BLOCK, min(self.size, (n + 1) * self.BLOCK) - 1
+            import requests  # lazy: only a client of the index needs it (see IndexClient)
             try:
                 resp = self.session.get(self.url, headers={"Range": f"bytes={lo}-{hi}"},
                                         timeout=network_timeout())
@@ -257,6 +260,7 @@ class _RangeFile(io.RawIOBase):
 
 def _reason(exc: requests.RequestException) -> str:
     """One line for a failed request: its kind, and for a timeout the bound."""
+    import requests  # lazy: only a client of the index needs it (see IndexClient)
     if isinstance(exc, requests.Timeout):
         return f"no answer within {network_timeout():g} s ({exc.__class__.__name__})"
     return f"unreachable ({exc.__class__.__name__})"
@@ -270,6 +274,7 @@ def _ok(resp: requests.Response, url: str) -> requests.Response:
 
 
 def _head_size(session: requests.Session, url: str) -> int:
+    import requests  # lazy: only a client of the index needs it (see IndexClient)
     try:
         resp = session.head(url, timeout=network_timeout(), allow_redirects=True)
     except requests.RequestException as exc:
@@ -289,6 +294,9 @@ class IndexClient:
 
     def __init__(self, simple_url: str | None = None, session: requests.Session | None = None,
                  retries: int = 3) -> None:
+        # requests is imported by the first client, not with this module: `build-env check`
+        # (offline) and every other command reading a snapshot never start it
+        import requests
         self.simple = (simple_url or index_simple_url()).rstrip("/")
         self.session = session or requests.Session()
         self.retries = retries
@@ -297,6 +305,7 @@ class IndexClient:
     def _get(self, url: str, **kw: Any) -> requests.Response:
         """One GET, retried on a connection failure or a 5xx; every try bounded by
         :func:`network_timeout`. A failure is one :class:`NetworkError` naming the URL."""
+        import requests  # lazy: see __init__
         delay = 1.0
         for attempt in range(self.retries):
             try:
