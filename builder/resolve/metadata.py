@@ -13,8 +13,6 @@ written here.
 
 from __future__ import annotations
 
-import email.message
-import email.parser
 import functools
 import io
 import json
@@ -41,6 +39,8 @@ from builder.files import atomic_write_text
 from builder.errors import BuildEnvError, NetworkError
 
 if TYPE_CHECKING:
+    import email.message
+
     import requests
 
 SNAPSHOT_SCHEMA = "verl-env/pypi-snapshot/v1"
@@ -354,7 +354,7 @@ class IndexClient:
         if wheels:
             meta = self._wheel_metadata(wheels[0])
         else:  # sdist only (flash-attn): PKG-INFO is good enough for Requires-Python
-            meta = self._sdist_metadata(sdist) if sdist else email.message.Message()
+            meta = self._sdist_metadata(sdist) if sdist else _core_metadata("")
         return Release(canonicalize_name(name), version,
                        requires_python or meta.get("Requires-Python"),
                        tuple(meta.get_all("Requires-Dist") or ()),
@@ -365,12 +365,12 @@ class IndexClient:
         if f.get("core-metadata") or f.get("data-dist-info-metadata"):
             resp = self._get(f["url"] + ".metadata")
             if resp.status_code == 200:
-                return email.parser.Parser().parsestr(resp.text)
+                return _core_metadata(resp.text)
         size = int(f.get("size") or _head_size(self.session, f["url"]))
         with zipfile.ZipFile(io.BufferedReader(_RangeFile(self.session, f["url"], size),
                                                buffer_size=1 << 16)) as zf:
             member = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-            return email.parser.Parser().parsestr(zf.read(member).decode("utf-8", "replace"))
+            return _core_metadata(zf.read(member).decode("utf-8", "replace"))
 
     def _sdist_metadata(self, f: dict[str, Any]) -> email.message.Message:
         resp = self._get(f["url"])
@@ -378,7 +378,13 @@ class IndexClient:
             member = next(m for m in tf.getmembers() if m.name.count("/") == 1
                           and m.name.endswith("/PKG-INFO"))
             data = tf.extractfile(member).read().decode("utf-8", "replace")  # type: ignore[union-attr]
-        return email.parser.Parser().parsestr(data)
+        return _core_metadata(data)
+
+
+def _core_metadata(text: str) -> email.message.Message:
+    """A release's core metadata (a wheel's METADATA, an sdist's PKG-INFO) as its headers."""
+    import email.parser  # lazy: only a refresh reads metadata files, not every command
+    return email.parser.Parser().parsestr(text)
 
 
 def _file_version(filename: str) -> str | None:
@@ -408,7 +414,7 @@ def local_release(name: str, version: str, find_links: Iterable[str]) -> Release
             if wname == canonicalize_name(name) and str(wver) == version:
                 with zipfile.ZipFile(wheel) as zf:
                     member = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-                    meta = email.parser.Parser().parsestr(zf.read(member).decode())
+                    meta = _core_metadata(zf.read(member).decode())
                 return Release(wname, version, meta.get("Requires-Python"),
                                tuple(meta.get_all("Requires-Dist") or ()), None, True,
                                provides_extra=tuple(meta.get_all("Provides-Extra") or ()))
