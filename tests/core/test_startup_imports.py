@@ -1,8 +1,8 @@
 """What a command imports before it does anything (issue 38: `build-env check` of the shipped
 targets within 1 s, start-up included, scripts/bench-cli.py). The docker SDK and ``requests``
-(with urllib3 under both) cost more than a tenth of that and are needed only by the commands
-that meet an engine, a registry or the package index: `check` without ``--online`` and
-``--version`` never import them.
+(with urllib3 under both) and the standard library's HTTP client (``urllib.request``) cost more
+than a tenth of that and are needed only by the commands that meet an engine, a registry, the
+package index or a wheelhouse: `check` without ``--online`` and ``--version`` import none of them.
 
 Each case runs in a fresh interpreter, since this one has imported everything already.
 """
@@ -17,7 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = str(REPO / "matrix.yaml")
-HEAVY = ("docker", "requests", "urllib3")
+HEAVY = ("docker", "requests", "urllib3", "http")
 
 # main() in a fresh interpreter, its output swallowed; prints the heavy modules it imported
 PROBE = """
