@@ -11,7 +11,6 @@ went away (``build-env list | head -1``: quiet, nothing printed about it).
 from __future__ import annotations
 
 import argparse
-import difflib
 import errno
 import os
 import signal
@@ -67,6 +66,7 @@ BROKEN_PIPE = 128 + signal.SIGPIPE
 
 def unknown_command(word: str) -> UsageError:
     """``build-env chekc``: the unknown word named, with the nearest real command."""
+    import difflib  # lazy: only a mistyped command needs it
     near = difflib.get_close_matches(word, SUBCOMMANDS, n=1, cutoff=0.5)
     hint = f"; did you mean `build-env {near[0]}`?" if near else ""
     return UsageError(f"unknown command {word!r}{hint} (commands: {', '.join(SUBCOMMANDS)}; "

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from builder import shipped
-from builder.gate import verdicts
 from builder import argtypes
 from builder.argtypes import non_negative_int, positive_float, positive_int
 from builder.errors import BuildEnvError, EngineError, InfraError, NoSuchImage, SiteError
@@ -189,6 +188,7 @@ def progress(args: argparse.Namespace, what: str) -> Iterator[None]:
 def require(p: argparse.ArgumentParser, to: str | None = None) -> None:
     """``--require build|gpu``: the verdict level that unlocks tags, SIF and publish; ``to``:
     what ``trust sign``/``trust verify`` do at that level (sign, accept)."""
+    from builder.gate import verdicts  # here: the commands without --require never read it
     if to is None:
         text = ("the verdict level the image needs: build (default; a GPU family's GPU phases "
                 f"may be pending) or gpu (they passed on GPUs); env {verdicts.REQUIRE_ENV}; "
