@@ -11,7 +11,6 @@ went away (``build-env list | head -1``: quiet, nothing printed about it).
 from __future__ import annotations
 
 import argparse
-import difflib
 import errno
 import os
 import signal
@@ -19,8 +18,6 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import PurePath
-
-import requests
 
 from builder import __version__, argtypes
 from builder.commands import BY_NAME, _config
@@ -69,6 +66,7 @@ BROKEN_PIPE = 128 + signal.SIGPIPE
 
 def unknown_command(word: str) -> UsageError:
     """``build-env chekc``: the unknown word named, with the nearest real command."""
+    import difflib  # lazy: only a mistyped command needs it
     near = difflib.get_close_matches(word, SUBCOMMANDS, n=1, cutoff=0.5)
     hint = f"; did you mean `build-env {near[0]}`?" if near else ""
     return UsageError(f"unknown command {word!r}{hint} (commands: {', '.join(SUBCOMMANDS)}; "
@@ -159,6 +157,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def request_errors() -> tuple[type[BaseException], ...]:
+    """``requests``' errors, when a command imported it: a command that never did (``check``
+    without ``--online``) cannot have raised one, and start-up does not pay for importing it."""
+    module = sys.modules.get("requests")
+    return (module.RequestException,) if module is not None else ()
+
+
 def _check_env_index() -> None:
     """``VERL_ENV_INDEX_URL`` reaches uv, the metadata client and image builds: held to the
     same grammar as ``--index-url`` (exit 2, naming the variable)."""
@@ -184,8 +189,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequenc
     except BuildEnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except requests.RequestException as exc:  # a call the module below did not name itself
-        url = str(getattr(exc.request, "url", None) or "the network")
+    except request_errors() as exc:  # a call the module below did not name itself
+        url = str(getattr(getattr(exc, "request", None), "url", None) or "the network")
         reason = exc.__class__.__name__ + (f": {exc.args[0]}" if exc.args else "")
         print(f"error: {NetworkError(url, redact(reason))}", file=sys.stderr)
         return NetworkError.exit_code

@@ -22,7 +22,6 @@ lines are read from the TOML text (:func:`key_lines`), as tomllib tells none.
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +121,7 @@ def key_lines(text: str) -> dict[str, int]:
 def load(path: Path | None) -> Config:
     if path is None:
         return Config()
+    import tomllib  # lazy: a site without a build-env.toml (most runs) never parses TOML
     file = str(path)
     try:
         text = path.read_bytes().decode("utf-8")

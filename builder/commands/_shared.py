@@ -11,16 +11,17 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from builder import shipped
-from builder.gate import verdicts
 from builder import argtypes
 from builder.argtypes import non_negative_int, positive_float, positive_int
-from builder.engine import Engine, ImageInfo
 from builder.errors import BuildEnvError, EngineError, InfraError, NoSuchImage, SiteError
 from builder.matrix.spec import load_matrix
 from builder.resolve.targets import Site, open_site
+
+if TYPE_CHECKING:
+    from builder.engine import Engine, ImageInfo
 
 SCHEMA = "verl-env/{}/v1"  # every --json document names its kind and version
 NO_SITE = "no site here: run build-env init"
@@ -187,6 +188,7 @@ def progress(args: argparse.Namespace, what: str) -> Iterator[None]:
 def require(p: argparse.ArgumentParser, to: str | None = None) -> None:
     """``--require build|gpu``: the verdict level that unlocks tags, SIF and publish; ``to``:
     what ``trust sign``/``trust verify`` do at that level (sign, accept)."""
+    from builder.gate import verdicts  # here: the commands without --require never read it
     if to is None:
         text = ("the verdict level the image needs: build (default; a GPU family's GPU phases "
                 f"may be pending) or gpu (they passed on GPUs); env {verdicts.REQUIRE_ENV}; "
@@ -227,6 +229,8 @@ def output_name(ref: str, target: str | None) -> str:
 def engine_image(ref: str, target: str | None, error: type[BuildEnvError]
                  ) -> tuple[Engine, ImageInfo]:
     """The engine and the image ``ref`` names in it; a missing image is ``error``."""
+    # the docker SDK, imported by the commands that connect, not by every command at start-up
+    from builder.engine import Engine
     engine = Engine.connect()
     try:
         return engine, engine.image(ref)

@@ -13,8 +13,6 @@ written here.
 
 from __future__ import annotations
 
-import email.message
-import email.parser
 import functools
 import io
 import json
@@ -29,10 +27,9 @@ import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-import requests
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name,
                              parse_sdist_filename, parse_wheel_filename)
@@ -40,6 +37,11 @@ from packaging.version import InvalidVersion, Version
 
 from builder.files import atomic_write_text
 from builder.errors import BuildEnvError, NetworkError
+
+if TYPE_CHECKING:
+    import email.message
+
+    import requests
 
 SNAPSHOT_SCHEMA = "verl-env/pypi-snapshot/v1"
 # How long one network call may wait for an answer (connect, or between two reads) before it
@@ -234,6 +236,7 @@ class _RangeFile(io.RawIOBase):
     def _block(self, n: int) -> bytes:
         if n not in self.blocks:
             lo, hi = n * self.BLOCK, min(self.size, (n + 1) * self.BLOCK) - 1
+            import requests  # lazy: only a client of the index needs it (see IndexClient)
             try:
                 resp = self.session.get(self.url, headers={"Range": f"bytes={lo}-{hi}"},
                                         timeout=network_timeout())
@@ -257,6 +260,7 @@ class _RangeFile(io.RawIOBase):
 
 def _reason(exc: requests.RequestException) -> str:
     """One line for a failed request: its kind, and for a timeout the bound."""
+    import requests  # lazy: only a client of the index needs it (see IndexClient)
     if isinstance(exc, requests.Timeout):
         return f"no answer within {network_timeout():g} s ({exc.__class__.__name__})"
     return f"unreachable ({exc.__class__.__name__})"
@@ -270,6 +274,7 @@ def _ok(resp: requests.Response, url: str) -> requests.Response:
 
 
 def _head_size(session: requests.Session, url: str) -> int:
+    import requests  # lazy: only a client of the index needs it (see IndexClient)
     try:
         resp = session.head(url, timeout=network_timeout(), allow_redirects=True)
     except requests.RequestException as exc:
@@ -289,6 +294,9 @@ class IndexClient:
 
     def __init__(self, simple_url: str | None = None, session: requests.Session | None = None,
                  retries: int = 3) -> None:
+        # requests is imported by the first client, not with this module: `build-env check`
+        # (offline) and every other command reading a snapshot never start it
+        import requests
         self.simple = (simple_url or index_simple_url()).rstrip("/")
         self.session = session or requests.Session()
         self.retries = retries
@@ -297,6 +305,7 @@ class IndexClient:
     def _get(self, url: str, **kw: Any) -> requests.Response:
         """One GET, retried on a connection failure or a 5xx; every try bounded by
         :func:`network_timeout`. A failure is one :class:`NetworkError` naming the URL."""
+        import requests  # lazy: see __init__
         delay = 1.0
         for attempt in range(self.retries):
             try:
@@ -345,7 +354,7 @@ class IndexClient:
         if wheels:
             meta = self._wheel_metadata(wheels[0])
         else:  # sdist only (flash-attn): PKG-INFO is good enough for Requires-Python
-            meta = self._sdist_metadata(sdist) if sdist else email.message.Message()
+            meta = self._sdist_metadata(sdist) if sdist else _core_metadata("")
         return Release(canonicalize_name(name), version,
                        requires_python or meta.get("Requires-Python"),
                        tuple(meta.get_all("Requires-Dist") or ()),
@@ -356,12 +365,12 @@ class IndexClient:
         if f.get("core-metadata") or f.get("data-dist-info-metadata"):
             resp = self._get(f["url"] + ".metadata")
             if resp.status_code == 200:
-                return email.parser.Parser().parsestr(resp.text)
+                return _core_metadata(resp.text)
         size = int(f.get("size") or _head_size(self.session, f["url"]))
         with zipfile.ZipFile(io.BufferedReader(_RangeFile(self.session, f["url"], size),
                                                buffer_size=1 << 16)) as zf:
             member = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-            return email.parser.Parser().parsestr(zf.read(member).decode("utf-8", "replace"))
+            return _core_metadata(zf.read(member).decode("utf-8", "replace"))
 
     def _sdist_metadata(self, f: dict[str, Any]) -> email.message.Message:
         resp = self._get(f["url"])
@@ -369,7 +378,13 @@ class IndexClient:
             member = next(m for m in tf.getmembers() if m.name.count("/") == 1
                           and m.name.endswith("/PKG-INFO"))
             data = tf.extractfile(member).read().decode("utf-8", "replace")  # type: ignore[union-attr]
-        return email.parser.Parser().parsestr(data)
+        return _core_metadata(data)
+
+
+def _core_metadata(text: str) -> email.message.Message:
+    """A release's core metadata (a wheel's METADATA, an sdist's PKG-INFO) as its headers."""
+    import email.parser  # lazy: only a refresh reads metadata files, not every command
+    return email.parser.Parser().parsestr(text)
 
 
 def _file_version(filename: str) -> str | None:
@@ -399,7 +414,7 @@ def local_release(name: str, version: str, find_links: Iterable[str]) -> Release
             if wname == canonicalize_name(name) and str(wver) == version:
                 with zipfile.ZipFile(wheel) as zf:
                     member = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-                    meta = email.parser.Parser().parsestr(zf.read(member).decode())
+                    meta = _core_metadata(zf.read(member).decode())
                 return Release(wname, version, meta.get("Requires-Python"),
                                tuple(meta.get_all("Requires-Dist") or ()), None, True,
                                provides_extra=tuple(meta.get_all("Provides-Extra") or ()))

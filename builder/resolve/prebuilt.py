@@ -23,7 +23,6 @@ import json
 import re
 import shutil
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -110,7 +109,7 @@ def _candidates(entry: dict[str, str], p: Package) -> list[Candidate]:
         return [Candidate(w.name, str(w), "") for w in sorted(d.glob("*.whl"))]
     page = where.rstrip("/") + f"/{p.name}/"
     try:
-        with urllib.request.urlopen(page, timeout=FETCH_TIMEOUT) as r:
+        with _urlopen(page) as r:
             html = r.read().decode("utf-8", "replace")
     except OSError as exc:
         raise NetworkError(page, f"{p.name}'s wheelhouse: {_why(exc)}",
@@ -132,12 +131,18 @@ def _sha256_of(c: Candidate) -> str:
         return sha256_file(Path(c.url)).split(":", 1)[1]
     h = hashlib.sha256()
     try:
-        with urllib.request.urlopen(c.url, timeout=FETCH_TIMEOUT) as r:
+        with _urlopen(c.url) as r:
             for chunk in iter(lambda: r.read(1 << 20), b""):
                 h.update(chunk)
     except OSError as exc:
         raise NetworkError(c.url, f"the prebuilt wheel: {_why(exc)}", way_out=WAY_OUT) from None
     return h.hexdigest()
+
+
+def _urlopen(url: str) -> Any:
+    """``url`` opened for reading, bounded by :data:`FETCH_TIMEOUT`."""
+    import urllib.request  # lazy: only a fetch needs it (http.client, ssl), not `build-env check`
+    return urllib.request.urlopen(url, timeout=FETCH_TIMEOUT)
 
 
 def _why(exc: OSError) -> str:
@@ -235,7 +240,7 @@ def fetch(target: Target, entry: dict[str, Any], dest: Path) -> Path:
         if "://" not in url:
             shutil.copyfile(url, out)
         else:
-            with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as r, open(out, "wb") as f:
+            with _urlopen(url) as r, open(out, "wb") as f:
                 shutil.copyfileobj(r, f)
     except OSError as exc:
         if "://" not in url:
