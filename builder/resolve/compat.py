@@ -10,6 +10,7 @@ built on a different torch than the index's vLLM wheel says).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -79,9 +80,24 @@ def _fmt(spec: SpecifierSet) -> str:
 
 
 def _disjoint(a: SpecifierSet, b: SpecifierSet, known: list[str]) -> bool:
-    """True when no known release satisfies both ranges (needs the dependency's version list)."""
-    return bool(known) and not any(a.contains(v, prereleases=True) and
-                                   b.contains(v, prereleases=True) for v in known)
+    """True when no known release satisfies both ranges (needs the dependency's version list).
+    Each release list is parsed once per process (``check`` of the shipped matrix asks a few
+    hundred times over lists of hundreds of releases)."""
+    releases = _releases(tuple(known))
+    return bool(releases) and not any(a.contains(v, prereleases=True) and
+                                      b.contains(v, prereleases=True) for v in releases)
+
+
+@functools.lru_cache(maxsize=256)
+def _releases(known: tuple[str, ...]) -> tuple[Version | str, ...]:
+    """``known`` parsed (a string that is no PEP 440 version stays a string, as before)."""
+    out: list[Version | str] = []
+    for v in known:
+        try:
+            out.append(Version(v))
+        except InvalidVersion:
+            out.append(v)
+    return tuple(out)
 
 
 def check_target(target: Target, snapshot: Snapshot) -> list[Problem]:
