@@ -17,7 +17,6 @@ from builder import exclusive as runlock
 from builder.resolve import sources, vendor
 from builder.commands import _shared
 from builder.resolve.compat import check_target
-from builder.engine import Engine
 from builder.errors import CompatError, LockError
 from builder.resolve.lock import (compile_lock, lock_path, moved_pins, parse_lock,
                                   refuse_unmeant, stale_reason)
@@ -68,6 +67,8 @@ def base_record(args: argparse.Namespace, t: Any, lock_file: Path, probe: bool
     if not probe:
         return vendor.load_record(t, lock_file)
     with _shared.progress(args, f"{t.name}: probing the base through the engine"):
+        from builder.engine import Engine  # the docker SDK, only when a base is probed
+
         record = vendor.probe(Engine.connect(), t)
     vendor.write_record(vendor.base_record_path(lock_file), record)
     _shared.info(args, f"{t.name}: base {record['image_id']} probed: {record['interpreter']} "

@@ -14,6 +14,8 @@ declared dependencies are locked and the sdist hash comes from the metadata snap
 
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import json
 import os
@@ -470,7 +472,14 @@ _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==(\S+)")
 
 
 def parse_lock(text: str) -> dict[str, LockedPackage]:
-    """Parse uv's requirements output (split annotations) into packages with hashes and via."""
+    """Parse uv's requirements output (split annotations) into packages with hashes and via.
+    Each text is parsed once per process (``lock`` and ``check`` read a lock three times); the
+    caller gets its own dict."""
+    return dict(_parse_lock(text))
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_lock(text: str) -> dict[str, LockedPackage]:
     out: dict[str, LockedPackage] = {}
     name = version = line = None
     hashes: list[str] = []

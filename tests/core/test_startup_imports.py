@@ -53,3 +53,14 @@ def test_the_probe_sees_what_a_command_imports() -> None:
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(sorted(HEAVY))
+
+
+@pytest.mark.parametrize("module", ["builder.commands.lock", "builder.commands.check"])
+def test_the_lock_and_check_commands_import_no_engine(module: str) -> None:
+    """`lock` of unchanged inputs answers from the recorded inputs (goal 1 s): its module meets
+    the engine only when a vendor base is probed (``--probe``), and imports it there."""
+    proc = subprocess.run([sys.executable, "-c", f"import sys, {module}; "
+                           f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
