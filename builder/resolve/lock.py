@@ -15,7 +15,6 @@ declared dependencies are locked and the sdist hash comes from the metadata snap
 from __future__ import annotations
 
 import functools
-
 import hashlib
 import json
 import os

@@ -94,7 +94,7 @@ def _child(main: Callable[[list[str]], int], argv: list[str], fd: int,
         os.environ.update(env)
         code = main(argv)
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
     except BaseException:  # noqa: BLE001 - the rank's log carries it, as a spawned rank's would
         traceback.print_exc()
     finally:
