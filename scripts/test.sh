@@ -45,13 +45,12 @@ if [ $# -gt 0 ]; then
   exit
 fi
 
-# The whole suite, in seven independent groups run side by side, each with its own engine where it
+# The whole suite, in six independent groups run side by side, each with its own engine where it
 # needs one: the builds under QEMU emulation (arm64; long, mostly on one emulated core), the jobs
 # on the real two-node Slurm (mostly waiting on daemons and Ray start-up), the Docker-heavy runs
 # that need no CPU fixture image (-m heavy: vendor bases, the cuda-shaped fixture, the ABI phase in
 # real images, the SIF conversions and registry publishes of the small layered image with their
-# faults), the engine faults that build in a private engine of their own (-m own_engine: the
-# engine killed during a build and during the gate, its data root filling up), the core (tests/core: the pure core and the CLI, no engine), the unit group (every
+# faults), the core (tests/core: the pure core and the CLI, no engine), the unit group (every
 # other test that needs no engine and no registry: the CLI, the self-test, the job scripts...),
 # and the rest (the engine and registry tests on the CPU fixture image). The machine is CPU-bound
 # while they run; the split keeps any one group from running alone, on one busy core, long after
@@ -63,7 +62,6 @@ fi
 tmp=$(mktemp -d /tmp/verl-env-pytest.XXXXXX) || exit 1
 declare -A side=([emulated]="emulated" [slurm]="slurm and not emulated"
                  [heavy]="heavy and not slurm and not emulated"
-                 [faults]="own_engine and not heavy and not slurm and not emulated"
                  [core]="not slurm and not emulated and not heavy"
                  [unit]="not slurm and not emulated and not heavy and not docker and not registry")
 # core: one directory; unit: everything else (the main group ignores tests/core too)
@@ -84,12 +82,11 @@ stop_side_groups() {
 }
 trap stop_side_groups EXIT
 "${pytest[@]}" --basetemp="$tmp/main" \
-  -m "(docker or registry) and not emulated and not slurm and not heavy and not own_engine" \
-  --ignore=tests/core \
+  -m "(docker or registry) and not emulated and not slurm and not heavy" --ignore=tests/core \
   2>&1 | tee "$root/main.log"
 verdict "the main group" "${PIPESTATUS[0]}"
 status=$?
-for name in core unit faults heavy slurm emulated; do
+for name in core unit heavy slurm emulated; do
   wait "${pids[$name]}"
   group_status=$?
   echo "==================== the $name group (-m '${side[$name]}'${where[$name]:+ ${where[$name]}})" \
@@ -99,6 +96,5 @@ for name in core unit faults heavy slurm emulated; do
 done
 # each group's 15 slowest tests into docs/testing.md, by the run itself
 scripts/slowest.py main="$root/main.log" core="$root/core.log" unit="$root/unit.log" \
-  faults="$root/faults.log" heavy="$root/heavy.log" slurm="$root/slurm.log" \
-  emulated="$root/emulated.log" || true
+  heavy="$root/heavy.log" slurm="$root/slurm.log" emulated="$root/emulated.log" || true
 exit "$status"

@@ -252,7 +252,6 @@ def _kill_during_a_run_step(private: Private, ca_bundle: Path, workdir: Path
 @pytest.mark.docker
 @pytest.mark.network
 @pytest.mark.slow
-@pytest.mark.own_engine
 def test_the_engine_dies_during_the_build(private: Private, ca_bundle: Path, tmp_path: Path
                                           ) -> None:
     workdir = tmp_path / "build"
@@ -293,7 +292,6 @@ def test_the_engine_dies_during_the_build(private: Private, ca_bundle: Path, tmp
 @pytest.mark.docker
 @pytest.mark.network
 @pytest.mark.slow
-@pytest.mark.own_engine
 def test_the_engine_dies_during_the_gate(private: Private, ca_bundle: Path, tmp_path: Path
                                          ) -> None:
     # another site CA file (one more blank line): another label, so another image than the
@@ -387,7 +385,6 @@ def small_fs() -> Iterator[Path]:
 @pytest.mark.docker
 @pytest.mark.network
 @pytest.mark.slow
-@pytest.mark.own_engine
 def test_the_engines_data_root_fills_up_during_the_build(debian_base: str, ca_bundle: Path,
                                                          small_fs: Path, tmp_path: Path) -> None:
     reason = unavailable_reason()
