@@ -33,7 +33,7 @@ from .manifest import (ManifestError, load_manifest, needs_detection, parse_expe
                        parse_size, resolve_expectation)
 from .report import (EXIT_ERROR, Check, ReportMeta, apply_strict, build_report, exit_code,
                      render_coverage, render_table, verdict, worst)
-from .runner import PhaseResult, kill_active, run_phase
+from .runner import PhaseResult, kill_active, run_phase, run_worker
 
 EMULATED_ENV = "VERL_ENV_EMULATED"
 PHASES = ("preflight", "env", "imports", "versions", "coverage", "abi", "cpu", "gpu",
@@ -133,16 +133,38 @@ def parse_phases(text: str, distributed: bool) -> list[str]:
     return [p for p in PHASES if p in chosen]
 
 
+# Phases run in one worker, in this order: the cpu phase's tensordict and torch are already
+# imported by the imports phase (about 3 s of CPU a gate). Each still has its own time budget,
+# checks and crash report (runner.run_worker).
+SHARED_WORKERS: tuple[tuple[str, ...], ...] = (("imports", "cpu"),)
+
+
+def worker_units(phases: list[str]) -> list[list[str]]:
+    """The phases grouped by worker, in phase order (a shared worker at its first phase)."""
+    units: list[list[str]] = []
+    placed: set[str] = set()
+    for p in phases:
+        if p in placed:
+            continue
+        group = next((g for g in SHARED_WORKERS if p in g), (p,))
+        unit = [q for q in group if q in phases]
+        placed.update(unit)
+        units.append(unit)
+    return units
+
+
 def run_phases(phases: list[str], ctx_path: str, timeouts: dict[str, float], workdir: str,
                jobs: int) -> list[PhaseResult]:
-    """Run phases, each in its own subprocess, up to ``jobs`` at a time; results come back
-    in phase order. The collective runs alone after the others (bandwidth is timed)."""
+    """Run phases in subprocesses (:func:`worker_units`), up to ``jobs`` at a time; results
+    come back in phase order. The collective runs alone after the others (bandwidth is
+    timed)."""
     first = [p for p in phases if p != "collective"]
     results: dict[str, PhaseResult] = {}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {p: pool.submit(run_phase, p, ctx_path, timeouts[p], workdir) for p in first}
-        for p, fut in futures.items():
-            results[p] = fut.result()
+        futures = [pool.submit(run_worker, unit, ctx_path, timeouts, workdir)
+                   for unit in worker_units(first)]
+        for fut in futures:
+            results.update(fut.result())
     if "collective" in phases:
         results["collective"] = run_phase("collective", ctx_path, timeouts["collective"],
                                           workdir)

@@ -100,6 +100,17 @@ def test_hang_is_killed_and_named(ctx: str, tmp_path: Path) -> None:
     assert later.status == "skip" and later.reason.startswith("not run: phase 'env' timed out")
 
 
+def test_a_crash_at_exit_after_every_record_fails_the_phase(ctx: str, tmp_path: Path) -> None:
+    """The worker's exit skips the collector's passes (gc.freeze) but still runs atexit
+    handlers and native teardown: a library crashing there fails the phase."""
+    res = runner.run_phase("env", ctx, 30, str(tmp_path), python=sys.executable,
+                           env=phase_env("crash:exit"))
+    assert res.ended == "error" and len(res.checks) == 8
+    assert all(c.status == "pass" for c in res.checks[:7])
+    assert res.checks[7].id == "env.exit" and res.checks[7].status == "fail"
+    assert res.checks[7].reason.startswith("phase 'env' worker killed by SIGABRT after finishing")
+
+
 def test_crash_before_plan(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"manifest": {}, "options": {}}))
@@ -119,3 +130,67 @@ def test_detect_without_torch_is_a_failure(ctx: str, tmp_path: Path) -> None:
     assert [c.id for c in res.checks] == ["gpu.detect"]
     assert res.checks[0].status == "fail" and "torch" in res.checks[0].reason
     assert "detect.gpu_count" not in res.facts
+
+
+def test_phases_sharing_a_worker_report_as_if_alone(ctx: str, tmp_path: Path) -> None:
+    """Two phases in one worker (as imports and cpu run in a gate): each phase gets its own
+    checks and facts, in one attempt."""
+    res = runner.run_worker(["preflight", "env"], ctx, {"preflight": 30, "env": 30},
+                            str(tmp_path), python=sys.executable, env=phase_env())
+    assert set(res) == {"preflight", "env"} and len(list(tmp_path.glob("*.log"))) == 1
+    assert res["env"].ended == "ok" and res["env"].attempts == 1 and len(res["env"].checks) == 7
+    assert {c.phase for c in res["env"].checks} == {"env"}
+    assert res["preflight"].checks and {c.phase for c in res["preflight"].checks} == \
+        {"preflight"}
+    assert res["preflight"].facts and not res["env"].facts
+
+
+def test_a_hang_in_a_shared_worker_names_its_phase_and_the_next_phase_runs(
+        ctx: str, tmp_path: Path) -> None:
+    """The hung phase is killed on its own budget and named; the phase after it runs in a new
+    worker, with a budget of its own."""
+    res = runner.run_worker(["env", "preflight"], ctx, {"env": 3, "preflight": 30},
+                            str(tmp_path), python=sys.executable,
+                            env=phase_env("hang:env.nccl_ib_hca"))
+    env = {c.id: c for c in res["env"].checks}
+    assert res["env"].ended == "timeout"
+    assert env["env.nccl_ib_hca"].reason == \
+        "phase 'env' timed out after 3 s (killed); hung in env.nccl_ib_hca"
+    assert env["env.hf_cache"].reason.startswith("not run: phase 'env' timed out")
+    assert res["preflight"].ended == "ok" and res["preflight"].attempts == 2
+    assert res["preflight"].checks and all(not (c.reason or "").startswith("not run")
+                                           for c in res["preflight"].checks)
+
+
+def test_a_hang_in_the_second_phase_of_a_worker_is_its_own(ctx: str, tmp_path: Path) -> None:
+    """The second phase's clock starts with its steps: the first one's time is not charged to
+    it, and the first phase's records stand."""
+    res = runner.run_worker(["preflight", "env"], ctx, {"preflight": 30, "env": 3},
+                            str(tmp_path), python=sys.executable,
+                            env=phase_env("hang:env.hf_cache"))
+    assert res["preflight"].ended == "ok" and all(
+        not (c.reason or "").startswith("not run") for c in res["preflight"].checks)
+    hung = next(c for c in res["env"].checks if c.id == "env.hf_cache")
+    assert hung.phase == "env" and hung.reason == \
+        "phase 'env' timed out after 3 s (killed); hung in env.hf_cache"
+
+
+def test_a_crash_in_a_shared_worker_resumes_both_phases(ctx: str, tmp_path: Path) -> None:
+    res = runner.run_worker(["env", "preflight"], ctx, {"env": 30, "preflight": 30},
+                            str(tmp_path), python=sys.executable,
+                            env=phase_env("crash:env.ray_debug"))
+    env = {c.id: c for c in res["env"].checks}
+    assert "phase 'env' worker killed by SIGABRT while running it" in env["env.ray_debug"].reason
+    assert env["env.hf_cache"].status == "pass" and len(env) == 7
+    assert res["env"].ended == "crash" and res["preflight"].ended == "ok"
+    assert res["preflight"].checks and all(not (c.reason or "").startswith("not run")
+                                           for c in res["preflight"].checks)
+
+
+def test_the_cpu_phase_shares_the_imports_worker_only_when_both_run() -> None:
+    from builder.selftest.cli import worker_units
+
+    assert worker_units(["preflight", "imports", "abi", "cpu", "ray"]) == \
+        [["preflight"], ["imports", "cpu"], ["abi"], ["ray"]]
+    assert worker_units(["cpu", "ray"]) == [["cpu"], ["ray"]]
+    assert worker_units(["imports"]) == [["imports"]]
