@@ -14,8 +14,8 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .report import FAIL, SKIP, Check
