@@ -134,7 +134,7 @@ def parse_phases(text: str, distributed: bool) -> list[str]:
 
 
 # Phases run in one worker, in this order: the cpu phase's tensordict and torch are already
-# imported by the imports phase (about 3 s of CPU a gate). Each still has its own time budget,
+# imported by the imports phase (about 2 s of CPU a gate). Each still has its own time budget,
 # checks and crash report (runner.run_worker).
 SHARED_WORKERS: tuple[tuple[str, ...], ...] = (("imports", "cpu"),)
 
