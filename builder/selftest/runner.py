@@ -235,7 +235,11 @@ class _Worker:
             if p in self.open:
                 self.clock.setdefault(p, now)
         p = self.current(stream)
-        return p if now >= self.clock[p] + self.timeouts[p] else None
+        return p if self.left(p, now) <= 0 else None
+
+    def left(self, phase: str, now: float) -> float:
+        """Seconds left of ``phase``'s budget (its clock started)."""
+        return self.clock[phase] + self.timeouts[phase] - now
 
     def take(self, stream: Stream) -> None:
         """Keep an attempt's plans, checks and facts, each under its phase."""
@@ -305,7 +309,7 @@ class _Worker:
             res.checks.extend(not_run([step], {cur}, phase, f"{why} in {cur}"))
         self.done = list(dict.fromkeys(self.done + stream.begun))
         self.clock.setdefault(phase, now)
-        if now >= self.clock[phase] + self.timeouts[phase]:
+        if self.left(phase, now) <= 0:
             self.close(phase, f"phase '{phase}' crashed {res.attempts} times")
 
 
@@ -326,6 +330,7 @@ def run_worker(phases: Sequence[str], ctx_path: str, timeouts: Mapping[str, floa
         cmd = [python, "-m", f"{pkg}.launch.worker", "--phase", ",".join(w.open),
                "--ctx", ctx_path, "--out", out, "--done", ",".join(w.done)]
         over: str | None = None
+        several = len(w.open) > 1  # else one phase: wait for its deadline, read nothing
         with open(log, "wb") as logf:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, env=env)
@@ -334,12 +339,11 @@ def run_worker(phases: Sequence[str], ctx_path: str, timeouts: Mapping[str, floa
             try:
                 while True:
                     try:
-                        rc = proc.wait(timeout=POLL_S if len(w.open) > 1 else max(
-                            w.clock[w.open[0]] + w.timeouts[w.open[0]] - time.monotonic(),
-                            0.1))
+                        rc = proc.wait(timeout=POLL_S if several else max(
+                            w.left(w.open[0], time.monotonic()), 0.1))
                         break
                     except subprocess.TimeoutExpired:
-                        over = w.watch(read_stream(out) if len(w.open) > 1 else Stream(),
+                        over = w.watch(read_stream(out) if several else Stream(),
                                        time.monotonic())
                         if over:
                             kill_session(proc.pid)
