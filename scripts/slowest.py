@@ -5,11 +5,16 @@
 pytest's ``slowest N durations`` block and its final summary line (passed, skipped, wall), and
 replaces what stands between the two marker lines of docs/testing.md (written atomically; the
 rest of the file is kept). A log without the block (a group that crashed) is named as such.
+
+``--cpu DIR``: the groups' CPU as tests/support/cpuacct.py measured it (``DIR/GROUP.json``, each
+group in a cgroup of its own, its engines' containers and build steps included): each group's
+total and its 15 costliest tests by CPU seconds are written beside the wall-clock list.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
 import subprocess
@@ -24,6 +29,21 @@ _DURATION = re.compile(r"^\s*\d+\.\d+s (call|setup|teardown)\s+\S")
 _SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|error)[^=]* in [\d.]+s[^=]*?)\s*=*$")
 
 
+def cpu_section(name: str, cpu_dir: Path | None) -> list[str]:
+    """The group's CPU total and its 15 costliest test phases, from cpuacct's JSON."""
+    if cpu_dir is None:
+        return []
+    try:
+        data = json.loads((cpu_dir / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return ["(no CPU figures for this group: its cgroup could not be made or read)", ""]
+    rows = sorted(data["tests"], key=lambda r: -r["cpu_s"])[:15]
+    return [f"CPU: {data['cpu_s']:.0f} s in {data['wall_s']:.0f} s of wall (its cgroup: the "
+            "tests, their engines' containers and build steps, its daemons); the 15 costliest:",
+            "", "```", *(f"{r['cpu_s']:8.1f} cpu-s {r['wall_s']:8.1f} s {r['when']:<8} "
+                         f"{r['nodeid']}" for r in rows), "```", ""]
+
+
 def group_section(name: str, text: str) -> list[str]:
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if "slowest" in ln and "durations" in ln), None)
@@ -36,17 +56,23 @@ def group_section(name: str, text: str) -> list[str]:
     return out + ["```", *rows, "```", ""]
 
 
-def render(groups: list[tuple[str, str]], head: str) -> str:
+def render(groups: list[tuple[str, str]], head: str, cpu_dir: Path | None = None) -> str:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = [BEGIN, "", f"Written by the whole run of {when} at {head}; each group's 15 slowest",
             "tests as pytest timed them (wall seconds, all groups running side by side).", ""]
+    if cpu_dir is not None:
+        body[-1:-1] = ["Below each, the group's CPU and its 15 costliest tests by CPU seconds "
+                       "(its own cgroup: the same on a quiet or a loaded machine)."]
     for name, text in groups:
-        body += group_section(name, text)
+        body += group_section(name, text) + cpu_section(name, cpu_dir)
     return "\n".join([*body, END])
 
 
 def main(argv: list[str]) -> int:
     doc = Path(__file__).resolve().parents[1] / "docs" / "testing.md"
+    cpu_dir = None
+    if argv[:1] == ["--cpu"] and len(argv) > 1:
+        cpu_dir, argv = Path(argv[1]), argv[2:]
     groups = []
     for pair in argv:
         name, _, path = pair.partition("=")
@@ -62,7 +88,7 @@ def main(argv: list[str]) -> int:
         return 1
     before, rest = text.split(BEGIN, 1)
     after = rest.split(END, 1)[1]
-    new = before + render(groups, head) + after
+    new = before + render(groups, head, cpu_dir) + after
     fd, tmp = tempfile.mkstemp(dir=doc.parent, prefix=".testing.", suffix=".part")
     with os.fdopen(fd, "w") as f:
         f.write(new)

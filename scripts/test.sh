@@ -60,6 +60,8 @@ fi
 # tests bind job directories into images run by ch-run, which binds the host's /tmp (a bind
 # destination elsewhere must exist in the read-only image).
 tmp=$(mktemp -d /tmp/verl-env-pytest.XXXXXX) || exit 1
+# each group's CPU, test by test, in a cgroup of its own (tests/support/cpuacct.py)
+export VERL_ENV_TEST_CPU="${VERL_ENV_TEST_CPU:-$root/cpu}"
 declare -A side=([emulated]="emulated" [slurm]="slurm and not emulated"
                  [heavy]="heavy and not slurm and not emulated"
                  [core]="not slurm and not emulated and not heavy"
@@ -95,6 +97,6 @@ for name in core unit heavy slurm emulated; do
   verdict "the $name group" "$group_status" || status=1
 done
 # each group's 15 slowest tests into docs/testing.md, by the run itself
-scripts/slowest.py main="$root/main.log" core="$root/core.log" unit="$root/unit.log" \
+scripts/slowest.py --cpu "$VERL_ENV_TEST_CPU" main="$root/main.log" core="$root/core.log" unit="$root/unit.log" \
   heavy="$root/heavy.log" slurm="$root/slurm.log" emulated="$root/emulated.log" || true
 exit "$status"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import groups, skips
+from tests.support import cpuacct, groups, skips
 from tests.support.dockerd import Dockerd, import_debian_base, start_dockerd, unavailable_reason
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,6 +44,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     skips.configure(config)
+    cpuacct.configure(config)  # with VERL_ENV_TEST_CPU: the group's CPU, test by test
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

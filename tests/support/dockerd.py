@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.cpuacct import PARENT_ENV
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -107,6 +109,14 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def cgroup_parent() -> list[str]:
+    """dockerd's ``--cgroup-parent`` where the test group accounts its CPU in a cgroup of its
+    own (tests/support/cpuacct.py): the engine's containers and build steps are then the
+    group's, not the top of the hierarchy's."""
+    parent = os.environ.get(PARENT_ENV)
+    return [f"--cgroup-parent={parent}"] if parent else []
+
+
 def start_dockerd(timeout: float = 60, *, root: Path | None = None,
                   data_root: Path | None = None, bridge: str | None = None) -> Dockerd:
     """A private dockerd. ``data_root``: where it keeps images and the build cache (default
@@ -119,7 +129,8 @@ def start_dockerd(timeout: float = 60, *, root: Path | None = None,
     proc = subprocess.Popen(
         ["dockerd", "--data-root", str(data_root or root / "data"), "--exec-root",
          str(root / "exec"), "--pidfile", str(root / "dockerd.pid"), "-H", f"unix://{sock}",
-         "--bridge", bridge, "--iptables=false", "--ip6tables=false", "--ip-masq=false"],
+         "--bridge", bridge, "--iptables=false", "--ip6tables=false", "--ip-masq=false",
+         *cgroup_parent()],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
     d = Dockerd(f"unix://{sock}", root, proc, bridge, data_root)
