@@ -10,7 +10,9 @@ machine load and page cache):
   ``/.singularity.d`` overlay into ``mksquashfs - OUT -tar`` (gzip), then the SIF header; wall
   and CPU seconds (this process and its children);
 * ``raw``: ``docker create`` + ``docker export C | mksquashfs - OUT -tar -noappend -comp gzip``
-  through the docker CLI, the floor the issue sets (goal: convert <= 1.05x raw, wall).
+  through the docker CLI, the floor the issue sets (goal: convert <= 1.05x raw, wall), with the
+  conversion's own gzip level (``sif_native.GZIP``) so that both sides compress alike;
+  ``--raw-comp '-comp gzip'`` times it at mksquashfs's own default level (9) instead.
 
 The conversion's verification (siftool, unsquashfs, the self-test from the SIF) is not timed
 here: ``build-env sif`` reports it separately.
@@ -67,15 +69,15 @@ def convert(engine: Engine, image: Any, ref: str, work: Path) -> dict[str, Any]:
             "bytes_exported": result.overlay.bytes_in, "members": result.overlay.members}
 
 
-def raw(ref: str, work: Path) -> dict[str, Any]:
+def raw(ref: str, work: Path, comp: list[str]) -> dict[str, Any]:
     out = work / "raw.sqfs"
     out.unlink(missing_ok=True)
     script = ('set -eo pipefail; c=$(docker create --entrypoint true "$1"); '
-              'trap \'docker rm -f "$c" >/dev/null\' EXIT; '
-              'docker export "$c" | mksquashfs - "$2" -tar -noappend -comp gzip -quiet '
+              'trap \'docker rm -f "$c" >/dev/null\' EXIT; out=$2; shift 2; '
+              'docker export "$c" | mksquashfs - "$out" -tar -noappend "$@" -quiet '
               '-no-progress >/dev/null')
-    wall, cpu, _ = timed(lambda: subprocess.run(["bash", "-c", script, "raw", ref, str(out)],
-                                                check=True))
+    wall, cpu, _ = timed(lambda: subprocess.run(["bash", "-c", script, "raw", ref, str(out),
+                                                 *comp], check=True))
     size = out.stat().st_size
     out.unlink()
     return {"wall": wall, "cpu": cpu, "squashfs_size": size}
@@ -87,6 +89,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp"))
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    ap.add_argument("--raw-comp", default=" ".join(sif_native.GZIP),
+                    help="mksquashfs compression options of the raw side (default: the "
+                         "conversion's own)")
     args = ap.parse_args()
     if not shutil.which("docker"):
         sys.exit("bench-sif: the docker CLI is needed for the raw baseline")
@@ -98,11 +103,11 @@ def main() -> int:
     try:
         for i in range(args.rounds):
             if i % 2:
-                r = raw(args.image, work)
+                r = raw(args.image, work, args.raw_comp.split())
                 c = convert(engine, image, args.image, work)
             else:
                 c = convert(engine, image, args.image, work)
-                r = raw(args.image, work)
+                r = raw(args.image, work, args.raw_comp.split())
             rounds.append({"convert": c, "raw": r, "ratio": c["wall"] / r["wall"]})
             print(f"round {i + 1} ({'raw' if i % 2 else 'convert'} first): convert "
                   f"{c['wall']:.1f} s (cpu {c['cpu']['self']:.1f} python + "
@@ -117,7 +122,8 @@ def main() -> int:
     raw_wall = med([r["raw"]["wall"] for r in rounds])
     last = rounds[-1]["convert"]
     result = {
-        "image": args.image, "image_size": image.size,
+        "image": args.image, "image_size": image.size, "convert_comp": sif_native.GZIP,
+        "raw_comp": args.raw_comp.split(),
         "cpus": os.cpu_count(), "loadavg_after": os.getloadavg(), "rounds": rounds,
         "convert_wall_s": conv_wall, "raw_wall_s": raw_wall,
         "ratio_wall_median_of_rounds": med([r["ratio"] for r in rounds]),

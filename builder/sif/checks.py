@@ -178,8 +178,10 @@ def check_contents(path: Path, info: sif_format.SifInfo, report: Report) -> None
         return
     off = part.offset
     sb = _run(["unsquashfs", "-o", str(off), "-s", str(path)]).stdout
+    level = re.search(r"compression-level (\d+)", sb)  # listed where it is not mksquashfs's 9
     report.add("contents.squashfs", "Compression gzip" in sb and "Block size 131072" in sb,
-               "gzip, 128 KiB blocks" if "Compression gzip" in sb else sb.strip()[:200])
+               f"gzip (level {level.group(1) if level else 9}), 128 KiB blocks"
+               if "Compression gzip" in sb else sb.strip()[:200])
     listing = _run(["unsquashfs", "-o", str(off), "-lln", str(path), *TREE]).stdout
     present = {line.split("squashfs-root/", 1)[1].split(" -> ")[0]
                for line in listing.splitlines() if "squashfs-root/" in line}

@@ -89,7 +89,7 @@ class EnrootOverlay(Overlay):
         self.stats.arch = self.detect_arch()
 
 
-COMPRESSIONS = {"gzip": ["-comp", "gzip"], "lzo": ["-comp", "lzo"], "zstd": ["-comp", "zstd"],
+COMPRESSIONS = {"gzip": sif_native.GZIP, "lzo": ["-comp", "lzo"], "zstd": ["-comp", "zstd"],
                 "none": ["-noI", "-noD", "-noF", "-noX"]}
 
 
