@@ -62,6 +62,9 @@ fi
 tmp=$(mktemp -d /tmp/verl-env-pytest.XXXXXX) || exit 1
 # each group's CPU, test by test, in a cgroup of its own (tests/support/cpuacct.py)
 export VERL_ENV_TEST_CPU="${VERL_ENV_TEST_CPU:-$root/cpu}"
+# the CPU fixture image built once, by the main group, and gated by each group that needs it in
+# its own engine (tests/support/shared_image.py)
+export VERL_ENV_TEST_SHARE="$root/share" VERL_ENV_TEST_SHARE_BUILDER=main
 declare -A side=([emulated]="emulated" [slurm]="slurm and not emulated"
                  [heavy]="heavy and not slurm and not emulated"
                  [core]="not slurm and not emulated and not heavy"

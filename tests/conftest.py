@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import cpuacct, groups, skips
+from tests.support import cpuacct, groups, shared_image, skips
 from tests.support.dockerd import Dockerd, import_debian_base, start_dockerd, unavailable_reason
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,11 +83,16 @@ def docker_context_env(docker_host: str, tmp_path: Path) -> dict[str, str]:
     context (``verl-env-remote`` in a private docker config; DOCKER_HOST empty). The engine is a
     second local daemon on its own socket, never the machine's default one."""
 
+    return docker_context(docker_host, tmp_path / "docker-config")
+
+
+def docker_context(docker_host: str, config: Path) -> dict[str, str]:
+    """A private docker config under ``config`` whose context ``verl-env-remote`` names the
+    session's engine: the environment that reaches it only through that context."""
     assert docker_host != "unix:///var/run/docker.sock", docker_host
     docker = shutil.which("docker")
     if docker is None:
         pytest.skip("no docker CLI to create the context with")
-    config = tmp_path / "docker-config"
     subprocess.run([docker, "--config", str(config), "context", "create", "verl-env-remote",
                     "--docker", f"host={docker_host}"], check=True, capture_output=True)
     return {"DOCKER_HOST": "", "DOCKER_CONFIG": str(config), "DOCKER_CONTEXT": "verl-env-remote"}
@@ -178,18 +183,48 @@ def run_build_env(*args: str, timeout: float = 1800, env: dict[str, str] | None 
 
 
 @pytest.fixture(scope="session")
-def cpu_image(debian_base: str, ca_bundle: Path, tmp_path_factory: pytest.TempPathFactory
-              ) -> dict:
+def cpu_image(debian_base: str, ca_bundle: Path, docker_host: str, pytestconfig: pytest.Config,
+              tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The CI fixture target built, verified and tagged for real by the pipeline.
 
     Returns the build report (``image_id``, ``tags``, ``verification``...). Needs the package
-    index reachable from containers (through the injected CA bundle).
+    index reachable from containers (through the injected CA bundle). In a whole run one group
+    builds it and the others gate the image it hands them (tests/support/shared_image.py).
     """
     import json
 
     workdir = tmp_path_factory.mktemp("cpu-build")
+    print(f"CPU fixture image: {shared_image.receive(pytestconfig, 'cpu-x86_64', docker_host)}")
     proc = run_build_env("--target", "cpu-x86_64", "--matrix", str(FIXTURE),
                          "--ca-bundle", str(ca_bundle), "--workdir", str(workdir), "--json")
-    if proc.returncode != 0:
+    report = json.loads(proc.stdout) if proc.returncode == 0 else None
+    shared_image.offer(pytestconfig, "cpu-x86_64", docker_host, report)
+    if report is None:
         pytest.fail(f"fixture build failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout)
+    return report
+
+
+@pytest.fixture(scope="session")
+def cpu_sif(cpu_image: dict, docker_host: str, tmp_path_factory: pytest.TempPathFactory
+            ) -> dict:
+    """The CPU fixture image's native SIF, made once per session by ``build-env sif --target``
+    through a docker context (DOCKER_HOST empty, as a login node driving a build node), its
+    self-test run from the SIF by a real runtime: ``{"path": SIF, "report": its report}``.
+    tests/sif/test_cpu_sif.py holds the conversion to what apptainer writes; the train check
+    from the job's SIF (tests/train) runs on the same file."""
+    import json
+
+    missing = [t for t in ("mksquashfs", "unsquashfs", "siftool", "ch-run", "squashfuse")
+               if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"missing {', '.join(missing)} (apt-get install squashfs-tools siftool "
+                    "charliecloud-runtime squashfuse)")
+    work = tmp_path_factory.mktemp("cpu-sif")
+    out, report = work / "cpu-x86_64.sif", work / "report.json"
+    proc = run_build_env("sif", "--target", "cpu-x86_64", "--matrix", str(FIXTURE),
+                         "--output", str(out), "--report", str(report), timeout=1800,
+                         env=docker_context(docker_host, work / "docker-config"))
+    if proc.returncode != 0:
+        pytest.fail(f"build-env sif of the CPU fixture failed (exit {proc.returncode}):\n"
+                    f"{proc.stderr[-3000:]}{proc.stdout[-2000:]}")
+    return {"path": out, "report": json.loads(report.read_text())}

@@ -13,12 +13,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, run_build_env
+from tests.support import shared_image
 
 
 @pytest.fixture(scope="session")
-def gate_base(debian_base: str, ca_bundle: Path, tmp_path_factory: pytest.TempPathFactory
-              ) -> str:
+def gate_base(debian_base: str, ca_bundle: Path, docker_host: str, pytestconfig: pytest.Config,
+              tmp_path_factory: pytest.TempPathFactory) -> str:
     workdir = tmp_path_factory.mktemp("gate-base")
+    # in a whole run, the image another group built (tests/support/shared_image.py)
+    print(f"CPU fixture image: {shared_image.receive(pytestconfig, 'cpu-x86_64', docker_host)}")
     proc = run_build_env("--target", "cpu-x86_64", "--matrix",
                          str(REPO / "tests" / "fixtures" / "cpu.yaml"), "--ca-bundle",
                          str(ca_bundle), "--workdir", str(workdir), "--keep-candidate")

@@ -12,23 +12,19 @@ from pathlib import Path
 import pytest
 
 from builder.sif import format as sif_format
-from tests.conftest import FIXTURE, run_build_env
+from tests.conftest import run_build_env
 from tests.sif.conftest import need_tools
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
-def test_cpu_image_to_sif_runs_its_selftest(cpu_image: dict, tmp_path: Path,
-                                           docker_context_env: dict[str, str]) -> None:
-    """Through a docker context (DOCKER_HOST empty), as a login node driving a build node: the
-    export the SIF streams from comes from the context's engine."""
+def test_cpu_image_to_sif_runs_its_selftest(cpu_image: dict, cpu_sif: dict, tmp_path: Path
+                                           ) -> None:
+    """``cpu_sif`` (tests/conftest.py) converted it through a docker context (DOCKER_HOST
+    empty), as a login node driving a build node: the export the SIF streams from comes from the
+    context's engine."""
     need_tools("mksquashfs", "unsquashfs", "siftool", "ch-run")
-    out = tmp_path / "cpu-x86_64.sif"
-    proc = run_build_env("sif", "--target", "cpu-x86_64", "--matrix", str(FIXTURE),
-                         "--output", str(out), "--report", str(tmp_path / "report.json"),
-                         timeout=1800, env=docker_context_env)
-    assert proc.returncode == 0, proc.stderr + proc.stdout
-    report = json.loads((tmp_path / "report.json").read_text())
+    out, report = cpu_sif["path"], cpu_sif["report"]
     assert report["image_id"] == cpu_image["image_id"] and report["backend"] == "native"
     v = report["verification"]
     assert v["overall"] == "pass", v["checks"]

@@ -11,19 +11,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURE, run_build_env
-from tests.sif.conftest import need_tools
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def cpu_sif(cpu_image: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    need_tools("mksquashfs", "ch-run", "squashfuse")
-    out = tmp_path_factory.mktemp("sif") / "cpu-x86_64.sif"
-    proc = run_build_env("sif", "--target", "cpu-x86_64", "--matrix", str(FIXTURE),
-                         "--output", str(out), "--no-run", timeout=1800)  # the check runs it
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+def job_sif(cpu_sif: dict) -> Path:
+    """The session's SIF of the fixture image (``build-env sif``, tests/conftest.py)."""
+    return Path(cpu_sif["path"])
 
 
 def slurm(sif: Path, tiny: dict, out: Path, *extra: str) -> tuple[int, str]:
@@ -34,12 +29,12 @@ def slurm(sif: Path, tiny: dict, out: Path, *extra: str) -> tuple[int, str]:
     return proc.returncode, proc.stderr
 
 
-def test_the_jobs_sif_passes_and_the_script_is_written(cpu_sif: Path, tiny: dict,
+def test_the_jobs_sif_passes_and_the_script_is_written(job_sif: Path, tiny: dict,
                                                        tmp_path: Path) -> None:
     out = tmp_path / "job.sh"
-    code, err = slurm(cpu_sif, tiny, out)
+    code, err = slurm(job_sif, tiny, out)
     assert code == 0, err[-3000:]
-    assert f"train check of {cpu_sif} (ch-run): pass (level config" in err, err[-3000:]
+    assert f"train check of {job_sif} (ch-run): pass (level config" in err, err[-3000:]
     assert "pass   validate: " in err and "All configuration checks passed" in err
     assert "stop   gpu" in err
     assert out.is_file() and "verl.trainer.main_ppo" in out.read_text()
@@ -47,12 +42,12 @@ def test_the_jobs_sif_passes_and_the_script_is_written(cpu_sif: Path, tiny: dict
     assert "/tmp/verl-env-train-check-" not in err
 
 
-def test_a_rejected_override_writes_nothing(cpu_sif: Path, tiny: dict, tmp_path: Path) -> None:
+def test_a_rejected_override_writes_nothing(job_sif: Path, tiny: dict, tmp_path: Path) -> None:
     out = tmp_path / "job.sh"
-    code, err = slurm(cpu_sif, tiny, out, "--override",
+    code, err = slurm(job_sif, tiny, out, "--override",
                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null")
     assert code == 1, err[-3000:]
-    assert f"train check of {cpu_sif} (ch-run): rejected" in err
+    assert f"train check of {job_sif} (ch-run): rejected" in err
     assert "verl: [actor] Please set at least one of 'actor.ppo_micro_batch_size'" in err
     assert "fix:  --override actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=" in err
     assert "no script written" in err and not out.exists()
