@@ -10,8 +10,10 @@
   lock and then reuses the verified image; the content tag names one image.
 
 The killed and the full engines are private dockerds (tests/support/dockerd.py) on the session's
-cached debootstrap base (``docker import`` only); builds are the CPU fixture target's. The two runs
-at once use the session's engine, where the fixture is already built (a cached build).
+cached debootstrap base (``docker load`` only); their builds are the CPU fixture's base, tools and
+torch layer (``faults-x86_64``, tests/pipeline/fixtures/faults.yaml: a fault lands in a real
+700 MB install, and the build after it is that layer again, not all 125 packages). The two runs
+at once use the session's engine, where the CPU fixture itself is already built (a cached build).
 """
 
 from __future__ import annotations
@@ -41,8 +43,12 @@ from builder.errors import EngineError
 from tests.conftest import OUTSIDE, REPO, installed_build_env
 from tests.support.dockerd import Dockerd, import_debian_base, start_dockerd, unavailable_reason
 
-FIXTURE = str(REPO / "tests/fixtures/cpu.yaml")
-TARGET = "cpu-x86_64"
+# the faulted builds: the CPU fixture's base, tools and torch layer (tests/pipeline/fixtures)
+TARGET = "faults-x86_64"
+FAULTS = str(REPO / "tests/pipeline/fixtures/faults.yaml")
+# two runs at once: the CPU fixture itself, already built in the session's engine
+CPU_TARGET = "cpu-x86_64"
+CPU_FIXTURE = str(REPO / "tests/fixtures/cpu.yaml")
 TIMEOUT = 900
 
 
@@ -78,8 +84,9 @@ def _build(host: str, ca_bundle: Path, workdir: Path, *extra: str
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def _args(ca_bundle: Path, workdir: Path) -> list[str]:
-    return ["--target", TARGET, "--matrix", FIXTURE, "--ca-bundle", str(ca_bundle),
+def _args(ca_bundle: Path, workdir: Path, target: str = TARGET, matrix: str = FAULTS
+          ) -> list[str]:
+    return ["--target", target, "--matrix", matrix, "--ca-bundle", str(ca_bundle),
             "--workdir", str(workdir)]
 
 
@@ -283,7 +290,7 @@ def test_the_engine_dies_during_the_build(private: Private, ca_bundle: Path, tmp
     assert again.returncode == 0, again.stderr[-3000:]
     done = json.loads(again.stdout)
     assert done["result"] == "pass" and done["reused"] is False
-    assert done["stages"]["build"]["steps"] > 10 and done["stages"]["verify"]["overall"] == "pass"
+    assert done["stages"]["build"]["steps"] >= 9 and done["stages"]["verify"]["overall"] == "pass"
     assert client.images.get(done["tags"][0]).id == done["image_id"]
     assert _released(client) == sorted(done["tags"])
 
@@ -436,14 +443,16 @@ def test_two_builds_of_one_target_at_once(cpu_image: dict, docker_host: str, ca_
                                           tmp_path: Path) -> None:
     prefix = "verl-env-twice"  # a content tag of its own: the first run builds (cached) and gates
     args = ["--tag-prefix", prefix, "--json"]
-    first = _popen(docker_host, *_args(ca_bundle, tmp_path / "one"), *args)
-    holder = f"pid {first.pid}: build of {TARGET}"
+    first = _popen(docker_host, *_args(ca_bundle, tmp_path / "one", CPU_TARGET, CPU_FIXTURE),
+                   *args)
+    holder = f"pid {first.pid}: build of {CPU_TARGET}"
     deadline = time.monotonic() + 120
     while not any(holder in p.read_text(errors="replace")
                   for p in runlock.locks_dir().glob("*.lock")):
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1]
         time.sleep(0.1)
-    second = _popen(docker_host, *_args(ca_bundle, tmp_path / "two"), *args)
+    second = _popen(docker_host, *_args(ca_bundle, tmp_path / "two", CPU_TARGET, CPU_FIXTURE),
+                    *args)
     client = docker.DockerClient(base_url=docker_host)
     try:
         out1, err1 = first.communicate(timeout=TIMEOUT)
