@@ -152,7 +152,9 @@ class Recorder:
 def configure(config: pytest.Config) -> None:
     """Register the recorder when ``VERL_ENV_TEST_CPU`` names a directory and a cgroup can be
     made; the group is named by the last part of ``--basetemp`` (as scripts/test.sh runs them)."""
-    out = os.environ.get(CPU_ENV)
+    # a pytest that a test starts (tests/suite) measures nothing of its own: its CPU stays the
+    # group's, in the group's cgroup, and it writes no figures over the group's
+    out = os.environ.pop(CPU_ENV, None)
     if not out or hasattr(config, "workerinput"):
         return
     basetemp = config.getoption("basetemp", None)
