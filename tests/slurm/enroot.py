@@ -21,12 +21,16 @@ may: the generated job must turn the login shell off itself.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.hostenv import CACHE
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 ARCHIVES = ("enroot-src.tar.gz", "enroot-deps-src.tar.gz", "pyxis-src.tar.gz")
@@ -76,9 +80,28 @@ def _make(args: list[str], log: Path) -> None:
 
 
 def build(work: Path) -> Tools:
-    """Unpack and build enroot and pyxis under ``work``; print the timings."""
-    src, prefix = work / "src", work / "prefix"
+    """enroot and pyxis built from the snapshots once per content key (the three archives and
+    Slurm's spank.h), under the tests' cache and a lock beside it: the Slurm and the emulated
+    group of a whole run share one build. ``work`` holds the build's logs where it ran here."""
+    h = hashlib.sha256(Path("/usr/include/slurm/spank.h").read_bytes())
+    for archive in ARCHIVES:
+        h.update((vendor_dir() / archive).read_bytes())
+    home = CACHE / f"enroot-{h.hexdigest()[:12]}"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{home.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (home / ".complete").exists():
+            shutil.rmtree(home, ignore_errors=True)
+            _build(home, work)
+            (home / ".complete").write_text(home.name)
+    return Tools(home / "prefix", home / "src" / "pyxis" / "spank_pyxis.so")
+
+
+def _build(home: Path, work: Path) -> None:
+    """Unpack and build enroot and pyxis under ``home`` (logs in ``work``); print the timings."""
+    src, prefix = home / "src", home / "prefix"
     src.mkdir(parents=True)
+    work.mkdir(parents=True, exist_ok=True)
     where = vendor_dir()
     start = time.monotonic()
     subprocess.run(["tar", "-xzf", str(where / "enroot-src.tar.gz"), "-C", str(src)], check=True)
@@ -90,7 +113,6 @@ def build(work: Path) -> Tools:
     built = time.monotonic()
     _make(["-C", str(src / "pyxis"), jobs], work / "pyxis.log")
     print(f"TIMING enroot build {built - start:.1f}s, pyxis build {time.monotonic() - built:.1f}s")
-    return Tools(prefix, src / "pyxis" / "spank_pyxis.so")
 
 
 def _wrapper(tools: Tools, bindir: Path, node_dir: str) -> None:
