@@ -265,6 +265,22 @@ def registry(registry_factory: Callable[..., RegistryServer]) -> RegistryServer:
     return registry_factory()
 
 
+@pytest.fixture(scope="session")
+def cpu_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
+    """One registry for the session's pushes of the CPU fixture image, each test to its own
+    repository: the first push uploads its layers (the engine compresses 2 GB: about 80
+    CPU-seconds), a later one mounts them from that repository, as a site's registry that
+    already holds the stack does."""
+    for tool, pkg in (("docker-registry", "docker-registry"), ("htpasswd", "apache2-utils")):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed (apt-get install {pkg})")
+    server = start_registry(tmp_path_factory.mktemp("cpu-registry"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def auth_registry(registry_factory: Callable[..., RegistryServer]) -> RegistryServer:
     return registry_factory(auth=True)

@@ -255,11 +255,12 @@ def test_tampered_envelope_blob_is_refused(registry: RegistryServer, sif: Path,
 @pytest.mark.network
 @pytest.mark.slow
 def test_publish_signs_the_image_and_trust_verify_reads_the_registry(
-        cpu_image: dict, registry: RegistryServer, keypair: keys.KeyFiles,
+        cpu_image: dict, cpu_registry: RegistryServer, keypair: keys.KeyFiles,
         other_keypair: keys.KeyFiles, tmp_path: Path) -> None:
     """`build-env publish --sign-key` with the real verified CPU image: the image's referrers are
     in the registry and `trust verify HOST/REPO@digest` passes with our key, fails with
-    another."""
+    another. The registry is the session's for the CPU image (its own repository here)."""
+    registry = cpu_registry
     report_path = Path(cpu_image["stages"]["render"]["context"]).parent / "report.json"
     assert json.loads(report_path.read_text())["image_id"] == cpu_image["image_id"]
     record_path = tmp_path / "record.json"

@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.network, pyt
 
 
 def test_build_sif_and_push_in_one_run(cpu_image: dict, ca_bundle: Path, tmp_path: Path,
-                                       registry: RegistryServer) -> None:
+                                       cpu_registry: RegistryServer) -> None:
+    registry = cpu_registry  # the session's registry for the CPU image, its own repository
     for tool in ("siftool", "mksquashfs", "ch-run"):
         if not __import__("shutil").which(tool):
             pytest.skip(f"{tool} not installed")

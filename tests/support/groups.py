@@ -19,6 +19,7 @@ NEEDS: Mapping[str, tuple[str, ...]] = {
     "dockerd": ENGINE_MARKS, "docker_host": ENGINE_MARKS, "debian_base": ENGINE_MARKS,
     "cpu_image": ENGINE_MARKS, "gate_base": ENGINE_MARKS, "docker_client": ENGINE_MARKS,
     "registry": ("registry", *ENGINE_MARKS), "token_registry": ("registry", *ENGINE_MARKS),
+    "cpu_registry": ("registry", *ENGINE_MARKS), "cpu_sif": ENGINE_MARKS,
     "slurm_cluster": ("slurm",), "pyxis_cluster": ("slurm",),
     "emulation": ("emulated",), "arm64_base": ("emulated",), "arm64_image": ("emulated",),
 }
