@@ -382,8 +382,12 @@ def _build(plan: BuildPlan, engine: ContainerEngine, console: Console, report: R
     report.stages["build"] = {"seconds": round(result.seconds, 1), "steps": result.steps,
                               "cache_hits": result.cache_hits,
                               "step_times": list(result.step_times)}
+    again = ""
+    if result.retried:
+        report.stages["build"]["retried"] = result.retried
+        again = f" (built again: BuildKit broke the first attempt off: {result.retried})"
     console.stage("build", "ok", f"{result.image_id[7:19]}  {result.steps} steps, "
-                  f"{result.cache_hits} cached, {result.seconds:.1f} s")
+                  f"{result.cache_hits} cached, {result.seconds:.1f} s{again}")
 
 
 def _level(v: Verdict) -> str:

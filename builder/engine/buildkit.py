@@ -11,6 +11,7 @@ are surfaced, never swallowed. The build process is always stopped, also on SIGI
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -213,6 +214,30 @@ class PlainProgress:
         return f"{where} ({text})"
 
 
+# BuildKit's own gRPC stream to a step cut off (the step's command did not fail: that reads
+# "executor failed running ...: exit code: N" or "did not complete successfully")
+_BUILDKIT_EOF = re.compile(r"rpc error: code = (Internal|Unavailable) desc = "
+                           r"(unexpected EOF|error reading from server: EOF|transport is closing)")
+BUILD_ATTEMPTS = 2
+
+
+class _BrokenOff(Exception):
+    """The build ended with :data:`_BUILDKIT_EOF` at a step (``said``), not by the step."""
+
+    def __init__(self, why: str, said: str) -> None:
+        super().__init__(why)
+        self.said = said
+
+
+def broken_off(parser: PlainProgress) -> str | None:
+    """BuildKit's message where it broke the build off at a step, else None."""
+    for entry, message in parser.failed:
+        m = _BUILDKIT_EOF.search(message)
+        if entry is not None and m:
+            return m.group(0)
+    return None
+
+
 def _stop_group(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
     """Stop a build CLI and everything it started (its own process group): the daemon sees the
     session close and cancels the build."""
@@ -250,30 +275,52 @@ class Builds:
         BuildKit still mounts the cache mounts, e.g. uv's download cache, whose files
         ``--require-hashes`` checks); on SIGINT/SIGTERM (KeyboardInterrupt, see interrupts_raise) the
         build process group is killed, which cancels the build: nothing is tagged.
+
+        A build that BuildKit itself broke off at a step with its stream to the step cut
+        (:data:`_BUILDKIT_EOF`: Engine 20.10's BuildKit does so now and then, moby/buildkit#1983)
+        is started once more (``on_event`` hears it; the result's ``retried`` holds what BuildKit
+        said); the steps it finished come from the build cache.
         """
         cli = find_buildkit_cli()
+        cmd = [*cli.argv, "--progress=plain", "--file", str(Path(context) / "Dockerfile")]
+        if network:
+            cmd += ["--network", network]
+        if no_cache:
+            cmd.append("--no-cache")
+        wanted = platform_of(platform) if platform else None
+        if wanted and wanted != self.platforms.daemon_platform():
+            self.platforms.require_emulation(wanted, target=target)
+            cmd += ["--platform", wanted]
+        for sid, src in sorted((secrets or {}).items()):
+            if not Path(src).is_file():
+                raise EngineError(f"build secret {sid}: no such file {src}", target=target)
+            cmd.append(f"--secret=id={sid},src={Path(src).resolve()}")
+        cmd.append(str(context))
+        retried = ""
+        for attempt in range(1, BUILD_ATTEMPTS + 1):
+            try:
+                return dataclasses.replace(self._attempt(cmd, cli, target, on_event),
+                                           retried=retried)
+            except _BrokenOff as exc:
+                if attempt == BUILD_ATTEMPTS:
+                    raise EngineError(str(exc), target=target) from None
+                retried = exc.said
+                if on_event:
+                    on_event(BuildProgress(), f"BuildKit broke the build off ({exc.said}); "
+                             "building once more (the steps it finished are cached)\n")
+        raise AssertionError("unreachable")
+
+    def _attempt(self, cmd: list[str], cli: BuildKitCli, target: str,
+                 on_event: Callable[[BuildProgress, str], None] | None) -> BuildResult:
+        """One run of the build CLI; its failure raised as EngineError (or _BrokenOff)."""
         progress = BuildProgress()
         parser = PlainProgress(progress)
         log: deque[str] = deque(maxlen=2000)
         with tempfile.TemporaryDirectory(prefix="verl-env-build-") as tmp:
             iidfile = Path(tmp) / "iid"
-            cmd = [*cli.argv, "--progress=plain", "--iidfile", str(iidfile),
-                   "--file", str(Path(context) / "Dockerfile")]
-            if network:
-                cmd += ["--network", network]
-            if no_cache:
-                cmd.append("--no-cache")
-            wanted = platform_of(platform) if platform else None
-            if wanted and wanted != self.platforms.daemon_platform():
-                self.platforms.require_emulation(wanted, target=target)
-                cmd += ["--platform", wanted]
-            for sid, src in sorted((secrets or {}).items()):
-                if not Path(src).is_file():
-                    raise EngineError(f"build secret {sid}: no such file {src}", target=target)
-                cmd.append(f"--secret=id={sid},src={Path(src).resolve()}")
-            cmd.append(str(context))
             # bytes, split at "\n" only: a step's progress bars ("\r") stay inside its lines
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen([*cmd[:-1], "--iidfile", str(iidfile), cmd[-1]],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=self._cli_env(cli),
                                     start_new_session=True)
             try:
@@ -293,6 +340,9 @@ class Builds:
                 if "exec format error" in "".join(log).lower():
                     why += (f" (exec format error: a foreign-architecture binary ran without QEMU "
                             f"emulation on the engine's host; install {EMULATION_PACKAGES} there)")
+                said = broken_off(parser)
+                if said:
+                    raise _BrokenOff(why, said)
                 raise EngineError(why, target=target)
             image_id = iidfile.read_text().strip() if iidfile.is_file() else ""
         if not image_id.startswith("sha256:"):

@@ -83,6 +83,7 @@ class BuildResult:
     seconds: float
     log: str
     step_times: tuple[dict[str, Any], ...] = ()
+    retried: str = ""  # what BuildKit said when it broke off an attempt built again, else ""
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,10 @@ def test_ranks_agree_on_one_verdict(hostpy: str, st_path: Path, tmp_path: Path,
 
 def test_hung_rank_is_killed_and_reported(selftest: RunSelftest,
                                           installed: dict[str, str]) -> None:
-    r = selftest("--phases", "cpu", "--timeout", "11",
+    # the ranks' deadline is 5 s (rank_timeout's floor) and the phase's 10 s later: the phase
+    # imports torch before its ranks start, which took over 6 s at load 12 (CI 2026-12-01, with
+    # --timeout 11 the phase's own deadline came first)
+    r = selftest("--phases", "cpu", "--timeout", "15",
                  manifest=manifest_for(installed, names=("torch",)),
                  env={"VERL_ENV_SELFTEST_FAULT": "hang-rank:1"})
     c = r.check("cpu.gloo_allreduce")
