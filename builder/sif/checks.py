@@ -235,7 +235,7 @@ def squashfs_root(path: Path, offset: int, size: int, scratch: Path) -> Iterator
             try:
                 yield mnt
             finally:
-                _run(["umount", str(mnt)])
+                unmount(mnt)
                 with contextlib.suppress(OSError):
                     mnt.rmdir()
             return
@@ -251,6 +251,22 @@ def squashfs_root(path: Path, offset: int, size: int, scratch: Path) -> Iterator
         yield copy
     finally:
         copy.unlink(missing_ok=True)
+
+
+UNMOUNT_TRIES = 10  # half a second apart
+
+
+def unmount(mnt: Path) -> None:
+    """Unmount a squashfuse mount. A process the self-test left behind (a daemon still exiting)
+    can hold it busy for a moment: try again for a few seconds, then detach it lazily (it goes
+    when its last user does). Never left mounted: the scratch directory's removal would walk
+    into the image's read-only tree and fail there (ENOSYS, naming a file of the image)."""
+    for attempt in range(UNMOUNT_TRIES):
+        if _run(["umount", str(mnt)]).returncode == 0 or not os.path.ismount(mnt):
+            return
+        if attempt + 1 < UNMOUNT_TRIES:
+            time.sleep(0.5)
+    _run(["umount", "--lazy", str(mnt)])
 
 
 def _selftest_copy(scratch: Path) -> Path:
