@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
@@ -21,6 +22,7 @@ import pytest
 
 from tests.conftest import run_build_env
 from tests.core.test_source_shape import make_site, move_tag
+from tests.support import engine_space
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow, pytest.mark.heavy]
 TARGET = "cuda-shaped"
@@ -43,7 +45,19 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def built(site: Path, debian_base: str, ca_bundle: Path,
-          tmp_path_factory: pytest.TempPathFactory) -> dict:
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The fixture built and gated. When the module ends, what it built (its images and the
+    build cache: about 18 GB, CUDA torch in two stages beside uv's cache) leaves the group's
+    engine, which the later heavy modules and the other groups' disk need back."""
+    engine = engine_space.client()
+    before = engine_space.image_ids(engine)
+    try:
+        yield _build(site, ca_bundle, tmp_path_factory)
+    finally:
+        engine_space.clear(engine, before, f"{TARGET} module done")
+
+
+def _build(site: Path, ca_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     workdir = tmp_path_factory.mktemp("cuda-build")
     t0 = time.monotonic()
     proc = run_build_env("--target", TARGET, "--matrix", str(site), "--ca-bundle",

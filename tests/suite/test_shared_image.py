@@ -3,6 +3,7 @@ to the others; a failed build or a run without the share makes every group build
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,7 +33,7 @@ def test_a_failed_build_lets_the_others_build(monkeypatch: pytest.MonkeyPatch,
     shared_image.offer(_config("main"), "cpu-x86_64", "unix:///nowhere",
                        {"result": "fail", "tags": [], "content_hash": "sha256:" + "0" * 64})
     assert (tmp_path / "share" / "cpu-x86_64.failed").is_file()
-    assert not (tmp_path / "share" / "cpu-x86_64.tar").exists()
+    assert not (tmp_path / "share" / "cpu-x86_64.ready").exists()
     said = shared_image.receive(_config("slurm"), "cpu-x86_64", "unix:///nowhere")
     assert said == "built here (the main group's build failed)"
 
@@ -42,3 +43,20 @@ def test_a_receiver_never_offers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     monkeypatch.setenv(shared_image.BUILDER_ENV, "main")
     shared_image.offer(_config("heavy"), "cpu-x86_64", "unix:///nowhere", {"result": "pass"})
     assert not (tmp_path / "share").exists()
+
+
+def test_a_passed_build_names_its_engine_and_content_tag(monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    monkeypatch.setenv(shared_image.SHARE_ENV, str(tmp_path / "share"))
+    monkeypatch.setenv(shared_image.BUILDER_ENV, "main")
+    content = "sha256:" + "ab12" * 16
+    shared_image.offer(_config("main"), "cpu-x86_64", "unix:///nowhere/docker.sock",
+                       {"result": "pass", "content_hash": content,
+                        "tags": ["verl-env:cpu-x86_64-" + content[7:19], "verl-env:cpu-x86_64"]})
+    ready = tmp_path / "share" / "cpu-x86_64.ready"
+    assert json.loads(ready.read_text()) == {"host": "unix:///nowhere/docker.sock",
+                                             "tag": "verl-env:cpu-x86_64-" + content[7:19]}
+    assert sorted(p.name for p in ready.parent.iterdir()) == ["cpu-x86_64.ready"]  # no .part
+    # a builder's engine that cannot send the image (gone with its group): this group builds
+    said = shared_image.receive(_config("slurm"), "cpu-x86_64", "unix:///nowhere/mine.sock")
+    assert said.startswith("built here (the main group's engine could not send it: "), said

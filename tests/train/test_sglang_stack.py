@@ -20,12 +20,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import docker
 import pytest
 
 from builder.matrix.spec import load_matrix
 from builder.selftest.phases import allowpath
 from tests.conftest import run_build_env
+from tests.support import engine_space
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow, pytest.mark.heavy]
 REPO = Path(__file__).resolve().parents[2]
@@ -42,25 +42,14 @@ def built(debian_base: str, ca_bundle: Path, tmp_path_factory: pytest.TempPathFa
     build cache: about 20 GB in a whole run, which the machine's other groups need too); only
     the debootstrap base stays. The heavy group's modules after this one (tests/vendor) build
     their own images from that base."""
-    # pruning 20-odd GB of build cache outlasts the SDK's default 60 s on a loaded machine
-    client = docker.from_env(timeout=900)
-    base_id = client.images.get(debian_base).id
-    for image in client.images.list():
-        if image.id != base_id:
-            try:
-                client.images.remove(image.id, force=True)
-            except docker.errors.NotFound:
-                pass  # went with an image removed before it
-    freed = client.api.prune_builds(all=True).get("SpaceReclaimed", 0)
-    print(f"engine cleared before the SGLang build ({freed / 1e9:.1f} GB of build cache)")
+    engine = engine_space.client()
+    base = {engine.images.get(debian_base).id}
+    engine_space.clear(engine, base, "engine cleared before the SGLang build")
     report = _build(debian_base, ca_bundle, tmp_path_factory)
     try:
         yield report
     finally:
-        for tag in report.get("tags") or []:
-            client.images.remove(tag, force=True)
-        freed = client.api.prune_builds(all=True).get("SpaceReclaimed", 0)
-        print(f"{TARGET}: image removed, build cache pruned ({freed / 1e9:.1f} GB)")
+        engine_space.clear(engine, base, f"{TARGET} built and checked")
 
 
 def _build(debian_base: str, ca_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
