@@ -2,12 +2,17 @@
 # Does this machine hold what a whole `scripts/test.sh` run writes? One line either way; exit 0
 # when it does, 3 when a filesystem is short (test.sh then stops before it starts anything).
 #
-# What a whole run writes, in GB (docs/testing.md): the groups' engines under /var/tmp
-# (data roots, ~22) with the wheel and its venvs (~1), and the pytest temporary directories
-# under /tmp (~9). Directories on one filesystem add up. VERL_ENV_TEST_DISK_GB=N: the need of
-# each filesystem instead; 0 turns the check off.
+# What a whole run writes, in GB, at its peak (measured 2026-12-01, docs/testing.md: 42.3 GB in
+# all, with the heavy group building the SGLang stack): the groups' engines under /var/tmp (data
+# roots, 32 at that minute, the SGLang stack's 21 of it) with the tests' wheel cache and the
+# wheel's venvs (~2), the pytest temporary directories under /tmp (~3), and the tests' caches
+# (uv, the debootstrap bases, enroot, the host venvs: ~5) under XDG_CACHE_HOME (~/.cache), each
+# with a little headroom. Directories on one filesystem add up. VERL_ENV_TEST_DISK_GB=N: the
+# need of each filesystem instead; 0 turns the check off.
 set -uo pipefail
-declare -A disk_need=([/var/tmp]=24 [/tmp]=11)
+cache=${XDG_CACHE_HOME:-$HOME/.cache}
+[ -d "$cache" ] || cache=$HOME  # a fresh machine: the run makes it
+declare -A disk_need=([/var/tmp]=36 [/tmp]=4 ["$cache"]=5)
 [ "${VERL_ENV_TEST_DISK_GB:-}" = 0 ] && exit 0
 declare -A need=() avail=() names=()
 short="" ok=""
