@@ -61,8 +61,10 @@ def render(groups: list[tuple[str, str]], head: str, cpu_dir: Path | None = None
     body = [BEGIN, "", f"Written by the whole run of {when} at {head}; each group's 15 slowest",
             "tests as pytest timed them (wall seconds, all groups running side by side).", ""]
     if cpu_dir is not None:
-        body[-1:-1] = ["Below each, the group's CPU and its 15 costliest tests by CPU seconds "
-                       "(its own cgroup: the same on a quiet or a loaded machine)."]
+        body[-1:-1] = ["Below each, the group's CPU and its 15 costliest tests by CPU seconds",
+                       "(its own cgroup: no other group's work is in it, though on a loaded "
+                       "machine the same work",
+                       "takes more CPU-seconds than on a quiet one)."]
     for name, text in groups:
         body += group_section(name, text) + cpu_section(name, cpu_dir)
     return "\n".join([*body, END])
