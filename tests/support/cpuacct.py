@@ -96,9 +96,10 @@ def leave(cg: Cgroup, home: str) -> None:
         (cg.root / home.lstrip("/") / "cgroup.procs").write_text(str(os.getpid()))
     except OSError:
         return
-    # under v1 dockerd's runc made the same path in every hierarchy, not only cpuacct's
+    # under v1 dockerd's runc made the same path in every hierarchy, not only cpuacct's, and in
+    # the unified (v2) one of a hybrid host too
     roots = [cg.root] if cg.v2 else [Path(f.split()[1]) for f in Path("/proc/mounts").read_text(
-        ).splitlines() if f.split()[2:3] == ["cgroup"]]
+        ).splitlines() if f.split()[2:3] in (["cgroup"], ["cgroup2"])]
     for root in roots:
         top = root / cg.rel.lstrip("/")
         below = sorted((p for p in top.rglob("*") if p.is_dir()), reverse=True)
