@@ -3,8 +3,8 @@
 In a whole CI run (2026-12-01) the first ``umount`` found the mount busy, the mount stayed, and
 the scratch directory's removal walked into the image's read-only tree: ``sif: .exec: Function
 not implemented`` (ENOSYS from the FUSE file system, naming the image's ``/.exec`` symlink).
-``umount`` is a stand-in here (how long a mount stays busy is not something to ask for); the
-real mount and unmount run in tests/sif/test_cpu_sif.py."""
+The first three use a stand-in ``umount`` (how long a mount stays busy is not something to ask
+a real one for); the last holds a real squashfuse mount busy with an open file."""
 
 from __future__ import annotations
 
