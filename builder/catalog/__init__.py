@@ -49,6 +49,9 @@ class Distribution:
     archs: Archs | None = None
     abi: Mapping[str, Any] = field(default_factory=dict)  # loader rules (the self-test's model)
     notes: str = ""
+    # what the gate runs of it in the image: check name -> {"code": Python that raises when the
+    # package misbehaves, "pass": the reason recorded when it does not}
+    checks: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     imported: bool = False  # the entry names its ``import``: the gate imports it when pinned
     # ``locked: true``: imported wherever the target's lock installs it, pinned or not (the
     # packages verl's extras declare: builder.resolve.extras)
@@ -138,6 +141,12 @@ class Catalog:
         d = self.distributions.get(name)
         return d is not None and d.when_locked
 
+    def checks(self, names: Iterable[str]) -> dict[str, dict[str, dict[str, str]]]:
+        """The gate's checks of the distributions ``names`` that have any, as the image
+        manifest's ``checks`` section (distribution -> check name -> code and pass reason)."""
+        return {n: {c: dict(v) for c, v in sorted(d.checks.items())}
+                for n in sorted(set(names)) if (d := self.get(n)) is not None and d.checks}
+
     def prominent(self) -> frozenset[str]:
         """The distributions an SBOM summary shows first."""
         return frozenset(n for n, d in self.distributions.items() if d.sbom == "prominent")
@@ -188,7 +197,20 @@ def _schema() -> dict[str, Any]:
 def _read(path: Path) -> dict[str, Any]:
     doc = yamldoc.read(path, "catalogue", CatalogError)
     yamldoc.validate(doc, _schema(), CatalogError)
+    _compile_checks(doc)
     return doc.data
+
+
+def _compile_checks(doc: yamldoc.Doc) -> None:
+    """A gate check's code must at least be Python: refused with the file, not in an image."""
+    for name, e in doc.data.get("distributions", {}).items():
+        for check, entry in e.get("checks", {}).items():
+            key = f"distributions.{name}.checks.{check}.code"
+            try:
+                compile(entry["code"], f"<catalogue {name}.{check}>", "exec")
+            except SyntaxError as err:
+                raise CatalogError(f"not Python: {err.msg} (line {err.lineno} of the code)",
+                                   file=doc.file, line=doc.line(key), key=key) from None
 
 
 def _merge(base: dict[str, Any], site: dict[str, Any]) -> dict[str, Any]:
@@ -212,6 +234,8 @@ def _distribution(name: str, e: dict[str, Any]) -> Distribution:
         sbom=e.get("sbom", "normal"), block=e.get("block"),
         extensions=tuple(tuple(x) for x in e.get("extensions", ())), archs=archs,
         abi=MappingProxyType(dict(e.get("abi", {}))), notes=e.get("notes", ""),
+        checks=MappingProxyType({k: MappingProxyType(dict(v))
+                                 for k, v in e.get("checks", {}).items()}),
         imported="import" in e, when_locked=bool(e.get("locked", False)) and "import" in e)
 
 

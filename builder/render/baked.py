@@ -42,6 +42,7 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
                     if n not in imports and cat.imported_when_locked(n)})
     extensions = {n: [list(c) for c in d.extensions] for n in imports
                   if (d := cat.get(n)) is not None and d.extensions}
+    checks = cat.checks(imports)
     loader = cat.abi_loader({*pins, *provided, *installed})
     return {
         "schema": MANIFEST_SCHEMA, "target": target.name, "accelerator": target.accelerator,
@@ -49,6 +50,8 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
         "pins": dict(sorted(pins.items())), "provided": dict(sorted(provided.items())),
         "imports": dict(sorted(imports.items())),
         **({"extensions": dict(sorted(extensions.items()))} if extensions else {}),
+        # what the gate runs of each imported package (the catalogue's checks)
+        **({"checks": checks} if checks else {}),
         "source_builds": sorted(p.name for p in target.enabled_packages if p.build == "source"),
         "gpus": list(target.gpus),
         **({"coverage_allow": dict(target.coverage_allow)} if target.coverage_allow else {}),

@@ -53,7 +53,21 @@ def parse_manifest(data: Any, path: str = "manifest.json") -> dict[str, Any]:
     for key, what in (("coverage_allow", "library globs"), ("abi_allow", "shared-object globs"),
                       ("record_shared", "path globs")):
         out[key] = _allowances(data.get(key), key, what, path)
+    out["checks"] = _checks(data.get("checks"), path)
     return out
+
+
+def _checks(raw: Any, path: str) -> dict[str, dict[str, dict[str, str]]]:
+    """The catalogue's checks (``{DIST: {NAME: {"code": ..., "pass": ...}}}``)."""
+    checks = raw or {}
+    if not (isinstance(checks, dict) and all(
+            isinstance(d, str) and isinstance(c, dict) and all(
+                isinstance(n, str) and isinstance(e, dict)
+                and all(isinstance(e.get(k), str) for k in ("code", "pass"))
+                for n, e in c.items()) for d, c in checks.items())):
+        raise ManifestError(f"{path}: 'checks' must map distributions to named checks, each "
+                            "with 'code' and 'pass' strings")
+    return checks
 
 
 def _allowances(raw: Any, key: str, what: str, path: str) -> dict[str, str]:

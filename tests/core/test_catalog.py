@@ -31,8 +31,8 @@ def test_unknown_key_names_file_line_key(tmp_path: Path) -> None:
     with pytest.raises(CatalogError) as err:
         catalog.load(site)
     assert str(err.value) == (f"{site / 'catalog.yaml'}:5: distributions.foo.colour: unknown key "
-                              "'colour' (allowed: abi, archs, block, extensions, import, locked, "
-                              "native, notes, sbom)")
+                              "'colour' (allowed: abi, archs, block, checks, extensions, import, "
+                              "locked, native, notes, sbom)")
 
 
 def test_wrong_type_names_file_line_key(tmp_path: Path) -> None:

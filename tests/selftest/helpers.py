@@ -37,7 +37,9 @@ def manifest_for(installed: dict[str, str], accelerator: str = "cpu",
             "pins": pins, "provided": {}, "imports": imports,
             # as the build carries them from its catalogue
             "extensions": {n: e for n, e in catalog_manifest()["extensions"].items()
-                           if n in imports}, **fields}
+                           if n in imports},
+            "checks": {n: c for n, c in catalog_manifest()["checks"].items() if n in imports},
+            **fields}
 
 
 @dataclass
@@ -66,11 +68,12 @@ class Result:
 
 def catalog_manifest() -> dict[str, Any]:
     """The manifest sections the build carries from its catalogue for every catalogued
-    distribution: ``abi_loader`` (what packages load themselves) and ``extensions``."""
+    distribution: ``abi_loader`` (what packages load themselves), ``extensions`` and
+    ``checks``."""
     from builder import catalog
 
     cat = catalog.shipped()
-    return {"abi_loader": cat.abi_loader(),
+    return {"abi_loader": cat.abi_loader(), "checks": cat.checks(cat.distributions),
             "extensions": {n: [list(c) for c in d.extensions]
                            for n, d in cat.distributions.items() if d.extensions}}
 

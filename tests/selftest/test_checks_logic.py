@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from builder.selftest.phases import cpu, gpu, imports, rayphase, versions
+from builder.selftest.phases import gpu, imports, rayphase, versions
 from builder.selftest.manifest import resolve_expectation
 from .helpers import catalog_manifest
 from builder.selftest.launch.ranks import SpawnResult, decide_allreduce, human_bytes
@@ -88,15 +88,6 @@ class TestVersions:
     def test_version_tuple(self) -> None:
         assert versions.version_tuple("2.40.0rc1") == (2, 40, 0)
         assert versions.version_tuple("junk") == ()
-
-
-def test_membership() -> None:
-    assert cpu.decide_membership(True, False, None, "0.10.0").status == "pass"
-    wrong = cpu.decide_membership(True, True, None, "0.10.0")
-    assert wrong.status == "fail" and "wrong membership" in wrong.reason
-    old = cpu.decide_membership(None, None, "NotImplementedError: TensorDict does not support "
-                                "membership checks with the `in` keyword", "0.1.2")
-    assert old.status == "fail" and old.value == "0.1.2"
 
 
 class TestAllreduceDecision:

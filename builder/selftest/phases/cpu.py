@@ -1,5 +1,6 @@
-"""Functional CPU checks: tensordict ``"k" in td`` membership (broken on old/arm64
-fallback versions), an N-rank gloo all-reduce (FileStore rendezvous, exact result), and for
+"""Functional CPU checks: what the catalogue says to run of each package (the manifest's
+``checks``: tensordict's ``"k" in td`` membership, broken on old and arm64 fallback versions),
+an N-rank gloo all-reduce (FileStore rendezvous, exact result), and for
 each package built from source (the manifest's ``source_builds``), ``cpu.source_build.NAME``:
 its compiled modules import, were compiled for the image's architecture (the ELF machine of
 every ``.so``), and its smoke entry point (``verl_env_smoke()``, when it has one) returns True."""
@@ -12,6 +13,7 @@ import os
 import platform
 import struct
 import sys
+from collections.abc import Mapping
 
 from ..manifest import declared
 from ..phase import Run, Step, rank_timeout
@@ -23,33 +25,37 @@ GLOO_CHECK_BYTES = 4 << 20
 GLOO_BW_BYTES = 16 << 20
 
 
-def decide_membership(has_key: bool | None, has_missing: bool | None,
-                      error: str | None, version: str | None) -> Check:
-    """``"a" in td`` must be True and ``"b" in td`` False; tensordict < 0.4 raises
-    "TensorDict does not support membership checks with the `in` keyword"."""
-    cid = "cpu.tensordict_membership"
-    if error is not None:
-        return Check(cid, PHASE, FAIL, value=version, reason=error)
-    if has_key is True and has_missing is False:
-        return Check(cid, PHASE, PASS, value=version, reason='"a" in td and "b" not in td')
-    return Check(cid, PHASE, FAIL, value=version,
-                 reason=f'wrong membership: "a" in td -> {has_key}, "b" in td -> {has_missing}')
+def decide_catalogued(cid: str, error: Exception | None, passed: str,
+                      version: str | None) -> Check:
+    """A catalogued check passed when its code ran to its end; an assert's message (or the
+    exception) is the failure's reason."""
+    if error is None:
+        return Check(cid, PHASE, PASS, value=version, reason=passed)
+    text = str(error)
+    reason = text if isinstance(error, AssertionError) and text else \
+        f"{type(error).__name__}: {text}"
+    return Check(cid, PHASE, FAIL, value=version, reason=reason)
 
 
-def tensordict_step(run: Run) -> Check:
-    """Build a one-key TensorDict and test membership."""
-    try:
-        import tensordict  # type: ignore[import-not-found]
-        import torch  # type: ignore[import-not-found]
-        from tensordict import TensorDict  # type: ignore[import-not-found]
-    except Exception as e:  # noqa: BLE001
-        return decide_membership(None, None, f"import failed: {type(e).__name__}: {e}", None)
-    version = getattr(tensordict, "__version__", None)
-    try:
-        td = TensorDict({"a": torch.zeros(1)}, batch_size=[1])
-        return decide_membership("a" in td, "b" in td, None, version)
-    except Exception as e:  # noqa: BLE001 - NotImplementedError on tensordict < 0.4
-        return decide_membership(None, None, f"{type(e).__name__}: {e}", version)
+def catalogued_step(dist: str, name: str, entry: Mapping[str, str]) -> Step:
+    """``cpu.<dist>_<name>``: run the catalogue's code for ``dist`` (the manifest's ``checks``)
+    in this process, which imported the stack already."""
+    cid = f"cpu.{dist.replace('-', '_')}_{name}"
+
+    def step(run: Run) -> Check:
+        try:
+            version: str | None = importlib.metadata.version(dist)
+        except Exception:  # noqa: BLE001 - not installed: the code's import says why
+            version = None
+        error: Exception | None = None
+        try:
+            exec(compile(entry["code"], f"<catalogue {dist}.{name}>", "exec"),  # noqa: S102
+                 {"__name__": f"verl_env_check_{name}"})
+        except Exception as e:  # noqa: BLE001 - the package's failure is the verdict
+            error = e
+        return decide_catalogued(cid, error, entry["pass"], version)
+
+    return Step((cid,), step)
 
 
 def gloo_step(run: Run) -> Check:
@@ -191,10 +197,11 @@ def source_build_step(name: str) -> "Step":
 
 
 def plan(run: Run) -> list[Step]:
-    """tensordict membership when the target has tensordict; gloo when it has torch."""
-    steps = []
-    if declared(run.manifest, "tensordict"):
-        steps.append(Step(("cpu.tensordict_membership",), tensordict_step))
+    """The catalogue's checks of the target's packages (the manifest's ``checks``); gloo when
+    it has torch; each source build's."""
+    steps = [catalogued_step(dist, name, entry)
+             for dist, checks in sorted((run.manifest.get("checks") or {}).items())
+             for name, entry in sorted(checks.items())]
     if declared(run.manifest, "torch"):
         steps.append(Step(("cpu.gloo_allreduce",), gloo_step))
     for name in run.manifest.get("source_builds") or ():
