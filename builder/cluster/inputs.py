@@ -17,7 +17,7 @@ from builder.errors import SlurmError
 from builder.matrix import grammar
 from builder.matrix.families import FAMILIES
 from builder.matrix.spec import Target
-from builder.train import checker_path, shapes
+from builder.train import shapes
 
 #: The job's directory (on the shared filesystem the job is submitted from): a requeued job
 #: keeps its job id, so its next attempt finds what the last one left there.
@@ -220,6 +220,3 @@ def default_train_cmd(target: Target, family: str, inputs: Inputs,
     return " ".join(quote_keep_vars(w) for w in argv), names
 
 
-def checker_bytes() -> bytes:
-    """The in-image train checker the job writes into its directory and runs before Ray."""
-    return checker_path().read_bytes()

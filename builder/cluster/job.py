@@ -89,7 +89,7 @@ class SlurmJob:
     # trainer then stops where it needs a real GPU. Never a default.
     ray_logical_gpus: int | None = None
     # The train check the job runs in the image on the head node before Ray (builder.train's
-    # incheck.py, which build-env slurm passes in); empty: the job logs that it has none.
+    # incheck.pyz, which build-env slurm passes in); empty: the job logs that it has none.
     train_checker: bytes = b""
     ray_tmp_root: str = "/tmp"
     ray_wait_timeout: int = 300

@@ -12,7 +12,7 @@ from builder.commands import _requeue as requeue
 from builder.commands import _shared
 from builder.errors import BuildEnvError, SlurmError
 from builder.cluster.inputs import (DEFAULT_CHECKPOINT_DIR, Inputs, TrainChoice, absolute_path,
-                                    checker_bytes, default_train_cmd)
+                                    default_train_cmd)
 from builder.cluster.job import (FAMILY_NAMES, MAX_GPUS_PER_NODE, MAX_NODES, SELFTEST_PHASES,
                                  SlurmJob, image_source, job_warnings, parse_env,
                                  training_command)
@@ -23,7 +23,7 @@ from builder.sif import checks as sif_checks
 from builder.sif.format import is_sif
 from builder.matrix.spec import Target
 from builder.train import check as train_check
-from builder.train import overrides as hydra, shapes
+from builder.train import checker_bytes, overrides as hydra, shapes
 
 NAME = "slurm"
 HELP = "write an sbatch script"

@@ -1,6 +1,6 @@
-"""The train check's host side: run ``incheck.py`` in a container of the image through the
-engine (no network, no GPUs) with the model and data it needs, and read its verdict back; or
-from a local SIF through apptainer, singularity or ch-run (:func:`run_check_sif`).
+"""The train check's host side: run the checker (``incheck.pyz``) in a container of the image
+through the engine (no network, no GPUs) with the model and data it needs, and read its verdict
+back; or from a local SIF through apptainer, singularity or ch-run (:func:`run_check_sif`).
 
 The engine API copies files into the container (it may be remote: nothing of this machine is
 bind-mounted), so the model directory's small files (config, tokenizer, chat template: what the
@@ -22,10 +22,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from builder.engine import ContainerEngine
 from builder.errors import BuildEnvError, InfraError, SifError
+from builder.train import CHECKER_NAME, checker_bytes
 from builder.train import overrides as hydra
 from builder.train.shapes import engine_args, hydra_overrides, parse_override
 
-CHECKER = Path(__file__).resolve().parent / "incheck.py"
 SCHEMA = "verl-env/train-check/v1"
 IN_DIR, OUT_DIR = "/verl-env-train-check", "/verl-env-out"
 REPORT = f"{OUT_DIR}/train-check.json"
@@ -42,7 +42,7 @@ def launch(checker: str) -> list[str]:
             f'exit 3; }}; exec "$PY" {checker} "$@"', "verl-env-train-check"]
 
 
-ENTRYPOINT = launch(f"{IN_DIR}/incheck.py")
+ENTRYPOINT = launch(f"{IN_DIR}/{CHECKER_NAME}")
 STATUS_EXIT = {"pass": 0, "rejected": 1, "error": 3}
 
 
@@ -128,7 +128,7 @@ def run_check(engine: ContainerEngine, image: str, argv: Sequence[str], *, nnode
     """Run the checker on the trainer ``argv`` in a container of ``image``. Never raises for
     a rejected command; InfraError when the checker could not run (exit 3)."""
     files = inputs(argv)
-    files[f"{IN_DIR}/incheck.py"] = CHECKER.read_bytes()
+    files[f"{IN_DIR}/{CHECKER_NAME}"] = checker_bytes()
     command = ["--nnodes", str(nnodes), "--gpus-per-node", str(gpus_per_node),
                "--json", REPORT, *engine_args(), "--", *hydra_overrides(argv)]
     result = engine.run(image, command, entrypoint=ENTRYPOINT, timeout=timeout, network="none",
@@ -203,8 +203,8 @@ def run_check_sif(sif: Path, argv: Sequence[str], *, nnodes: int, gpus_per_node:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
             dest.chmod(0o444)
-        checker, report = scratch / "incheck.py", scratch / "out" / "train-check.json"
-        checker.write_bytes(CHECKER.read_bytes())
+        checker, report = scratch / CHECKER_NAME, scratch / "out" / "train-check.json"
+        checker.write_bytes(checker_bytes())
         (scratch / "out").mkdir()
         (scratch / "home").mkdir()
         model = model_path(argv)

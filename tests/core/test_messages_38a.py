@@ -88,9 +88,9 @@ def test_train_check_doc_says_the_cpu_fixture_passes_the_trainer_stage() -> None
     doc = (REPO / "docs" / "train-check.md").read_text()
     flat = " ".join(doc.split())
     assert "rejected at the `trainer` stage" not in flat
-    # the words the checker itself gives a cpu image (builder/train/incheck.py)
+    # the words the checker itself gives a cpu image (builder/train/incheck/stages.py)
     said = re.search(r"not installed \((a cpu image has no rollout engine)\)",
-                     (REPO / "builder" / "train" / "incheck.py").read_text())
+                     (REPO / "builder" / "train" / "incheck" / "stages.py").read_text())
     assert said and said.group(1) in flat
     assert "passes** the `trainer` stage" in flat
 

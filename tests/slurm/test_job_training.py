@@ -16,7 +16,7 @@ import pytest
 from builder.cli import main
 from builder.errors import SlurmError
 from builder.cluster.render import render_sbatch
-from builder.train import checker_path
+from builder.train import checker_bytes
 from tests.slurm.test_job_admin import _function
 from tests.slurm.test_render import ORAS, job_for
 
@@ -34,7 +34,7 @@ def test_default_command_is_the_train_data_for_the_target(capsys: pytest.Capture
     assert main(CUDA) == 0
     text = capsys.readouterr().out
     payload = re.search(r"<<'VERL_ENV_CHECKER'\n(.*?)\nVERL_ENV_CHECKER", text, re.S)
-    assert payload and base64.b64decode(payload.group(1)) == checker_path().read_bytes()
+    assert payload and base64.b64decode(payload.group(1)) == checker_bytes()
     cmd = _cmd(text)
     assert cmd[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
     for word in ("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=vllm",
@@ -72,13 +72,13 @@ def test_rocm_target_gets_its_rollout_and_family_overrides(capsys: pytest.Captur
 def test_train_check_runs_in_the_image_before_ray() -> None:
     text = render_sbatch(job_for("cuda", train_cmd="python3 -m verl.trainer.main_ppo "
                                  "trainer.nnodes=2 trainer.n_gpus_per_node=8 x.y=1",
-                                 train_checker=checker_path().read_bytes()))
+                                 train_checker=checker_bytes()))
     services = _function(text, "stage_services")
     assert services.index("train_check") < services.index("start_ray")
     check = _function(text, "train_check")
-    assert '"$VERL_ENV_JOB_DIR/incheck.py" --nnodes' in check and '--json "$out"' in check
+    assert '"$VERL_ENV_JOB_DIR/incheck.pyz" --nnodes' in check and '--json "$out"' in check
     payload = re.search(r"<<'VERL_ENV_CHECKER'\n(.*?)\nVERL_ENV_CHECKER", text, re.S)
-    assert payload and base64.b64decode(payload.group(1)) == checker_path().read_bytes()
+    assert payload and base64.b64decode(payload.group(1)) == checker_bytes()
     assert 'TRAIN_OVERRIDES=("trainer.nnodes=2" "trainer.n_gpus_per_node=8" "x.y=1")' in text
     assert "traincheck) echo 15" in text
     other = render_sbatch(job_for("cuda", train_cmd="python3 my_trainer.py"))
@@ -139,7 +139,7 @@ def test_train_check_result_is_the_jobs(rc: int, expected: str, tmp_path: Path) 
     code = (f"VERL_ENV_JOB_DIR={tmp_path}\nTRAIN_MAIN_PPO=1\nTRAIN_NNODES=1\n"
             "TRAIN_GPUS_PER_NODE=8\nTRAIN_OVERRIDES=(a=1)\nHEAD=node1\nSTAGE=services\n"
             "log() { echo \"$*\"; }\nfail() { echo \"FAIL($STAGE) $*\"; exit 1; }\n"
-            "cstep() { case $* in *incheck.py*) return " + str(rc) + " ;; "
+            "cstep() { case $* in *incheck.pyz*) return " + str(rc) + " ;; "
             f"*) printf '{lines}\\n' ;; esac; }}\n"
             + _function(text, "train_check") + "\ntrain_check\necho \"after $STAGE\"")
     code = code.replace('"$VERL_ENV_JOB_DIR/train-check.json"', '"/j/train-check.json"')
@@ -147,7 +147,7 @@ def test_train_check_result_is_the_jobs(rc: int, expected: str, tmp_path: Path) 
                           env={"PATH": os.environ["PATH"]})
     assert expected in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert (proc.returncode == 0) == (rc != 1)
-    assert (tmp_path / "incheck.py").read_text() == "print('checker')\n"
+    assert (tmp_path / "incheck.pyz").read_text() == "print('checker')\n"
     if rc != 1:
         assert "after services" in proc.stdout
 

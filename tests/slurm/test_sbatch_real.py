@@ -30,12 +30,13 @@ from pathlib import Path
 
 import pytest
 
-from builder.cluster.inputs import Inputs, TrainChoice, checker_bytes, default_train_cmd
+from builder.cluster.inputs import Inputs, TrainChoice, default_train_cmd
 from builder.cluster.job import SlurmJob
 from builder.cluster.ports import RayPorts
 from builder.cluster.requeue import Resilience
 from builder.cluster.render import write_sbatch
 from builder.matrix.spec import load_matrix
+from builder.train import checker_bytes
 from tests.conftest import FIXTURE, run_build_env
 from tests.slurm.conftest import SlurmCluster, free_port_block, processes_mentioning
 

@@ -1,6 +1,6 @@
 """Fixtures for the train check's tests: host venvs with the real verl 0.9.1
 (tests/support/verl_hostenv.py), the tiny model and data (tests/support/tiny_verl.py) made once
-per session, and a runner of the checker (builder/train/incheck.py) with a given python."""
+per session, and a runner of the checker (the zip application of builder/train/incheck) with a given python."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import pytest
 
-from builder.train import checker_path, default_command
+from builder.train import CHECKER_NAME, checker_bytes, default_command
 
 TINY = Path(__file__).resolve().parents[1] / "support" / "tiny_verl.py"
 
@@ -103,7 +103,9 @@ def run_checker(tmp_path: Path, cpu_manifest: Path) -> RunChecker:
     def run(python: str, overrides: list[str], *, nnodes: int = 1, gpus_per_node: int = 2,
             manifest: Path | None = cpu_manifest, engines: dict[str, str] | None = None
             ) -> Checked:
-        cmd = [python, str(checker_path()), "--nnodes", str(nnodes), "--gpus-per-node",
+        app = tmp_path / CHECKER_NAME
+        app.write_bytes(checker_bytes())
+        cmd = [python, str(app), "--nnodes", str(nnodes), "--gpus-per-node",
                str(gpus_per_node)]
         for name, module in (engines or {}).items():
             cmd += ["--engine", f"{name}={module}"]

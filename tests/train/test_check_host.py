@@ -14,7 +14,7 @@ from builder.cli import main
 from builder.engine import ContainerEngine
 from builder.engine.results import RunResult
 from builder.errors import InfraError
-from builder.train import check, checker_path
+from builder.train import CHECKER_NAME, check, checker_bytes
 from builder.train.shapes import engine_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def test_run_check_sends_the_checker_and_reads_its_verdict(inputs: dict[str, Pat
     result = check.run_check(engine, "img", argv(inputs), nnodes=2, gpus_per_node=4)
     call = engine.calls[0]
     assert call["network"] == "none" and call.get("gpus") is None
-    assert call["files"][f"{check.IN_DIR}/incheck.py"] == checker_path().read_bytes()
+    assert call["files"][f"{check.IN_DIR}/{CHECKER_NAME}"] == checker_bytes()
     assert call["command"][:6] == ["--nnodes", "2", "--gpus-per-node", "4", "--json",
                                    check.REPORT]
     # the rollout engines' modules, from the host's catalogue (the checker cannot read it)

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from builder.train import default_command, shapes
-from tests.train.test_incheck_rules import incheck
+from builder.train.incheck import main as cli
+from builder.train.incheck import rules, stages
 
 PATHS = {"model": "/m", "train_files": "/d/train.parquet", "val_files": "/d/test.parquet"}
 
@@ -47,8 +48,8 @@ def apply(cfg: Node, fix: str) -> None:
 
 
 def cluster(cfg: Node, nnodes: int, gpus: int, rows: int) -> dict[str, Any]:
-    args = incheck.Args(nnodes=nnodes, gpus_per_node=gpus)
-    check = incheck.Check(args, incheck.Tee(io.StringIO()), "/nonexistent")
+    args = cli.Args(nnodes=nnodes, gpus_per_node=gpus)
+    check = stages.Check(args, stages.Tee(io.StringIO()), "/nonexistent")
     check.cfg, check.rows_count = cfg, {"train": rows}
     return check.cluster()
 
@@ -69,7 +70,7 @@ def test_the_rows_fix_passes_the_same_check(nnodes: int, gpus: int, rows: int,
                                             algorithm: str) -> None:
     cfg = config(default_command("0.9.1", rollout="vllm", nnodes=nnodes, gpus_per_node=gpus,
                                  algorithm=algorithm, **PATHS))
-    with pytest.raises(incheck.Rejected) as err:
+    with pytest.raises(rules.Rejected) as err:
         cluster(cfg, nnodes, gpus, rows)
     fix = err.value.fix
     assert fix and fix.startswith("data.train_batch_size="), fix
@@ -83,7 +84,7 @@ def test_too_few_rows_for_any_batch_says_how_many() -> None:
     """16 x 8 GPUs with GRPO's 4 responses: the smallest batch verl takes is 64 prompts."""
     cfg = config(default_command("0.9.1", rollout="vllm", nnodes=16, gpus_per_node=8,
                                  **PATHS))
-    with pytest.raises(incheck.Rejected) as err:
+    with pytest.raises(rules.Rejected) as err:
         cluster(cfg, 16, 8, 40)
     assert err.value.fix == "at least 64 train rows (this cluster shape's smallest batch)"
 
@@ -94,7 +95,7 @@ def test_the_mini_batch_fix_passes_verls_rules() -> None:
     cfg = config(default_command("0.9.1", rollout="vllm", nnodes=16, gpus_per_node=8,
                                  **PATHS))
     cfg.data.train_batch_size = 128
-    fix = incheck.fix_for("train_batch_size (128) must be >= actor.ppo_mini_batch_size (256)",
+    fix = rules.fix_for("train_batch_size (128) must be >= actor.ppo_mini_batch_size (256)",
                           cfg)
     assert fix and fix.startswith("data.train_batch_size=128 "), fix
     apply(cfg, fix)
@@ -106,7 +107,7 @@ def test_megatron_fix_counts_its_data_parallel_size() -> None:
                            layer="megatron", **PATHS)
     cfg = config(argv)
     cfg.actor_rollout_ref.actor.strategy = "megatron"  # verl's ppo_megatron_trainer says so
-    with pytest.raises(incheck.Rejected) as err:
+    with pytest.raises(rules.Rejected) as err:
         cluster(cfg, 2, 8, 30)
     apply(cfg, err.value.fix)
     assert cluster(cfg, 2, 8, 30)["train_batch_size"] <= 30

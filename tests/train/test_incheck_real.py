@@ -1,4 +1,4 @@
-"""The checker (builder/train/incheck.py) run for real with verl 0.9.1 on this host: the tiny
+"""The checker (builder/train/incheck, as its zip application) run for real with verl 0.9.1 on this host: the tiny
 model and data, verl's own hydra composition, validate_config, dataset and reward code."""
 
 from __future__ import annotations

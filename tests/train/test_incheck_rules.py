@@ -1,21 +1,23 @@
-"""The checker's pure parts (builder/train/incheck.py imports only the standard library at its
+"""The checker's pure parts (builder/train/incheck imports only the standard library at its
 top): its command line, and the rules that turn verl's messages into the override that fixes
-them. The messages are verl 0.9.1's own (verl/utils/config.py, verl/workers/config/actor.py)."""
+them. The messages are verl 0.9.1's own (verl/utils/config.py, verl/workers/config/actor.py).
+And the one file the image runs: the zip application of the package, run alone."""
 
 from __future__ import annotations
 
-import importlib.util
+import json
+import subprocess
 import sys
+import zipfile
+from io import BytesIO
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from builder.train import checker_path
-
-spec = importlib.util.spec_from_file_location("verl_env_incheck", checker_path())
-incheck = importlib.util.module_from_spec(spec)
-sys.modules.setdefault("verl_env_incheck", incheck)  # dataclasses look their module up
-spec.loader.exec_module(incheck)  # type: ignore[union-attr]
+from builder.train import CHECKER_NAME, checker_bytes
+from builder.train.incheck import main as cli
+from builder.train.incheck import rules
 
 CFG = SimpleNamespace(
     trainer=SimpleNamespace(nnodes=2, n_gpus_per_node=8),
@@ -40,11 +42,11 @@ CFG = SimpleNamespace(
      "actor_rollout_ref.rollout.name=VALUE"),
 ])
 def test_verls_messages_name_their_fix(message: str, fix: str) -> None:
-    assert incheck.fix_for(message, CFG) == fix
+    assert rules.fix_for(message, CFG) == fix
 
 
 def test_no_rule_no_fix() -> None:
-    assert incheck.fix_for("something verl never said", CFG) is None
+    assert rules.fix_for("something verl never said", CFG) is None
 
 
 def test_root_message_unwraps_hydra() -> None:
@@ -54,14 +56,39 @@ def test_root_message_unwraps_hydra() -> None:
         except AssertionError as inner:
             raise RuntimeError("Error in call to target 'FSDPActorConfig'") from inner
     except RuntimeError as outer:
-        assert incheck.root_message(outer) == "[actor] Please set at least one of ..."
+        assert rules.root_message(outer) == "[actor] Please set at least one of ..."
 
 
 def test_command_line() -> None:
-    a = incheck.parse(["--nnodes", "2", "--gpus-per-node", "8", "--", "a=1", "--b"])
+    a = cli.parse(["--nnodes", "2", "--gpus-per-node", "8", "--", "a=1", "--b"])
     assert (a.nnodes, a.gpus_per_node, a.overrides) == (2, 8, ["a=1", "--b"])
     for bad in (["--nnodes", "2"], ["--nnodes", "x", "--gpus-per-node", "1"],
                 ["--nnodes", "1", "--gpus-per-node", "1", "--what", "x"]):
         with pytest.raises(SystemExit) as err:
-            incheck.parse(bad)
+            cli.parse(bad)
         assert err.value.code == 2
+
+
+def test_the_zip_application_is_the_package_and_the_same_bytes_each_time() -> None:
+    data = checker_bytes()
+    names = zipfile.ZipFile(BytesIO(data)).namelist()
+    source = sorted(p.name for p in (Path(cli.__file__).parent).glob("*.py"))
+    assert names == ["__main__.py", *(f"verl_env_incheck/{n}" for n in source)]
+    checker_bytes.cache_clear()
+    assert checker_bytes() == data
+
+
+def test_the_zip_application_runs_alone(tmp_path: Path) -> None:
+    """A Python with no site directory and nothing of build-env on its path (-I -S): the usage
+    on a bad command line (exit 2), and "could not run" (exit 3, JSON) without verl."""
+    app = tmp_path / CHECKER_NAME
+    app.write_bytes(checker_bytes())
+    bad = subprocess.run([sys.executable, "-I", "-S", str(app), "--nnodes", "0"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert bad.returncode == 2 and "usage: incheck.pyz --nnodes N" in bad.stderr, bad.stderr
+    run = subprocess.run([sys.executable, "-I", "-S", str(app), "--nnodes", "1",
+                          "--gpus-per-node", "1", "--", "a=1"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    report = json.loads(run.stdout)
+    assert run.returncode == 3 and report["status"] == "error", run.stderr
+    assert report["error"].startswith("verl is not importable here: ")

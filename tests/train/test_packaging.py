@@ -1,4 +1,4 @@
-"""The wheel carries the train check: builder.train (shapes, the host side, incheck.py) and its
+"""The wheel carries the train check: builder.train (shapes, the host side, the incheck package) and its
 data file (verl_commands.yaml). Without them the installed build-env cannot even import its
 commands (builder/commands/train_check.py imports builder.train)."""
 
@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_wheel_lists_builder_train_and_its_data() -> None:
     tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "builder.train" in tool["packages"]
+    assert {"builder.train", "builder.train.incheck"} <= set(tool["packages"])
     data = tool["package-data"]
     shipped = [*data.get("builder.train", []), *(p.removeprefix("train/")
                                                 for p in data.get("builder", [])

@@ -1,59 +1,24 @@
-"""verl-env train check: verl's own checks of one training command, inside the image, no GPUs.
-
-    python3 incheck.py --nnodes N --gpus-per-node G [--json PATH] [--engine NAME=MODULE]...
-                       -- <main_ppo hydra overrides>
-
-Runs with the image's verl (this file is copied into the image or bound in; it imports nothing
-of build-env). It does what ``verl.trainer.main_ppo`` does before the first GPU is needed:
-
-  compose   hydra composes verl's ``ppo_trainer`` config with the overrides (as main_ppo's
-            ``@hydra.main`` does), then ``auto_set_device``
-  validate  verl's ``validate_config`` ("All configuration checks passed")
-  trainer   the modules the trainer's run imports (v1: transfer_queue and the trainer mode;
-            legacy: main_ppo_v0) and verl's rollout code for the engine (up to the GPU driver)
-  model     the model's config, tokenizer and processor from ``actor_rollout_ref.model.path``
-            (verl's HFModelConfig, as the trainer's tokenizer step)
-  train_data / val_data
-            the row count, and the first row through verl's dataset class (create_rl_dataset:
-            chat template, prompt length against data.max_prompt_length, filtering)
-  reward    the reward manager class and the score function for the row's data_source, called
-            on the row's ground truth
-  cluster   nnodes x GPUs per node against the command's trainer.nnodes x n_gpus_per_node, the
-            rollout's parallel sizes and the batch against the train rows
-  gpu       stop: worker groups, weights, the rollout engine and Ray placement need GPUs
-
-Prints one JSON document (schema verl-env/train-check/v1, level "config") on stdout; verl's own
-output goes to stderr. Exit 0 pass, 1 rejected (a stage failed: verl's message quoted, the
-override that fixes it named), 3 could not run (verl not importable, the checker broke).
-"""
+"""The stages of one check, in order: what ``verl.trainer.main_ppo`` does before the first GPU
+is needed (the list is in :mod:`.main`'s docstring)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import json
 import os
 import re
 import sys
-import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-SCHEMA = "verl-env/train-check/v1"
+from .rules import Rejected, fit_fix, fix_for, root_message, round_up
+
+if TYPE_CHECKING:
+    from .main import Args
+
 PASSED = "All configuration checks passed"
-EXIT = {"pass": 0, "rejected": 1, "error": 3}
-MANIFEST = "/opt/verl-env/manifest.json"
-
-
-class Rejected(Exception):
-    """A stage found something verl would refuse: ``message`` (verl's words), ``fix``."""
-
-    def __init__(self, message: str, fix: str | None = None, **detail: Any) -> None:
-        super().__init__(message)
-        self.message, self.fix, self.detail = message, fix, detail
 
 
 class Tee(io.TextIOBase):
@@ -69,131 +34,6 @@ class Tee(io.TextIOBase):
     def flush(self) -> None:
         self.stream.flush()
 
-
-# ---- verl's messages -> the override that fixes them ---------------------------------------
-
-def _micro(cfg: Any) -> int:
-    """A micro batch per GPU that divides this shape's per-GPU mini batch (2, else 1)."""
-    try:
-        n_gpus = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-        per_gpu = (cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-                   * cfg.actor_rollout_ref.rollout.n) // max(n_gpus, 1)
-        return 2 if per_gpu >= 2 and per_gpu % 2 == 0 else 1
-    except Exception:  # noqa: BLE001 - a suggestion only
-        return 1
-
-
-def _full(key: str) -> str:
-    """verl's short section names in messages -> the hydra key."""
-    for short, full in (("actor.", "actor_rollout_ref.actor."), ("ref.", "actor_rollout_ref.ref."),
-                        ("rollout.", "actor_rollout_ref.rollout.")):
-        if key.startswith(short):
-            return full + key[len(short):]
-    return key
-
-
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
-
-
-def _batch_rules(cfg: Any) -> tuple[int, int, int, int]:
-    """(rollout.n, the actor's data-parallel size, its micro batch per GPU, verl's minimal
-    batch) of a composed config: validate_config's and the workers' normalisation."""
-    a, n_gpus = cfg.actor_rollout_ref.actor, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    micro = int(getattr(a, "ppo_micro_batch_size_per_gpu", None) or 1)
-    n = int(cfg.actor_rollout_ref.rollout.n)
-    m = getattr(a, str(getattr(a, "strategy", "")), None)  # the model-parallel engine's section
-    if m is not None and hasattr(m, "pipeline_model_parallel_size"):
-        dp = n_gpus // max(1, int(m.tensor_model_parallel_size) * int(
-            m.pipeline_model_parallel_size) * int(getattr(m, "context_parallel_size", 1) or 1))
-        return n, max(dp, 1), micro, max(dp, 1) * micro
-    sp = int(getattr(a, "ulysses_sequence_parallel_size", 1) or 1)
-    return n, max(n_gpus // sp, 1), micro, n_gpus
-
-
-def fit_batches(cfg: Any, rows: int | None = None) -> tuple[int, int] | None:
-    """The largest (data.train_batch_size, ppo_mini_batch_size) at most the current ones (and
-    ``rows``) that verl's batch rules take: train x n a multiple of the minimal batch, the mini
-    batch dividing the train batch with mini x n / dp a positive multiple of the micro batch.
-    None when no batch that small can hold them (more rows are needed)."""
-    n, dp, micro, minimal = _batch_rules(cfg)
-    top = min(int(cfg.data.train_batch_size), rows if rows is not None else 1 << 30)
-    mini_top = int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
-    for batch in range(top, 0, -1):
-        if (batch * n) % minimal:
-            continue
-        for mini in range(min(batch, mini_top), 0, -1):
-            per = mini * n
-            if batch % mini == 0 and per % dp == 0 and (per // dp) % micro == 0:
-                return batch, mini
-    return None
-
-
-def least_batch(cfg: Any) -> int:
-    """The smallest train batch verl's batch rules take on this shape (rows needed)."""
-    n, dp, micro, minimal = _batch_rules(cfg)
-    batch = 1
-    while (batch * n) % minimal or (batch * n) % dp or ((batch * n) // dp) % micro:
-        batch += 1
-    return batch
-
-
-def _fit_fix(cfg: Any, rows: int | None = None) -> str:
-    """The batch sizes to set (both, so that the fix passes the same checks), or the rows to
-    add."""
-    try:
-        fit = fit_batches(cfg, rows)
-    except Exception:  # noqa: BLE001 - a suggestion only
-        return "a smaller data.train_batch_size, or more train rows"
-    if fit is None:
-        return f"at least {least_batch(cfg)} train rows (this cluster shape's smallest batch)"
-    return (f"data.train_batch_size={fit[0]} "
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={fit[1]}")
-
-
-FIXES: list[tuple[str, Callable[[re.Match, Any], str]]] = [
-    (r"Please set at least one of '([\w.]+?)' or '([\w.]+)'",
-     lambda m, c: f"{_full(m[2])}={_micro(c)}"),
-    (r"You have set both '([\w.]+)' AND",
-     lambda m, c: f"{_full(m[1])}=null"),
-    (r"real_train_batch_size \((\d+)\) must be divisible by minimal possible batch size \((\d+)\)",
-     lambda m, c: "data.train_batch_size="
-                  f"{_round_up(c.data.train_batch_size, int(m[2]))}"),
-    (r"train_batch_size \((\d+)\) must be >= actor.ppo_mini_batch_size \((\d+)\)",
-     lambda m, c: _fit_fix(c)),
-    (r"ppo_mini_batch_size \((\d+)\) must be divisible by ppo_micro_batch_size \((\d+)\)",
-     lambda m, c: f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={_micro(c)}"),
-    (r"Missing mandatory value: ([\w.]+)",
-     lambda m, c: f"{m[1]}=VALUE"),
-    (r"Could not override '([\w.]+)'[\s\S]*?Key '[\w.]+' is not in struct",
-     lambda m, c: f"+{m[1]}=VALUE (a key new to verl's config; check its spelling)"),
-    (r"Key '([\w.]+)' not in '\w+'",
-     lambda m, c: f"a key verl's config does not have: {m[1]} (check its spelling)"),
-]
-
-
-def fix_for(message: str, cfg: Any) -> str | None:
-    """The override that fixes ``message``, where a rule knows it."""
-    for pattern, make in FIXES:
-        m = re.search(pattern, message)
-        if m:
-            try:
-                return make(m, cfg)
-            except Exception:  # noqa: BLE001 - a suggestion only
-                return None
-    return None
-
-
-def root_message(exc: BaseException) -> str:
-    """verl's own words: the innermost cause of a hydra/omegaconf wrapper, its key kept."""
-    inner = exc
-    while inner.__cause__ is not None and inner.__cause__ is not inner:
-        inner = inner.__cause__
-    text = str(inner).strip() or type(inner).__name__
-    full_key = getattr(exc, "full_key", None) or getattr(inner, "full_key", None)
-    if full_key and full_key not in text:
-        text += f" (full_key: {full_key})"
-    return text
 
 
 # ---- the stages -------------------------------------------------------------------------------
@@ -387,7 +227,7 @@ class Check:
         if len(ds) == 0 or (length is not None and length > limit):
             raise Rejected(f"the first row's prompt is {length} tokens after the chat template, "
                            f"over data.max_prompt_length ({limit}); verl filters or refuses it",
-                           fix=f"data.max_prompt_length={_round_up(length or limit + 1, 64)}")
+                           fix=f"data.max_prompt_length={round_up(length or limit + 1, 64)}")
         row = ds[0]
         if "raw_prompt" not in row:
             raise Rejected("verl's dataset gave no raw_prompt for the first row "
@@ -448,7 +288,7 @@ class Check:
         if rows is not None and rows < batch:
             raise Rejected(f"data.train_batch_size ({batch}) is more than the {rows} train rows: "
                            "verl's dataloader drops the last partial batch, so no step runs",
-                           fix=_fit_fix(cfg, rows))
+                           fix=fit_fix(cfg, rows))
         return {"n_gpus": n_gpus, "rollout_replicas": n_gpus // infer, **sizes,
                 "train_batch_size": batch,
                 "steps_per_epoch": rows // batch if rows is not None else None}
@@ -576,117 +416,3 @@ def _prompt_tokens(ds: Any, path: str) -> int | None:
         ids = ids[0]
     return len(ids)
 
-
-USAGE = ("usage: incheck.py --nnodes N --gpus-per-node G [--json PATH] [--manifest PATH] "
-         "[--engine NAME=MODULE]... -- OVERRIDE...")
-
-
-@dataclass
-class Args:
-    """The command line (parsed by hand: an in-image program, no argparse in builder/ but the
-    command layers)."""
-
-    nnodes: int = 0
-    gpus_per_node: int = 0
-    json: str | None = None
-    manifest: str = MANIFEST
-    # rollout engines: verl's rollout.name -> the module that engine installs (the host passes
-    # its catalogue's, builder.train.shapes.engine_args; a name not given is its own module)
-    engines: dict[str, str] = field(default_factory=dict)
-    overrides: list[str] = field(default_factory=list)
-
-
-def parse(argv: list[str]) -> Args:
-    """``--nnodes N --gpus-per-node G [--json PATH] [--manifest PATH] [--engine NAME=MODULE]...
-    -- OVERRIDE...``;
-    SystemExit(2) with the usage on anything else."""
-    args, rest = Args(), list(argv)
-    if "--" in rest:
-        args.overrides, rest = rest[rest.index("--") + 1:], rest[:rest.index("--")]
-    names = {"--nnodes": "nnodes", "--gpus-per-node": "gpus_per_node", "--json": "json",
-             "--manifest": "manifest"}
-    while rest:
-        flag = rest.pop(0)
-        if flag in ("-h", "--help"):
-            print(USAGE + "\n\n" + (__doc__ or ""), file=sys.stderr)
-            raise SystemExit(0)
-        known = flag in names or flag == "--engine"
-        if not known or not rest:
-            _usage(f"{flag} needs a value" if known else f"unexpected {flag!r}")
-        if flag == "--engine":
-            name, eq, module = rest.pop(0).partition("=")
-            if not (name and eq and module):
-                _usage("--engine takes NAME=MODULE")
-            args.engines[name] = module
-            continue
-        setattr(args, names[flag], rest.pop(0))
-    try:
-        args.nnodes, args.gpus_per_node = int(args.nnodes), int(args.gpus_per_node)
-    except ValueError:
-        _usage("--nnodes and --gpus-per-node take whole numbers")
-    if args.nnodes < 1 or args.gpus_per_node < 1:
-        _usage("--nnodes and --gpus-per-node are required, each >= 1")
-    return args
-
-
-def _usage(why: str) -> None:
-    print(f"{USAGE}\nincheck.py: error: {why}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def _environment(tmp: str) -> None:
-    """Offline, and every cache in a scratch directory (the image may be read-only)."""
-    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                      TOKENIZERS_PARALLELISM="false")
-    os.environ.setdefault("HF_DATASETS_CACHE", os.path.join(tmp, "datasets"))
-    os.environ.setdefault("HF_HOME", os.path.join(tmp, "hf"))
-    os.environ.setdefault("RAY_DISABLE_IMPORT_WARNING", "1")
-
-
-def verdict(stages: list[dict[str, Any]]) -> str:
-    return "rejected" if any(s["status"] == "fail" for s in stages) else "pass"
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse(sys.argv[1:] if argv is None else argv)
-    out = sys.stdout
-    tee = Tee(sys.stderr)
-    start = time.monotonic()
-    report: dict[str, Any] = {"schema": SCHEMA, "level": "config", "nnodes": args.nnodes,
-                              "gpus_per_node": args.gpus_per_node,
-                              "overrides": list(args.overrides)}
-    with tempfile.TemporaryDirectory(prefix="verl-env-train-check-") as tmp, \
-            contextlib.redirect_stdout(tee):
-        _environment(tmp)
-        os.makedirs(os.path.join(tmp, "rows"))
-        check = Check(args, tee, os.path.join(tmp, "rows"))
-        try:
-            import verl
-
-            report["verl"] = getattr(verl, "__version__", "?")
-        except Exception as exc:  # noqa: BLE001 - nothing to check with
-            report.update(status="error", error=f"verl is not importable here: {exc}",
-                          stages=[])
-        else:
-            try:
-                check.all()
-                report.update(status=verdict(check.stages), stages=check.stages)
-                if report["status"] == "pass":
-                    check.run("gpu", check.stop)
-                    check.stages[-1]["status"] = "stop"
-            except Exception as exc:  # noqa: BLE001 - the checker itself broke
-                traceback.print_exc(file=sys.stderr)
-                report.update(status="error", error=f"the checker broke: {exc!r}",
-                              stages=check.stages)
-    report["seconds"] = round(time.monotonic() - start, 2)
-    text = json.dumps(report, indent=2, default=str)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
-    out.write(text + "\n")
-    out.flush()
-    return EXIT[report["status"]]
-
-
-if __name__ == "__main__":
-    sys.exit(main())
