@@ -39,6 +39,8 @@ def selftest_dir() -> Path:
 # on them when it holds an image whose manifest has none (built before the rules travelled in
 # the manifest, or not by verl-env).
 LOADER_RULES = "loader_rules.json"
+# and the catalogue's checks of every distribution (``checks:``), for the cpu phase likewise
+CHECKS = "catalog_checks.json"
 
 
 def selftest_files() -> list[tuple[str, bytes]]:
@@ -46,8 +48,10 @@ def selftest_files() -> list[tuple[str, bytes]]:
     root = selftest_dir()
     files = [(str(p.relative_to(root)), p.read_bytes()) for p in sorted(root.rglob("*"))
              if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
-    rules = json.dumps(catalog.shipped().abi_loader(), indent=1, sort_keys=True) + "\n"
-    return sorted([*files, (LOADER_RULES, rules.encode())])
+    cat = catalog.shipped()
+    rules = json.dumps(cat.abi_loader(), indent=1, sort_keys=True) + "\n"
+    checks = json.dumps(cat.checks(cat.distributions), indent=1, sort_keys=True) + "\n"
+    return sorted([*files, (LOADER_RULES, rules.encode()), (CHECKS, checks.encode())])
 
 
 def copy_selftest(dest: Path) -> Path:

@@ -50,8 +50,9 @@ def manifest(target: Target, matrix_hash: str, lock_hash: str,
         "pins": dict(sorted(pins.items())), "provided": dict(sorted(provided.items())),
         "imports": dict(sorted(imports.items())),
         **({"extensions": dict(sorted(extensions.items()))} if extensions else {}),
-        # what the gate runs of each imported package (the catalogue's checks)
-        **({"checks": checks} if checks else {}),
+        # what the gate runs of each imported package (the catalogue's checks; present even
+        # when empty: the self-test falls back on its payload's copy only without the key)
+        "checks": checks,
         "source_builds": sorted(p.name for p in target.enabled_packages if p.build == "source"),
         "gpus": list(target.gpus),
         **({"coverage_allow": dict(target.coverage_allow)} if target.coverage_allow else {}),

@@ -53,13 +53,14 @@ def parse_manifest(data: Any, path: str = "manifest.json") -> dict[str, Any]:
     for key, what in (("coverage_allow", "library globs"), ("abi_allow", "shared-object globs"),
                       ("record_shared", "path globs")):
         out[key] = _allowances(data.get(key), key, what, path)
-    out["checks"] = _checks(data.get("checks"), path)
+    if "checks" in data:  # absent: an image built before they travelled with it
+        out["checks"] = _checks(data["checks"], path)
     return out
 
 
 def _checks(raw: Any, path: str) -> dict[str, dict[str, dict[str, str]]]:
     """The catalogue's checks (``{DIST: {NAME: {"code": ..., "pass": ...}}}``)."""
-    checks = raw or {}
+    checks = raw
     if not (isinstance(checks, dict) and all(
             isinstance(d, str) and isinstance(c, dict) and all(
                 isinstance(n, str) and isinstance(e, dict)

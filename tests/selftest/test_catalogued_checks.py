@@ -7,13 +7,14 @@ function the check calls. The real tensordict runs it in tests/selftest/test_rea
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from pathlib import Path
 
 import pytest
 
-from builder import catalog
+from builder import catalog, shipped
 from builder.errors import CatalogError
 from builder.matrix.spec import load_matrix
 from builder.render.baked import manifest
@@ -31,7 +32,7 @@ RIGHT = "    def __contains__(self, key):\n        return key in self.d\n"
 def test_every_shipped_target_bakes_the_catalogues_check() -> None:
     entry = catalog.shipped().get("tensordict").checks["membership"]
     for t in load_matrix(REPO / "matrix.yaml").targets.values():
-        baked = manifest(t, "m", "l")
+        baked = manifest(t, "m", "l")  # "checks" always: its absence means an older image
         assert baked["checks"] == {"tensordict": {"membership": dict(entry)}}, t.name
         assert parse_manifest(baked)["checks"] == baked["checks"]
 
@@ -79,9 +80,31 @@ def test_a_package_the_image_lacks_fails_its_check(monkeypatch: pytest.MonkeyPat
         "Error: import of tensordict halted; None in sys.modules"), got.reason
 
 
-def test_no_check_runs_for_a_package_the_manifest_does_not_carry() -> None:
-    run = Run(ctx={"manifest": {"pins": {"tensordict": "0.10.0"}}, "options": {}})
-    assert [s.id for s in cpu.plan(run) if not s.id.startswith("cpu.gloo")] == []
+def test_the_manifests_checks_are_taken_as_they_are_even_empty(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A manifest with ``checks`` (even ``{}``) is all the phase runs; one without the key (an
+    image built before the checks travelled with it, or not by verl-env) gets those of the
+    catalogue's copy shipped in the self-test's payload, for the distributions it declares."""
+    payload = tmp_path / shipped.CHECKS
+    payload.write_bytes(dict(shipped.selftest_files())[shipped.CHECKS])
+    monkeypatch.setattr(cpu, "PAYLOAD_CHECKS", str(payload))
+
+    def ids(manifest: dict) -> list[str]:
+        run = Run(ctx={"manifest": manifest, "options": {}})
+        return [s.id for s in cpu.plan(run) if s.id.startswith("cpu.") and "gloo" not in s.id]
+
+    assert ids({"pins": {"tensordict": "0.10.0"}, "checks": {}}) == []
+    assert ids({"pins": {"tensordict": "0.10.0"}}) == ["cpu.tensordict_membership"]
+    assert ids({"pins": {"verl": "0.9.1"}}) == []
+    monkeypatch.setattr(cpu, "PAYLOAD_CHECKS", str(tmp_path / "none.json"))  # a source tree
+    assert ids({"pins": {"tensordict": "0.10.0"}}) == []
+
+
+def test_the_payload_carries_the_catalogues_checks() -> None:
+    files = dict(shipped.selftest_files())
+    cat = catalog.shipped()
+    assert json.loads(files[shipped.CHECKS]) == cat.checks(cat.distributions)
+    assert "tensordict" in json.loads(files[shipped.CHECKS])
 
 
 def test_a_sites_check_that_is_not_python_names_file_line_key(tmp_path: Path) -> None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
 import os
 import platform
 import struct
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from ..manifest import declared
 from ..phase import Run, Step, rank_timeout
@@ -21,6 +23,10 @@ from ..launch.ranks import decide_allreduce, spawn_local
 from ..report import FAIL, PASS, Check
 
 PHASE = "cpu"
+# the catalogue's checks this self-test was shipped with (builder.shipped.CHECKS beside the
+# package; absent when it runs from a source tree)
+PAYLOAD_CHECKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "catalog_checks.json")
 GLOO_CHECK_BYTES = 4 << 20
 GLOO_BW_BYTES = 16 << 20
 
@@ -196,11 +202,25 @@ def source_build_step(name: str) -> "Step":
     return Step((f"cpu.source_build.{name}",), step)
 
 
+def catalogued(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The catalogue's checks the phase runs: the manifest's ``checks``, even empty; without
+    the key (an image built before the checks travelled with it, or not by verl-env), those of
+    the payload's copy for the distributions the manifest declares."""
+    if "checks" in manifest:
+        return dict(manifest["checks"] or {})
+    try:
+        with open(PAYLOAD_CHECKS, encoding="utf-8") as f:
+            shipped = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {d: c for d, c in shipped.items() if isinstance(c, dict) and declared(manifest, d)}
+
+
 def plan(run: Run) -> list[Step]:
-    """The catalogue's checks of the target's packages (the manifest's ``checks``); gloo when
-    it has torch; each source build's."""
+    """The catalogue's checks of the target's packages (:func:`catalogued`); gloo when it has
+    torch; each source build's."""
     steps = [catalogued_step(dist, name, entry)
-             for dist, checks in sorted((run.manifest.get("checks") or {}).items())
+             for dist, checks in sorted(catalogued(run.manifest).items())
              for name, entry in sorted(checks.items())]
     if declared(run.manifest, "torch"):
         steps.append(Step(("cpu.gloo_allreduce",), gloo_step))
