@@ -27,7 +27,8 @@ def checker_bytes() -> bytes:
     """The in-image checker, one zip application: ``python3 incheck.pyz --nnodes N
     --gpus-per-node G -- <the main_ppo hydra overrides>`` prints one JSON verdict (exit 0
     pass, 1 rejected, 3 could not run). The same bytes from the same sources on every host
-    (stored, not compressed; fixed times and modes), so a job script renders the same."""
+    (stored, not compressed; fixed times and modes), so a job script renders the same; the
+    stdlib's ``zipapp.create_archive`` stamps each file's mtime and takes no package prefix."""
     members = [(f"{PACKAGE}/{f.name}", f.read_bytes())
                for f in sorted(CHECKER_SOURCE.glob("*.py"))]
     out = io.BytesIO()
