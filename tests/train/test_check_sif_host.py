@@ -77,8 +77,7 @@ def test_run_check_sif_copies_moves_and_names_back(
                "  'stages': [{'name': 'validate', 'status': 'fail', 'message': 'bad ' + "
                "paths[0], 'readable': [os.path.exists(p) for p in paths]}]}, open(out, 'w'))\n"
                "sys.exit(1)\n")
-    monkeypatch.setattr(check, "CHECKER", tmp_path / "stand-in.py")
-    (tmp_path / "stand-in.py").write_text(checker)
+    monkeypatch.setattr(check, "checker_bytes", checker.encode)
 
     def runner(sif: Path, inner: list[str], scratch: Path, timeout: float) -> tuple[str, Any]:
         seen.update(sif=sif, inner=inner, scratch=scratch)
