@@ -47,6 +47,8 @@ _LAUNCH = ('[ -d /opt/verl-env/verl_env_selftest ] || '
            'exit 3; }; exec "$PY" -m verl_env_selftest "$@"')
 HOST_SELFTEST_ENV = "VERL_ENV_HOST_SELFTEST"
 RUNTIMES = ("apptainer", "singularity", "ch-run")
+# the scratch directory under /tmp of a SIF's self-test run (its runtime mounts the SIF below it)
+RUN_SCRATCH = "verl-env-sifrun-"
 
 
 @dataclass
@@ -375,7 +377,7 @@ def run_in_sif(path: Path, args: list[str], *, timeout: float,
         raise SifError("no container runtime to run the SIF (apptainer, singularity or "
                        "charliecloud's ch-run)")
     # /tmp is shared with the container by apptainer and ch-run alike.
-    with tempfile.TemporaryDirectory(prefix="verl-env-sifrun-", dir="/tmp") as tmp:
+    with tempfile.TemporaryDirectory(prefix=RUN_SCRATCH, dir="/tmp") as tmp:
         scratch = Path(tmp)
         out = scratch / "report.json"
         host = _selftest_copy(scratch)

@@ -32,6 +32,8 @@ REPORT = f"{OUT_DIR}/train-check.json"
 # weights: the check loads the model's config and tokenizer, never its tensors
 WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
 COPY_LIMIT = 1 << 30
+# the scratch directory under /tmp of a check from a SIF (its runtime mounts the SIF below it)
+SIF_SCRATCH = "verl-env-train-check-"
 
 
 def launch(checker: str) -> list[str]:
@@ -195,7 +197,7 @@ def run_check_sif(sif: Path, argv: Sequence[str], *, nnodes: int, gpus_per_node:
     a rejected command; InfraError when it could not run (no runtime here, killed, no
     report)."""
     files = inputs(argv)
-    with tempfile.TemporaryDirectory(prefix="verl-env-train-check-", dir="/tmp") as tmp:
+    with tempfile.TemporaryDirectory(prefix=SIF_SCRATCH, dir="/tmp") as tmp:
         scratch = Path(tmp)
         root = scratch / "in"
         for name, data in files.items():

@@ -36,6 +36,8 @@ from builder.cluster.ports import RayPorts
 from builder.cluster.requeue import Resilience
 from builder.cluster.render import write_sbatch
 from builder.matrix.spec import load_matrix
+from builder.sif import checks as sif_checks
+from builder.train import check as train_check
 from builder.train import checker_bytes
 from tests.conftest import FIXTURE, run_build_env
 from tests.slurm.conftest import SlurmCluster, free_port_block, processes_mentioning
@@ -265,15 +267,17 @@ def _leftover_ray(bench: Bench, grace: float = 15) -> list[int]:
     return _reap(str(bench.ray_tmp))
 
 
-# Where `build-env sif`'s own checks mount a SIF's squashfs (builder/sif/checks.py): the SIF tests
-# of the other CI groups, running beside this one on the same machine, mount there; a job never does.
-SIF_CHECK_MOUNTS = "/tmp/verl-env-sifrun-"
+# Where the tool's own runs from a SIF mount its squashfs: a SIF's self-test (builder/sif/checks.py)
+# and the train check from a SIF (builder/train/check.py). The SIF tests of the other CI groups,
+# running beside this one on the same machine, mount there (CI 2026-12-02: a train check's was up
+# while this job ended); a job never does.
+SIF_CHECK_MOUNTS = tuple(f"/tmp/{p}" for p in (sif_checks.RUN_SCRATCH, train_check.SIF_SCRATCH))
 
 
 def _image_mounts(image: Path) -> list[str]:
     """Mounts of the job's image left behind: any naming it, and any squashfuse mount (enroot's)
-    but those of the tool's SIF checks in other test groups (CI 2026-11-30: one was up while
-    this job ended)."""
+    but those of the tool's runs from a SIF in other test groups (CI 2026-11-30 and 2026-12-02:
+    one was up while this job ended)."""
     out = []
     for line in Path("/proc/mounts").read_text().splitlines():
         fields = line.split()
