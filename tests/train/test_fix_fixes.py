@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from builder.train import default_command, shapes
-from builder.train.incheck import main as cli
+from builder.train.incheck import args as cli
 from builder.train.incheck import rules, stages
 
 PATHS = {"model": "/m", "train_files": "/d/train.parquet", "val_files": "/d/test.parquet"}

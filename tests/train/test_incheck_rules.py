@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from builder.train import CHECKER_NAME, checker_bytes
-from builder.train.incheck import main as cli
+from builder.train.incheck import args as cli
 from builder.train.incheck import rules
 
 CFG = SimpleNamespace(
@@ -80,12 +80,16 @@ def test_the_zip_application_is_the_package_and_the_same_bytes_each_time() -> No
 
 def test_the_zip_application_runs_alone(tmp_path: Path) -> None:
     """A Python with no site directory and nothing of build-env on its path (-I -S): the usage
-    on a bad command line (exit 2), and "could not run" (exit 3, JSON) without verl."""
+    on a bad command line (exit 2), the package's text for --help, and "could not run" (exit 3,
+    JSON) without verl."""
     app = tmp_path / CHECKER_NAME
     app.write_bytes(checker_bytes())
     bad = subprocess.run([sys.executable, "-I", "-S", str(app), "--nnodes", "0"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert bad.returncode == 2 and "usage: incheck.pyz --nnodes N" in bad.stderr, bad.stderr
+    helped = subprocess.run([sys.executable, "-I", "-S", str(app), "--help"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert helped.returncode == 0 and "verl-env train check: verl's own checks" in helped.stderr
     run = subprocess.run([sys.executable, "-I", "-S", str(app), "--nnodes", "1",
                           "--gpus-per-node", "1", "--", "a=1"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=60)

@@ -1,33 +1,5 @@
-"""verl-env train check: verl's own checks of one training command, inside the image, no GPUs.
-
-    python3 incheck.pyz --nnodes N --gpus-per-node G [--json PATH] [--engine NAME=MODULE]...
-                       -- <main_ppo hydra overrides>
-
-Runs with the image's verl (this package, zipped into one file, is copied into the image or
-bound in; it imports nothing of build-env). It does what ``verl.trainer.main_ppo`` does before
-the first GPU is needed:
-
-  compose   hydra composes verl's ``ppo_trainer`` config with the overrides (as main_ppo's
-            ``@hydra.main`` does), then ``auto_set_device``
-  validate  verl's ``validate_config`` ("All configuration checks passed")
-  trainer   the modules the trainer's run imports (v1: transfer_queue and the trainer mode;
-            legacy: main_ppo_v0) and verl's rollout code for the engine (up to the GPU driver)
-  model     the model's config, tokenizer and processor from ``actor_rollout_ref.model.path``
-            (verl's HFModelConfig, as the trainer's tokenizer step)
-  train_data / val_data
-            the row count, and the first row through verl's dataset class (create_rl_dataset:
-            chat template, prompt length against data.max_prompt_length, filtering)
-  reward    the reward manager class and the score function for the row's data_source, called
-            on the row's ground truth
-  cluster   nnodes x GPUs per node against the command's trainer.nnodes x n_gpus_per_node, the
-            rollout's parallel sizes and the batch against the train rows
-  gpu       stop: worker groups, weights, the rollout engine and Ray placement need GPUs
-
-Prints one JSON document (schema verl-env/train-check/v1, level "config") on stdout; verl's own
-output goes to stderr. Exit 0 pass, 1 rejected (a stage failed: verl's message quoted, the
-override that fixes it named), 3 could not run (verl not importable, the checker broke).
-"""
-
+"""The train check's run: the stages in order (:mod:`.stages`) and one JSON report on stdout,
+verl's own output on stderr; the exit status says the verdict (the package's docstring)."""
 
 from __future__ import annotations
 
@@ -38,71 +10,13 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
 from typing import Any
 
+from .args import parse
 from .stages import Check, Tee
 
 SCHEMA = "verl-env/train-check/v1"
 EXIT = {"pass": 0, "rejected": 1, "error": 3}
-MANIFEST = "/opt/verl-env/manifest.json"
-
-
-USAGE = ("usage: incheck.pyz --nnodes N --gpus-per-node G [--json PATH] [--manifest PATH] "
-         "[--engine NAME=MODULE]... -- OVERRIDE...")
-
-
-@dataclass
-class Args:
-    """The command line (parsed by hand: an in-image program, no argparse in builder/ but the
-    command layers)."""
-
-    nnodes: int = 0
-    gpus_per_node: int = 0
-    json: str | None = None
-    manifest: str = MANIFEST
-    # rollout engines: verl's rollout.name -> the module that engine installs (the host passes
-    # its catalogue's, builder.train.shapes.engine_args; a name not given is its own module)
-    engines: dict[str, str] = field(default_factory=dict)
-    overrides: list[str] = field(default_factory=list)
-
-
-def parse(argv: list[str]) -> Args:
-    """``--nnodes N --gpus-per-node G [--json PATH] [--manifest PATH] [--engine NAME=MODULE]...
-    -- OVERRIDE...``;
-    SystemExit(2) with the usage on anything else."""
-    args, rest = Args(), list(argv)
-    if "--" in rest:
-        args.overrides, rest = rest[rest.index("--") + 1:], rest[:rest.index("--")]
-    names = {"--nnodes": "nnodes", "--gpus-per-node": "gpus_per_node", "--json": "json",
-             "--manifest": "manifest"}
-    while rest:
-        flag = rest.pop(0)
-        if flag in ("-h", "--help"):
-            print(USAGE + "\n\n" + (__doc__ or ""), file=sys.stderr)
-            raise SystemExit(0)
-        known = flag in names or flag == "--engine"
-        if not known or not rest:
-            _usage(f"{flag} needs a value" if known else f"unexpected {flag!r}")
-        if flag == "--engine":
-            name, eq, module = rest.pop(0).partition("=")
-            if not (name and eq and module):
-                _usage("--engine takes NAME=MODULE")
-            args.engines[name] = module
-            continue
-        setattr(args, names[flag], rest.pop(0))
-    try:
-        args.nnodes, args.gpus_per_node = int(args.nnodes), int(args.gpus_per_node)
-    except ValueError:
-        _usage("--nnodes and --gpus-per-node take whole numbers")
-    if args.nnodes < 1 or args.gpus_per_node < 1:
-        _usage("--nnodes and --gpus-per-node are required, each >= 1")
-    return args
-
-
-def _usage(why: str) -> None:
-    print(f"{USAGE}\nincheck.pyz: error: {why}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def _environment(tmp: str) -> None:

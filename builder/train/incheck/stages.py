@@ -11,12 +11,10 @@ import re
 import sys
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
+from .args import Args
 from .rules import Rejected, fit_fix, fix_for, root_message, round_up
-
-if TYPE_CHECKING:
-    from .main import Args
 
 PASSED = "All configuration checks passed"
 
