@@ -4,6 +4,7 @@ expects of GPUs. Pure apart from ``load_manifest`` reading one file."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
@@ -106,6 +107,21 @@ def parse_gpus(raw: Any, accelerator: str, path: str) -> list[str] | None:
     if len(set(raw)) != len(raw):
         raise ManifestError(f"{path}: 'gpus' lists a GPU twice: {raw}")
     return list(raw)
+
+
+def payload_file(name: str) -> str:
+    """A file the build ships beside this package in the self-test payload (the catalogue's
+    copies: ``builder.shipped``); absent when the self-test runs from a source tree."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+
+
+def read_payload(path: str) -> Any:
+    """The JSON of a payload file; None when it is absent or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def load_manifest(path: str) -> dict[str, Any]:

@@ -20,7 +20,6 @@ expected to provide it, a library the loader cannot find, or a version a library
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import struct
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..elf import abiload
+from ..manifest import payload_file, read_payload
 from . import allowpath, records
 from ..elf.abimodel import Process, Unbound, bind, expected_provider, scope_name
 from .coverage import UNOWNED, owners, shared_objects, site_dirs
@@ -54,8 +54,7 @@ DRIVER_LIBS = {
              "librocm_smi64.so.5", "librocm_smi64.so.6", "librocm_smi64.so.7"),
 }
 PAYLOAD = "self-test payload"
-PAYLOAD_RULES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                             "loader_rules.json")
+PAYLOAD_RULES = payload_file("loader_rules.json")
 FALLBACK_RULES = ("; the manifest carries no abi_loader rules (an image built before they "
                   "travelled with it, or not built by verl-env): the catalogue's rules shipped "
                   "with this self-test were used")
@@ -441,11 +440,10 @@ def loader_rules(manifest: dict[str, Any]) -> tuple[abiload.Rules, str | None]:
     rules = abiload.rules(manifest)
     if rules.present:
         return rules, "manifest"
-    try:
-        with open(PAYLOAD_RULES, encoding="utf-8") as f:
-            shipped = abiload.rules({"abi_loader": json.load(f)})
-    except (OSError, ValueError):
+    copy = read_payload(PAYLOAD_RULES)
+    if copy is None:
         return rules, None
+    shipped = abiload.rules({"abi_loader": copy})
     return (shipped, PAYLOAD) if shipped.present else (rules, None)
 
 

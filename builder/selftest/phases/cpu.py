@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import json
 import os
 import platform
 import struct
@@ -17,7 +16,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ..manifest import declared
+from ..manifest import declared, payload_file, read_payload
 from ..phase import Run, Step, rank_timeout
 from ..launch.ranks import decide_allreduce, spawn_local
 from ..report import FAIL, PASS, Check
@@ -25,8 +24,7 @@ from ..report import FAIL, PASS, Check
 PHASE = "cpu"
 # the catalogue's checks this self-test was shipped with (builder.shipped.CHECKS beside the
 # package; absent when it runs from a source tree)
-PAYLOAD_CHECKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                              "catalog_checks.json")
+PAYLOAD_CHECKS = payload_file("catalog_checks.json")
 GLOO_CHECK_BYTES = 4 << 20
 GLOO_BW_BYTES = 16 << 20
 
@@ -208,10 +206,8 @@ def catalogued(manifest: Mapping[str, Any]) -> dict[str, Any]:
     the payload's copy for the distributions the manifest declares."""
     if "checks" in manifest:
         return dict(manifest["checks"] or {})
-    try:
-        with open(PAYLOAD_CHECKS, encoding="utf-8") as f:
-            shipped = json.load(f)
-    except (OSError, ValueError):
+    shipped = read_payload(PAYLOAD_CHECKS)
+    if not isinstance(shipped, dict):
         return {}
     return {d: c for d, c in shipped.items() if isinstance(c, dict) and declared(manifest, d)}
 
