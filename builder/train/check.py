@@ -22,11 +22,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from builder.engine import ContainerEngine
 from builder.errors import BuildEnvError, InfraError, SifError
-from builder.train import CHECKER_NAME, checker_bytes
+from builder.train import CHECKER_NAME, SCHEMA, checker_bytes
 from builder.train import overrides as hydra
 from builder.train.shapes import engine_args, hydra_overrides, parse_override
 
-SCHEMA = "verl-env/train-check/v1"
 IN_DIR, OUT_DIR = "/verl-env-train-check", "/verl-env-out"
 REPORT = f"{OUT_DIR}/train-check.json"
 # weights: the check loads the model's config and tokenizer, never its tensors
