@@ -14,6 +14,7 @@ when a test fails.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -21,6 +22,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,6 +34,49 @@ from tests.slurm.unit_runtime import standin_runtime  # noqa: F401  (fixture for
 from tests.trust.conftest import keypair  # noqa: F401  (signs the job's cluster verdict)
 
 SLURM_TOOLS = ("slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "srun")
+
+
+@pytest.fixture(scope="session")
+def fixture_sif(cpu_image: dict, docker_host: str) -> Iterator[tuple[Path, Path]]:
+    """The verified fixture image as a native SIF (``build-env sif --no-run``) and what that SIF
+    holds, unpacked for ch-run, its image ENV in ``/ch/environment`` as ``ch-convert`` writes
+    it: ``(SIF, directory)``. Made once for the group: every ch-run job runs this tree, and the
+    cluster verdict names this SIF (it used to be a ``docker export`` per test module)."""
+    for tool in ("ch-run", "mksquashfs", "unsquashfs"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed (scripts/os-packages.sh)")
+    from builder.sif import format as sif_format
+    from tests.conftest import run_build_env
+
+    root = Path(tempfile.mkdtemp(prefix="verl-env-clsif-", dir="/var/tmp"))
+    sif = root / "cpu-x86_64.sif"
+    try:
+        start = time.monotonic()
+        proc = run_build_env("sif", "--image", cpu_image["image_id"], "--no-run", "--output",
+                             str(sif), env={"DOCKER_HOST": docker_host}, timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+        built = time.monotonic() - start
+        info = sif_format.read_info(sif)
+        part = info.primary_partition()
+        assert part is not None
+        dest = root / "img"
+        subprocess.run(["unsquashfs", "-no-progress", "-o", str(part.offset), "-d", str(dest),
+                        str(sif)], check=True, stdout=subprocess.DEVNULL)
+        config = next(d for d in info.descriptors if d.name == "oci-config.json")
+        env = json.loads(sif_format.read_object(sif, config)).get("Env") or []
+        (dest / "ch").mkdir(exist_ok=True)
+        (dest / "ch" / "environment").write_text("".join(f"{line}\n" for line in env))
+        print(f"TIMING build-env sif {built:.1f}s, unsquashfs {time.monotonic() - start - built:.1f}s, "
+              f"{sif.stat().st_size / 2**20:.0f} MiB")
+        yield sif, dest
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def image_dir(fixture_sif: tuple[Path, Path]) -> Path:
+    """The verified fixture image as a directory ch-run runs: the session SIF's tree."""
+    return fixture_sif[1]
 
 def port_free(port: int) -> bool:
     """True when nothing holds ``port`` on any local address (TCP)."""

@@ -1,9 +1,10 @@
 """The job's cluster verdict on the real two-node Slurm (ch-run, CPU: gloo), end to end.
 
 The image the verdict names is a SIF: the verified CPU fixture image converted by ``build-env sif``
-(the native writer). ch-run runs an unpacked directory, so the job runs what that SIF holds: its
-squashfs partition extracted with ``unsquashfs`` at the partition offset, with the image ENV of
-the SIF's own ``oci-config.json`` written to ``/ch/environment`` (as ``ch-convert`` does). The
+(the native writer; the group's ``fixture_sif``, tests/slurm/conftest.py). ch-run runs an unpacked
+directory, so the job runs what that SIF holds: its squashfs partition extracted with
+``unsquashfs`` at the partition offset, with the image ENV of the SIF's own ``oci-config.json``
+written to ``/ch/environment`` (as ``ch-convert`` does). The
 job is told the SIF (``verdict_sif``); the batch host's ``build-env cluster`` (the test venv's,
 on the job's PATH) writes ``cluster-verdict.json`` into the job directory after the per-node
 self-test and its one inter-node gloo all-reduce. The verdict is then signed
@@ -18,17 +19,12 @@ from __future__ import annotations
 import base64
 import json
 import re
-import shutil
-import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from builder.files import sha256_file
-from builder.sif import format as sif_format
 from builder.trust.keys import KeyFiles
 from tests.conftest import run_build_env
 from tests.slurm.conftest import SlurmCluster
@@ -40,51 +36,19 @@ REPO = "verl-env/cluster"
 
 
 @pytest.fixture(scope="module")
-def sif_and_dir(cpu_image: dict, docker_host: str) -> Iterator[tuple[Path, Path]]:
-    """The fixture image as a SIF (``build-env sif``, native) and what that SIF holds, unpacked
-    for ch-run."""
-    for tool in ("ch-run", "mksquashfs", "unsquashfs", "docker-registry"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} not installed (scripts/os-packages.sh)")
-    root = Path(tempfile.mkdtemp(prefix="verl-env-clsif-", dir="/var/tmp"))
-    sif = root / "cpu-x86_64.sif"
-    try:
-        start = time.monotonic()
-        proc = run_build_env("sif", "--image", cpu_image["image_id"], "--no-run", "--output",
-                             str(sif), env={"DOCKER_HOST": docker_host}, timeout=1800)
-        assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
-        built = time.monotonic() - start
-        info = sif_format.read_info(sif)
-        part = info.primary_partition()
-        assert part is not None
-        dest = root / "img"
-        subprocess.run(["unsquashfs", "-no-progress", "-o", str(part.offset), "-d", str(dest),
-                        str(sif)], check=True, stdout=subprocess.DEVNULL)
-        config = next(d for d in info.descriptors if d.name == "oci-config.json")
-        env = json.loads(sif_format.read_object(sif, config)).get("Env") or []
-        (dest / "ch").mkdir(exist_ok=True)
-        (dest / "ch" / "environment").write_text("".join(f"{line}\n" for line in env))
-        print(f"TIMING build-env sif {built:.1f}s, unsquashfs {time.monotonic() - start - built:.1f}s, "
-              f"{sif.stat().st_size / 2**20:.0f} MiB")
-        yield sif, dest
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def sif_bench(slurm_cluster: SlurmCluster, sif_and_dir: tuple[Path, Path],
+def sif_bench(slurm_cluster: SlurmCluster, fixture_sif: tuple[Path, Path],
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
-    yield from _bench(slurm_cluster, sif_and_dir[1], "ch-run", tmp_path_factory)
+    yield from _bench(slurm_cluster, fixture_sif[1], "ch-run", tmp_path_factory)
 
 
 def test_job_writes_a_cluster_verdict_signed_attached_and_listed(
-        sif_bench: Bench, sif_and_dir: tuple[Path, Path], cpu_image: dict,
+        sif_bench: Bench, fixture_sif: tuple[Path, Path], cpu_image: dict,
         keypair: KeyFiles, tmp_path: Path) -> None:
     from builder.cluster import verdict as cluster
     from builder.trust.cluster_signing import clusters_sidecar
     from tests.publish.conftest import start_registry
 
-    bench, (sif, _) = sif_bench, sif_and_dir
+    bench, (sif, _) = sif_bench, fixture_sif
     info, out, wall = bench.submit(bench.job(verdict_sif=str(sif)), "verdict")
     assert info["JobState"] == "COMPLETED", out
     assert "cluster verdict: pass on verlenvtest" in out, out  # Slurm's SLURM_CLUSTER_NAME
@@ -153,10 +117,10 @@ def test_job_writes_a_cluster_verdict_signed_attached_and_listed(
 
 
 def test_a_failing_node_fails_the_cluster_verdict_naming_it(
-        sif_bench: Bench, sif_and_dir: tuple[Path, Path]) -> None:
+        sif_bench: Bench, fixture_sif: tuple[Path, Path]) -> None:
     from builder.cluster import verdict as cluster
 
-    bench, (sif, _) = sif_bench, sif_and_dir
+    bench, (sif, _) = sif_bench, fixture_sif
     switch = bench.break_node("node2", "HIP_VISIBLE_DEVICES=0\nCUDA_VISIBLE_DEVICES=1\n")
     try:
         info, out, _ = bench.submit(bench.job(verdict_sif=str(sif), cluster="site-b"), "bad")

@@ -34,7 +34,6 @@ from tests.slurm.test_sbatch_real import (
     Bench,
     _bench,
     _leftover_ray,
-    image_dir,  # noqa: F401  (fixture: the image ch-run runs)
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.fault]
@@ -43,7 +42,7 @@ CHECK_INTERVAL = 5  # the job's node watch (default 30 s), short to keep the tes
 
 
 @pytest.fixture(scope="module")
-def bench(slurm_cluster: SlurmCluster, image_dir: Path,  # noqa: F811
+def bench(slurm_cluster: SlurmCluster, image_dir: Path,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
     yield from _bench(slurm_cluster, image_dir, "ch-run", tmp_path_factory)
 

@@ -38,7 +38,6 @@ from tests.slurm.test_sbatch_real import (
     Bench,
     _bench,
     _leftover_ray,
-    image_dir,  # noqa: F401  (fixture: the image ch-run runs)
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.fault]
@@ -74,7 +73,7 @@ print("TRAINING DONE at global_step_%d" % last, flush=True)
 
 
 @pytest.fixture(scope="module")
-def bench4(slurm_cluster4: SlurmCluster, image_dir: Path,  # noqa: F811
+def bench4(slurm_cluster4: SlurmCluster, image_dir: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
     yield from _bench(slurm_cluster4, image_dir, "ch-run", tmp_path_factory)
 

@@ -2,10 +2,10 @@
 the CPU fixture image through the real ``ch-run`` (Debian charliecloud-runtime) and through real
 pyxis + enroot (``srun --container-image``; built from their source snapshots, tests/slurm/enroot.py).
 
-The image is the fixture target built and verified by the pipeline (``cpu_image``), flattened by
-``docker export`` into a directory on the shared filesystem, with its image ENV written to
-``/ch/environment`` as ``ch-convert`` does; for pyxis it is the enroot squashfs ``build-env sqsh``
-writes. Everything the job runs on the nodes comes from that
+The image is the fixture target built and verified by the pipeline (``cpu_image``), for ch-run
+the tree of its SIF unpacked into a directory on the shared filesystem, with its image ENV written
+to ``/ch/environment`` as ``ch-convert`` does (``image_dir``, once per group:
+tests/slurm/conftest.py); for pyxis it is the enroot squashfs ``build-env sqsh`` writes. Everything the job runs on the nodes comes from that
 image: the per-node self-test (``python3 -m verl_env_selftest``), Ray (head and worker), and the
 training stand-in below. Every fake node is localhost, so the job uses the loopback interface and
 a per-node port stride. The cluster binds every task to the cores of its CPUs (task/affinity,
@@ -86,37 +86,6 @@ def _chrun_skip_reason() -> str | None:
     if shutil.which("docker") is None:
         return "docker CLI missing (apt-get install docker.io)"
     return None
-
-
-@pytest.fixture(scope="module")
-def image_dir(cpu_image: dict, docker_host: str) -> Iterator[Path]:
-    """The verified fixture image as a directory ch-run runs (``docker export``, flattened)."""
-    reason = _chrun_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    root = Path(tempfile.mkdtemp(prefix="verl-env-chrun-", dir="/var/tmp"))
-    dest = root / "img"
-    dest.mkdir()
-    env = {**os.environ, "DOCKER_HOST": docker_host}
-    image = cpu_image["image_id"]
-    cid = subprocess.run(["docker", "create", image, "true"], env=env, capture_output=True,
-                         text=True, check=True).stdout.strip()
-    try:
-        start = time.monotonic()
-        export = subprocess.Popen(["docker", "export", cid], env=env, stdout=subprocess.PIPE)
-        subprocess.run(["tar", "-x", "-C", str(dest), "--exclude=dev/*"], stdin=export.stdout,
-                       check=True)
-        assert export.wait() == 0
-        print(f"docker export + untar of the fixture image: {time.monotonic() - start:.1f}s")
-        inspect = json.loads(subprocess.run(["docker", "image", "inspect", image], env=env,
-                                            capture_output=True, text=True, check=True).stdout)
-        (dest / "ch").mkdir(exist_ok=True)
-        (dest / "ch" / "environment").write_text("".join(
-            f"{line}\n" for line in inspect[0]["Config"]["Env"] or []))
-        yield dest
-    finally:
-        subprocess.run(["docker", "rm", "-f", cid], env=env, capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
