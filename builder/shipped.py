@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from builder import catalog
+from builder.selftest.manifest import PAYLOAD_CHECKS, PAYLOAD_LOADER_RULES
 
 PACKAGE = Path(__file__).resolve().parent
 
@@ -35,12 +36,12 @@ def selftest_dir() -> Path:
     return PACKAGE / "selftest"
 
 
-# The shipped catalogue's ABI loader rules, carried with the self-test: the ABI phase falls back
-# on them when it holds an image whose manifest has none (built before the rules travelled in
-# the manifest, or not by verl-env).
-LOADER_RULES = "loader_rules.json"
-# and the catalogue's checks of every distribution (``checks:``), for the cpu phase likewise
-CHECKS = "catalog_checks.json"
+# The shipped catalogue's ABI loader rules and the checks of every distribution (``checks:``),
+# carried with the self-test under the names it reads them by: its ABI and cpu phases fall back
+# on them when they hold an image whose manifest has none (built before they travelled in the
+# manifest, or not by verl-env).
+LOADER_RULES = PAYLOAD_LOADER_RULES
+CHECKS = PAYLOAD_CHECKS
 
 
 def selftest_files() -> list[tuple[str, bytes]]:

@@ -109,6 +109,12 @@ def parse_gpus(raw: Any, accelerator: str, path: str) -> list[str] | None:
     return list(raw)
 
 
+# The catalogue's copies the build ships beside this package (builder.shipped writes them): the
+# ABI phase's loader rules and the cpu phase's checks, for a manifest that carries neither.
+PAYLOAD_LOADER_RULES = "loader_rules.json"
+PAYLOAD_CHECKS = "catalog_checks.json"
+
+
 def payload_file(name: str) -> str:
     """A file the build ships beside this package in the self-test payload (the catalogue's
     copies: ``builder.shipped``); absent when the self-test runs from a source tree."""

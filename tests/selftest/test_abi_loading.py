@@ -16,6 +16,7 @@ import pytest
 
 from builder import catalog, shipped
 from builder.selftest.elf import abiload, abimodel
+from builder.selftest.manifest import PAYLOAD_LOADER_RULES
 
 from builder.selftest.phases import abi
 from builder.selftest.report import FAIL, PASS
@@ -163,7 +164,7 @@ def test_without_manifest_rules_the_payloads_copy_of_the_catalogue_is_used(
     members = {"newpkg": {"newpkg/_bindings.so": "needs_tvm"},
                "newpkg-runtime": {"newpkg_rt/lib/libtvm_ffi.so": "tvm"}}
     site = fx.loading_site(objs, tmp_path, members)
-    payload = tmp_path / "loader_rules.json"
+    payload = tmp_path / PAYLOAD_LOADER_RULES
     payload.write_text(json.dumps({"loads": {"newpkg/*.so": [
         {"lib": ["newpkg_rt/lib/libtvm_ffi.so"], "global": True}]}}))
     monkeypatch.setattr(abi, "PAYLOAD_RULES", str(payload))

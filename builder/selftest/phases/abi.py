@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..elf import abiload
-from ..manifest import payload_file, read_payload
+from ..manifest import PAYLOAD_LOADER_RULES, payload_file, read_payload
 from . import allowpath, records
 from ..elf.abimodel import Process, Unbound, bind, expected_provider, scope_name
 from .coverage import UNOWNED, owners, shared_objects, site_dirs
@@ -54,7 +54,7 @@ DRIVER_LIBS = {
              "librocm_smi64.so.5", "librocm_smi64.so.6", "librocm_smi64.so.7"),
 }
 PAYLOAD = "self-test payload"
-PAYLOAD_RULES = payload_file("loader_rules.json")
+PAYLOAD_RULES = payload_file(PAYLOAD_LOADER_RULES)
 FALLBACK_RULES = ("; the manifest carries no abi_loader rules (an image built before they "
                   "travelled with it, or not built by verl-env): the catalogue's rules shipped "
                   "with this self-test were used")

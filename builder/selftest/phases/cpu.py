@@ -16,15 +16,15 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ..manifest import declared, payload_file, read_payload
+from ..manifest import PAYLOAD_CHECKS as CHECKS_FILE, declared, payload_file, read_payload
 from ..phase import Run, Step, rank_timeout
 from ..launch.ranks import decide_allreduce, spawn_local
 from ..report import FAIL, PASS, Check
 
 PHASE = "cpu"
-# the catalogue's checks this self-test was shipped with (builder.shipped.CHECKS beside the
-# package; absent when it runs from a source tree)
-PAYLOAD_CHECKS = payload_file("catalog_checks.json")
+# the catalogue's checks this self-test was shipped with (beside the package; absent when it
+# runs from a source tree)
+PAYLOAD_CHECKS = payload_file(CHECKS_FILE)
 GLOO_CHECK_BYTES = 4 << 20
 GLOO_BW_BYTES = 16 << 20
 
