@@ -54,14 +54,6 @@ class RenderContext:
     labels: dict[str, str]
 
     @property
-    def shared_torch(self) -> bool:
-        """The source stage starts from the runtime's torch layer: with no ``base.source_image``
-        it builds on the runtime's base, so torch is installed once. A source image of its own
-        (a -devel variant) gets a stage of its own, with its own torch install."""
-        return (bool(self.source_builds) and self.base_record is None
-                and self.target.base.source_image is None)
-
-    @property
     def vendor(self) -> dict[str, Any] | None:
         """What the templates say about a vendor base (None: the image's own venv)."""
         record = self.base_record
@@ -82,8 +74,6 @@ class RenderContext:
             lock_hash=self.lock_hash, base_ref=t.base.ref,
             source_base=t.base.source_image or t.base.ref, python_bin=f"python{t.python}",
             apt=sorted(t.apt), apt_build=sorted({*t.apt, *APT_BUILD, f"python{t.python}-dev"}),
-            apt_build_added=sorted({*APT_BUILD, f"python{t.python}-dev"} - set(t.apt)),
-            shared_torch=self.shared_torch,
             ca_bundle=self.ca_bundle is not None, wheels=wheels,
             find_links=["/tmp/verl-env/wheels"] if wheels else [],
             source_builds=list(self.source_builds), gpus=list(t.gpus),
