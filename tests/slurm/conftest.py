@@ -66,8 +66,8 @@ def fixture_sif(cpu_image: dict, docker_host: str) -> Iterator[tuple[Path, Path]
         env = json.loads(sif_format.read_object(sif, config)).get("Env") or []
         (dest / "ch").mkdir(exist_ok=True)
         (dest / "ch" / "environment").write_text("".join(f"{line}\n" for line in env))
-        print(f"TIMING build-env sif {built:.1f}s, unsquashfs {time.monotonic() - start - built:.1f}s, "
-              f"{sif.stat().st_size / 2**20:.0f} MiB")
+        print(f"TIMING build-env sif {built:.1f}s, unsquashfs "
+              f"{time.monotonic() - start - built:.1f}s, {sif.stat().st_size / 2**20:.0f} MiB")
         yield sif, dest
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -77,6 +77,7 @@ def fixture_sif(cpu_image: dict, docker_host: str) -> Iterator[tuple[Path, Path]
 def image_dir(fixture_sif: tuple[Path, Path]) -> Path:
     """The verified fixture image as a directory ch-run runs: the session SIF's tree."""
     return fixture_sif[1]
+
 
 def port_free(port: int) -> bool:
     """True when nothing holds ``port`` on any local address (TCP)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +39,8 @@ REPO = "verl-env/cluster"
 @pytest.fixture(scope="module")
 def sif_bench(slurm_cluster: SlurmCluster, fixture_sif: tuple[Path, Path],
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    if shutil.which("docker-registry") is None:  # the verdict is attached in a real registry
+        pytest.skip("docker-registry not installed (scripts/os-packages.sh)")
     yield from _bench(slurm_cluster, fixture_sif[1], "ch-run", tmp_path_factory)
 
 

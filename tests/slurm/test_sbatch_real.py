@@ -5,12 +5,12 @@ pyxis + enroot (``srun --container-image``; built from their source snapshots, t
 The image is the fixture target built and verified by the pipeline (``cpu_image``), for ch-run
 the tree of its SIF unpacked into a directory on the shared filesystem, with its image ENV written
 to ``/ch/environment`` as ``ch-convert`` does (``image_dir``, once per group:
-tests/slurm/conftest.py); for pyxis it is the enroot squashfs ``build-env sqsh`` writes. Everything the job runs on the nodes comes from that
-image: the per-node self-test (``python3 -m verl_env_selftest``), Ray (head and worker), and the
-training stand-in below. Every fake node is localhost, so the job uses the loopback interface and
-a per-node port stride. The cluster binds every task to the cores of its CPUs (task/affinity,
-TaskPluginParam=Cores), so a step that does not ask for its node's CPUs is seen here running on
-one.
+tests/slurm/conftest.py); for pyxis it is the enroot squashfs ``build-env sqsh`` writes.
+Everything the job runs on the nodes comes from that image: the per-node self-test
+(``python3 -m verl_env_selftest``), Ray (head and worker), and the training stand-in below. Every
+fake node is localhost, so the job uses the loopback interface and a per-node port stride. The
+cluster binds every task to the cores of its CPUs (task/affinity, TaskPluginParam=Cores), so a
+step that does not ask for its node's CPUs is seen here running on one.
 """
 
 from __future__ import annotations
@@ -78,14 +78,6 @@ print("TRAIN-STANDIN alive=%d tasks_on_nodes=%d nnodes=%s gpus=%s frontend=%s ch
       len(alive), len(set(ids)), args["trainer.nnodes"], args["trainer.n_gpus_per_node"],
       os.environ.get("DEBIAN_FRONTEND"), "CH_RUNNING" in os.environ), flush=True)
 """
-
-
-def _chrun_skip_reason() -> str | None:
-    if shutil.which("ch-run") is None:
-        return "ch-run not installed (apt-get install charliecloud-runtime)"
-    if shutil.which("docker") is None:
-        return "docker CLI missing (apt-get install docker.io)"
-    return None
 
 
 @pytest.fixture(scope="module")
