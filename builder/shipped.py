@@ -36,23 +36,20 @@ def selftest_dir() -> Path:
     return PACKAGE / "selftest"
 
 
-# The shipped catalogue's ABI loader rules and the checks of every distribution (``checks:``),
-# carried with the self-test under the names it reads them by: its ABI and cpu phases fall back
-# on them when they hold an image whose manifest has none (built before they travelled in the
-# manifest, or not by verl-env).
-LOADER_RULES = PAYLOAD_LOADER_RULES
-CHECKS = PAYLOAD_CHECKS
-
-
 def selftest_files() -> list[tuple[str, bytes]]:
-    """The self-test payload: (path relative to the package, content), sorted; no byte code."""
+    """The self-test payload: (path relative to the package, content), sorted; no byte code.
+    With the package go the shipped catalogue's ABI loader rules and the checks of every
+    distribution (``checks:``), under the names the self-test reads them by: its ABI and cpu
+    phases fall back on them when they hold an image whose manifest has none (built before they
+    travelled in the manifest, or not by verl-env)."""
     root = selftest_dir()
     files = [(str(p.relative_to(root)), p.read_bytes()) for p in sorted(root.rglob("*"))
              if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
     cat = catalog.shipped()
     rules = json.dumps(cat.abi_loader(), indent=1, sort_keys=True) + "\n"
     checks = json.dumps(cat.checks(cat.distributions), indent=1, sort_keys=True) + "\n"
-    return sorted([*files, (LOADER_RULES, rules.encode()), (CHECKS, checks.encode())])
+    return sorted([*files, (PAYLOAD_LOADER_RULES, rules.encode()),
+                   (PAYLOAD_CHECKS, checks.encode())])
 
 
 def copy_selftest(dest: Path) -> Path:

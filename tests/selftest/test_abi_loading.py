@@ -182,7 +182,7 @@ def test_without_manifest_rules_the_payloads_copy_of_the_catalogue_is_used(
 
 def test_the_payload_carries_the_catalogues_loader_rules() -> None:
     files = dict(shipped.selftest_files())
-    assert json.loads(files[shipped.LOADER_RULES]) == catalog.shipped().abi_loader()
+    assert json.loads(files[PAYLOAD_LOADER_RULES]) == catalog.shipped().abi_loader()
     assert list(files) == sorted(files)
 
 

@@ -18,7 +18,7 @@ from builder import catalog, shipped
 from builder.errors import CatalogError
 from builder.matrix.spec import load_matrix
 from builder.render.baked import manifest
-from builder.selftest.manifest import ManifestError, parse_manifest
+from builder.selftest.manifest import PAYLOAD_CHECKS, ManifestError, parse_manifest
 from builder.selftest.phase import Run
 from builder.selftest.phases import cpu
 
@@ -85,8 +85,8 @@ def test_the_manifests_checks_are_taken_as_they_are_even_empty(
     """A manifest with ``checks`` (even ``{}``) is all the phase runs; one without the key (an
     image built before the checks travelled with it, or not by verl-env) gets those of the
     catalogue's copy shipped in the self-test's payload, for the distributions it declares."""
-    payload = tmp_path / shipped.CHECKS
-    payload.write_bytes(dict(shipped.selftest_files())[shipped.CHECKS])
+    payload = tmp_path / PAYLOAD_CHECKS
+    payload.write_bytes(dict(shipped.selftest_files())[PAYLOAD_CHECKS])
     monkeypatch.setattr(cpu, "PAYLOAD_CHECKS", str(payload))
 
     def ids(manifest: dict) -> list[str]:
@@ -103,8 +103,8 @@ def test_the_manifests_checks_are_taken_as_they_are_even_empty(
 def test_the_payload_carries_the_catalogues_checks() -> None:
     files = dict(shipped.selftest_files())
     cat = catalog.shipped()
-    assert json.loads(files[shipped.CHECKS]) == cat.checks(cat.distributions)
-    assert "tensordict" in json.loads(files[shipped.CHECKS])
+    assert json.loads(files[PAYLOAD_CHECKS]) == cat.checks(cat.distributions)
+    assert "tensordict" in json.loads(files[PAYLOAD_CHECKS])
 
 
 def test_a_sites_check_that_is_not_python_names_file_line_key(tmp_path: Path) -> None:
