@@ -11,12 +11,12 @@ import io
 import zipfile
 from pathlib import Path
 
+from builder.train.incheck import SCHEMA
 from builder.train.shapes import (TrainShapeError, default_command, hydra_overrides, logger_env,
                                   parse_override, target_rollout, target_verl)
 
 CHECKER_SOURCE = Path(__file__).resolve().parent / "incheck"
 CHECKER_NAME = "incheck.pyz"  # the file the image, the SIF's run and the Slurm job run
-SCHEMA = "verl-env/train-check/v1"
 # inside the zip: the package under a name no image's own module has, and what runs it
 PACKAGE = "verl_env_incheck"
 ENTRY = f"import sys\n\nfrom {PACKAGE}.main import main\n\nsys.exit(main())\n"

@@ -34,3 +34,6 @@ only, and nothing of build-env: it runs with the image's Python and verl, shippe
 application (:func:`builder.train.checker_bytes`) that the host copies into the container, binds
 into a SIF's run or writes into the Slurm job's directory.
 """
+
+# the report's schema name; the host (builder.train) reads the report by it
+SCHEMA = "verl-env/train-check/v1"

@@ -12,10 +12,10 @@ import time
 import traceback
 from typing import Any
 
+from . import SCHEMA
 from .args import parse
 from .stages import Check, Tee
 
-SCHEMA = "verl-env/train-check/v1"
 EXIT = {"pass": 0, "rejected": 1, "error": 3}
 
 
