@@ -46,7 +46,7 @@ def _install(uv: str, python: Path) -> subprocess.CompletedProcess[str]:
 
 def _plain_from(core: Path, venv: Path, uv: str) -> subprocess.CompletedProcess[str]:
     """``venv`` as a hard-linked copy of the finished ``core`` venv less :data:`CORE_ONLY`: the
-    same files without installing and byte-compiling the lock a second time (about 40 CPU-s on
+    same files without installing and byte-compiling the lock a second time (35 CPU-s on
     a fresh machine). The copy's scripts are rewritten to name its own interpreter (a rewrite
     breaks the link, so ``core`` keeps its own); a compiled module names its source where it is
     imported from, so the shared ``.pyc`` files serve both."""
