@@ -53,6 +53,7 @@ def _plain_from(core: Path, venv: Path, uv: str) -> subprocess.CompletedProcess[
     copied = subprocess.run(["cp", "-al", str(core), str(venv)], capture_output=True, text=True)
     if copied.returncode:
         return copied
+    # core's marker, linked: cached_venv writes the copy's own, and must not write through it
     (venv / ".complete").unlink(missing_ok=True)
     old, new = f"#!{core}/bin/".encode(), f"#!{venv}/bin/".encode()
     for script in (venv / "bin").iterdir():
