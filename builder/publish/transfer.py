@@ -22,8 +22,11 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 RETRY_BASE_S = 1.0
 PREFLIGHT_ATTEMPTS = 2
 PREFLIGHT_TIMEOUT_S = 10.0
+# what the engine (Go's net/http) says when the registry went away or answered 50x mid-push;
+# "server closed idle connection" is a kept-alive connection the dead registry closed
 _TRANSIENT = re.compile(r"\b(50[0-4])\b|connection reset|broken pipe|unexpected EOF|\bEOF\b|"
-                        r"timeout|temporarily unavailable|connection refused", re.IGNORECASE)
+                        r"timeout|temporarily unavailable|connection refused|"
+                        r"closed idle connection|use of closed network connection", re.IGNORECASE)
 _AUTH = re.compile(r"unauthorized|authentication required|denied|no basic auth", re.IGNORECASE)
 T = TypeVar("T")
 
