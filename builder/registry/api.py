@@ -245,7 +245,9 @@ class Client:
             else:
                 r = requests.request(method, url, data=body, headers=headers,
                                           timeout=self.timeout)
-        except (requests.ConnectionError, requests.Timeout) as exc:
+        except (requests.ConnectionError, requests.Timeout,
+                requests.exceptions.ChunkedEncodingError) as exc:  # the registry went away,
+            # before its answer or in the middle of its body
             raise Transient(f"{method} {self._short(url)}: {exc.__class__.__name__}") from None
         except requests.RequestException as exc:  # never its text: it may quote a header
             raise PublishError(f"{self.host}: {method} {self._short(url)} failed: "

@@ -2,10 +2,14 @@
 replays the engine's own error events): a registry that went away is infrastructure (retried,
 then exit 3), a refusal is the user's (exit 1, no retry). The real registry killed mid-push is
 tests/publish/test_faults.py::test_registry_dies_during_image_push; these are the messages the
-engine printed there and in the other fault runs."""
+engine printed there and in the other fault runs. The registry API client's own reads: a
+registry that dies in the middle of an answer's body (a real socket, cut after the headers and
+part of a chunk) is as transient as one that refuses the connection."""
 
 from __future__ import annotations
 
+import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +18,7 @@ import pytest
 from builder.engine import ImageInfo
 from builder.errors import PublishError, PublishInfraError
 from builder.publish import transfer
-from builder.registry.api import Client
+from builder.registry.api import Client, Transient
 
 
 class _Engine:
@@ -72,3 +76,33 @@ def test_a_refusal_is_not_retried_and_is_the_users(message: str, hint: str,
     assert engine.pushes == 1
     assert not isinstance(error, PublishInfraError), error
     assert hint in str(error) and message in str(error)
+
+
+def _cut_server(answer: bytes) -> tuple[str, threading.Thread]:
+    """A loopback server that answers one request with ``answer`` and closes the connection."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with server:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"127.0.0.1:{server.getsockname()[1]}", thread
+
+
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n400\r\n{\"partial\": ",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 1024\r\n\r\n{\"partial\": ",
+    b"",
+], ids=["chunk-cut", "body-short", "closed-before-answer"])
+def test_a_registry_that_dies_mid_answer_is_transient(answer: bytes) -> None:
+    host, thread = _cut_server(answer)
+    reg = Client(host, "verl-env/test", "http", timeout=10)
+    with pytest.raises(Transient) as caught:
+        reg.request("GET", "", scope="")
+    thread.join(10)
+    assert "GET /v2/" in str(caught.value), caught.value
