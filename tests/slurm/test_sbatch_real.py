@@ -440,12 +440,13 @@ def _step_ids(cluster: SlurmCluster, job_id: str) -> set[int]:
 
 
 def test_node_watch_launches_no_steps(bench: Bench) -> None:
-    """A 60 s training step watched every 2 s: the controller is asked (scontrol), no step is
+    """A 20 s training step watched every 2 s: the controller is asked (scontrol), no step is
     launched for it. The job's steps are the stages' own (paths, addresses, shared files, Ray
     head and worker, the Ray wait, the self-test and its report, training): the same count
-    however long training runs. Main's watch launched a step on every node each interval (30
-    more here; ~2,900 a day at 30 s, past MaxStepCount 40,000 in 14 days)."""
-    job = bench.job(node_check_interval=2, train_cmd="python3 -c 'import time; time.sleep(60)'")
+    however long training runs. Main's watch launched a step on every node each interval (10
+    more here, past the bound below; ~2,900 a day at 30 s, past MaxStepCount 40,000 in 14
+    days)."""
+    job = bench.job(node_check_interval=2, train_cmd="python3 -c 'import time; time.sleep(20)'")
     info, out, wall = bench.submit(job, "steps")
     assert info["ExitCode"] == "0:0", out
     ids = _step_ids(bench.cluster, info["JobId"])
