@@ -7,6 +7,7 @@ The template is ``templates/job/main.j2`` with one include per stage and one per
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import shlex
 from dataclasses import fields
@@ -48,7 +49,10 @@ def resilience_of(job: SlurmJob) -> Resilience:
     return validate_resilience(value if isinstance(value, Resilience) else Resilience())
 
 
+@functools.lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
+    """One environment per process: its templates are compiled once, not on every render
+    (jinja checks each file's mtime, so an edited template is compiled again)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
         undefined=jinja2.StrictUndefined,
