@@ -60,6 +60,17 @@ fi
 # tests bind job directories into images run by ch-run, which binds the host's /tmp (a bind
 # destination elsewhere must exist in the read-only image).
 tmp=$(mktemp -d /tmp/verl-env-pytest.XXXXXX) || exit 1
+# The checkout's own modules byte-compiled once, before the groups start. Pytest imports builder/
+# and tests/ from the checkout (its rootdir is on sys.path), and where PYTHONDONTWRITEBYTECODE is
+# set (as on the machines CI runs on) each group would compile them from source and rewrite the
+# asserts of every test module again: two thirds of a group's collection, six times over
+# (docs/testing.md). compileall writes the plain byte code (not under tests/fixtures: its
+# packages are build inputs, hashed as directories); one collection with writing allowed leaves
+# pytest's rewritten test modules, which every group then reads.
+"$root/venv/bin/python" -m compileall -q -j 0 -x 'tests/fixtures' builder tests >/dev/null \
+  || exit 1
+env -u PYTHONDONTWRITEBYTECODE -u VERL_ENV_TEST_CPU "$root/venv/bin/python" -m pytest \
+  -p no:cacheprovider --collect-only -q >/dev/null 2>&1 || true
 # each group's CPU, test by test, in a cgroup of its own (tests/support/cpuacct.py)
 export VERL_ENV_TEST_CPU="${VERL_ENV_TEST_CPU:-$root/cpu}"
 # the CPU fixture image built once, by the main group, and gated by each group that needs it in
