@@ -44,6 +44,11 @@ class Transient(Exception):
     """A registry error worth retrying (5xx, connection reset...)."""
 
 
+# what ``requests`` raises when the registry (or its token service) went away: before its
+# answer, or in the middle of its body
+GONE = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+
+
 # --------------------------------------------------------------------------- address
 
 
@@ -160,7 +165,7 @@ class Client:
                     query["account"] = self.creds.user
                 auth = (self.creds.user, self.creds.secret) if self.creds else None
                 r = requests.get(realm, params=query, auth=auth, timeout=self.timeout)
-        except (requests.ConnectionError, requests.Timeout) as exc:
+        except GONE as exc:
             raise Transient(f"token service {realm_host}: {exc.__class__.__name__}") from None
         except requests.RequestException as exc:  # never its text: it may quote a header
             raise PublishError(f"{self.host}: token request to {realm_host} failed: "
@@ -245,9 +250,7 @@ class Client:
             else:
                 r = requests.request(method, url, data=body, headers=headers,
                                           timeout=self.timeout)
-        except (requests.ConnectionError, requests.Timeout,
-                requests.exceptions.ChunkedEncodingError) as exc:  # the registry went away,
-            # before its answer or in the middle of its body
+        except GONE as exc:
             raise Transient(f"{method} {self._short(url)}: {exc.__class__.__name__}") from None
         except requests.RequestException as exc:  # never its text: it may quote a header
             raise PublishError(f"{self.host}: {method} {self._short(url)} failed: "

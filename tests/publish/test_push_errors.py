@@ -3,8 +3,8 @@ replays the engine's own error events): a registry that went away is infrastruct
 then exit 3), a refusal is the user's (exit 1, no retry). The real registry killed mid-push is
 tests/publish/test_faults.py::test_registry_dies_during_image_push; these are the messages the
 engine printed there and in the other fault runs. The registry API client's own reads: a
-registry that dies in the middle of an answer's body (a real socket, cut after the headers and
-part of a chunk) is as transient as one that refuses the connection."""
+registry, or its token service, that dies in the middle of an answer's body (a real socket, cut
+after the headers and part of a chunk) is as transient as one that refuses the connection."""
 
 from __future__ import annotations
 
@@ -106,3 +106,18 @@ def test_a_registry_that_dies_mid_answer_is_transient(answer: bytes) -> None:
         reg.request("GET", "", scope="")
     thread.join(10)
     assert "GET /v2/" in str(caught.value), caught.value
+
+
+def test_a_token_service_that_dies_mid_answer_is_transient() -> None:
+    """The registry's 401 sends the client to a token service that cuts its answer."""
+    token_host, token_thread = _cut_server(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1024\r\n\r\n{\"token\": ")
+    challenge = (f'Bearer realm="http://{token_host}/token",service="verl-env-test"'.encode())
+    host, thread = _cut_server(b"HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: " + challenge
+                               + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    reg = Client(host, "verl-env/test", "http", timeout=10)
+    with pytest.raises(Transient) as caught:
+        reg.request("GET", "")
+    thread.join(10)
+    token_thread.join(10)
+    assert f"token service {token_host}" in str(caught.value), caught.value
