@@ -43,6 +43,7 @@ MAX_GPUS_PER_NODE = 64
 MAX_CPUS_PER_TASK = 8192
 MAX_SECONDS = 7 * 24 * 3600
 MAX_CHECK_INTERVAL = 3600
+MAX_RAY_START_ATTEMPTS = 10  # each failed start costs about 40 s of the allocation
 #: The self-test phases ``--selftest-phases`` may name (the image's ``--phases``).
 SELFTEST_PHASES = (*ALL_PHASES, "all")
 
@@ -93,6 +94,9 @@ class SlurmJob:
     train_checker: bytes = b""
     ray_tmp_root: str = "/tmp"
     ray_wait_timeout: int = 300
+    # Ray started on every node at most this many times when a node's Ray gives up with its
+    # own startup timeout ("The current node timed out during startup": a busy node)
+    ray_start_attempts: int = 3
     selftest_phases: str | None = None
     selftest_args: str = ""  # more self-test options, e.g. "--strict --bw-ref /shared/bw.json"
     selftest_port: int | None = None  # None: 29500 on whole nodes, SHARED_SELFTEST_PORT else
@@ -226,6 +230,7 @@ def _check_numbers(job: SlurmJob) -> None:
     for name in ("ray_wait_timeout", "selftest_timeout"):
         _bounded(job, name, getattr(job, name), 1, MAX_SECONDS)
     _bounded(job, "node_check_interval", job.node_check_interval, 1, MAX_CHECK_INTERVAL)
+    _bounded(job, "ray_start_attempts", job.ray_start_attempts, 1, MAX_RAY_START_ATTEMPTS)
     _bounded(job, "port_stride", job.port_stride, 0, 10000)
     _bounded(job, "ray_logical_gpus", job.ray_logical_gpus, 1, MAX_GPUS_PER_NODE)
     if job.ray_logical_gpus is not None and job.family != "cpu":

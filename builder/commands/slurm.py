@@ -13,9 +13,9 @@ from builder.commands import _shared
 from builder.errors import BuildEnvError, SlurmError
 from builder.cluster.inputs import (DEFAULT_CHECKPOINT_DIR, Inputs, TrainChoice, absolute_path,
                                     default_train_cmd)
-from builder.cluster.job import (FAMILY_NAMES, MAX_GPUS_PER_NODE, MAX_NODES, SELFTEST_PHASES,
-                                 SlurmJob, image_source, job_warnings, parse_env,
-                                 training_command)
+from builder.cluster.job import (FAMILY_NAMES, MAX_GPUS_PER_NODE, MAX_NODES,
+                                 MAX_RAY_START_ATTEMPTS, SELFTEST_PHASES, SlurmJob, image_source,
+                                 job_warnings, parse_env, training_command)
 from builder.cluster.render import render_sbatch, write_sbatch
 from builder.cluster.runtime import RUNTIMES
 from builder.cluster.shell import train_argv
@@ -99,7 +99,8 @@ def job_from_args(args: argparse.Namespace, family: str | None = None,
         roce=args.roce, account=args.account, qos=args.qos, constraint=args.constraint,
         reservation=args.reservation, mem=args.mem, cpu_bind=args.cpu_bind,
         selftest_phases=args.selftest_phases, selftest_args=args.selftest_args,
-        ray_wait_timeout=args.ray_wait_timeout, exclusive=args.exclusive,
+        ray_wait_timeout=args.ray_wait_timeout, ray_start_attempts=args.ray_start_attempts,
+        exclusive=args.exclusive,
         node_check_interval=args.node_check_interval,
         trust_key=trust_key,
         trust_pgp=path(args.trust_pgp, "--trust-pgp"), cluster=args.cluster,
@@ -334,6 +335,11 @@ def _site_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--selftest-args", default="",
                         help="more self-test options (e.g. '--strict --bw-ref FILE')")
     parser.add_argument("--ray-wait-timeout", type=int, default=d.ray_wait_timeout)
+    parser.add_argument("--ray-start-attempts", type=int, default=d.ray_start_attempts,
+                        metavar="N",
+                        help="how often the job starts Ray at most when a node's Ray gives up "
+                             "with Ray's own startup timeout (a busy node; default "
+                             f"{d.ray_start_attempts}, 1-{MAX_RAY_START_ATTEMPTS})")
     parser.add_argument("--node-check-interval", type=int, default=d.node_check_interval,
                         metavar="SECONDS",
                         help="how often a watched stage checks that every node still answers "

@@ -246,6 +246,8 @@ def test_selftest_phases_are_checked(capsys: pytest.CaptureFixture[str]) -> None
     ("--cpus-per-task", "1000000", "cpus_per_task must be a whole number from 1 to 8192"),
     ("--ray-wait-timeout", "99999999", "ray_wait_timeout must be a whole number from 1 to"),
     ("--node-check-interval", "86400", "node_check_interval must be a whole number from 1 to"),
+    ("--ray-start-attempts", "0", "ray_start_attempts must be a whole number from 1 to 10"),
+    ("--ray-start-attempts", "11", "ray_start_attempts must be a whole number from 1 to 10"),
 ])
 def test_numbers_are_bounded(option: str, value: str, message: str,
                              capsys: pytest.CaptureFixture[str]) -> None:
