@@ -2,12 +2,17 @@
 """Benchmark the build against its floor, side by side in one run. Prints JSON.
 
 - ``cold_build_s``: the whole BuildKit build of the rendered context (BuildKit cache pruned, so
-  the uv cache mount is empty too; the base image present), from the first line of output to the
+  nothing is cached: uv's cache lives only inside each install step; the base image present), from the first line of output to the
   image ID, layer export included;
 - ``install_floor_s``: the same lock ``uv pip install --compile-bytecode``d on this host into an
-  empty venv with an empty uv cache (the work the image's install steps must do);
+  empty venv with an empty uv cache (the work the image's install steps must do), by the image's
+  own interpreter where the host has it (``/usr/bin/pythonX.Y``: Debian's build, as in the
+  debootstrap base; a pyenv or other build of the same version compiles bytecode at another
+  speed, which would measure the interpreter, not the builder);
 - ``ratio``: cold build / floor (goal: <= 1.3). These machines are noisy: compare only within
-  one run (``--rounds N`` alternates floor and build N times and reports medians).
+  one run (``--rounds N`` alternates floor and build N times and reports medians). Each side
+  starts on a settled disk (``settle``: what the side before wrote, and the files it removed,
+  flushed first), so neither pays for the other's writeback.
 
 A fresh private dockerd is started unless --docker-host is given. Defaults build the CPU fixture.
 ``--e2e`` also times whole ``build-env --target`` runs: cold, no change, and a verl-only bump.
@@ -43,6 +48,7 @@ def e2e(args: argparse.Namespace, workdir: Path, extra: list[str]) -> dict:
         cmd += ["--set", s]
     if args.base_image:
         cmd += ["--base-image", args.base_image]
+    settle()
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     wall = time.monotonic() - start
@@ -56,6 +62,21 @@ def e2e(args: argparse.Namespace, workdir: Path, extra: list[str]) -> dict:
             "verify_s": verify["seconds"], "selftest_s": selftest, "image_id": report["image_id"]}
 
 
+def settle(seconds: float = 3.0) -> None:
+    """Flush what was written before (the other side's files, the pruned cache) and let the
+    disk go quiet: measured here, a build started while the floor's 2 GB were still being
+    written back took 1.5 times as long."""
+    os.sync()
+    time.sleep(seconds)
+
+
+def floor_python(version: str) -> str:
+    """The interpreter the floor installs for: the system's ``/usr/bin/pythonX.Y`` (the build
+    the image has) where it exists, else the first ``pythonX.Y`` on PATH."""
+    system = Path(f"/usr/bin/python{version}")
+    return str(system) if system.exists() else f"python{version}"
+
+
 def install_floor(lock: Path, python: str, find_links: list[str]) -> float:
     """`uv pip install --compile-bytecode` of the lock into a fresh venv, empty uv cache."""
     with tempfile.TemporaryDirectory(prefix="verl-env-floor-", dir="/var/tmp") as tmp:
@@ -67,6 +88,7 @@ def install_floor(lock: Path, python: str, find_links: list[str]) -> float:
                "--require-hashes", "--compile-bytecode", "-r", str(lock)]
         for link in find_links:
             cmd += ["--find-links", link]
+        settle()
         start = time.monotonic()
         subprocess.run(cmd, check=True, env=env)
         return round(time.monotonic() - start, 1)
@@ -75,6 +97,7 @@ def install_floor(lock: Path, python: str, find_links: list[str]) -> float:
 def cold_build(engine, ctx) -> dict:  # type: ignore[no-untyped-def]
     """The whole build with nothing cached but the base image."""
     freed = engine.prune_build_cache()
+    settle()
     built = engine.build(ctx.path, target=ctx.manifest["target"], network="host",
                          secrets=ctx.secrets)
     steps = {f"{s['at']} {s['instruction'][:48]}": s["seconds"] for s in built.step_times
@@ -126,7 +149,7 @@ def main() -> int:
         engine = Engine.connect()
         floors, builds = [], []
         for _ in range(args.rounds):
-            floors.append(install_floor(ctx.path / "lock.txt", f"python{target.python}",
+            floors.append(install_floor(ctx.path / "lock.txt", floor_python(target.python),
                                         list(target.find_links)))
             builds.append(cold_build(engine, ctx))
         floor = statistics.median(floors)
@@ -134,6 +157,7 @@ def main() -> int:
         result: dict = {
             "target": args.target, "set": args.set, "base_image": args.base_image,
             "cli": str(find_buildkit_cli()), "cpus": os.cpu_count(),
+            "floor_python": floor_python(target.python),
             "install_floor_s": floors, "cold_build": builds,
             "ratio_cold_build_over_floor": round(cold / floor, 2), "goal": 1.3,
         }

@@ -380,9 +380,9 @@ def run_doctor(interface: str = "ib0", hf_home: str | None = None, runtime: str 
 # node's slurmd running) decides which checks ``doctor`` runs by default.
 
 GB = 1000 ** 3
-# Free space a build needs under the engine's data root, by accelerator (the image, the uv
-# cache mount holding the wheels once more, one candidate beside the last release; see
-# docs/guides/gpu-build-host.md).
+# Free space a build needs under the engine's data root, by accelerator (the image, one
+# candidate beside the last release, the source stages and their caches, and the largest
+# layer's wheels unpacked while its step runs; see docs/guides/gpu-build-host.md).
 NEEDS_GB = {"cuda": 60, "rocm": 90, "cpu": 10}
 INDEX_TIMEOUT_S = 10.0
 SLURMD_PIDFILES = ("/run/slurmd.pid", "/var/run/slurmd.pid")

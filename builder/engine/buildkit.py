@@ -272,8 +272,9 @@ class Builds:
         target's arch or platform; ``--platform`` is passed only when it differs from the
         daemon's. ``secrets``: BuildKit secrets (id -> file), e.g. the site CA. Raises EngineError
         naming the failed step. ``no_cache``: no step is taken from the build cache (``--no-cache``;
-        BuildKit still mounts the cache mounts, e.g. uv's download cache, whose files
-        ``--require-hashes`` checks); on SIGINT/SIGTERM (KeyboardInterrupt, see interrupts_raise) the
+        BuildKit still mounts the cache mounts, e.g. a source build's pip cache; uv's cache
+        lives only inside each install step, so every wheel is fetched again and checked by
+        ``--require-hashes``); on SIGINT/SIGTERM (KeyboardInterrupt, see interrupts_raise) the
         build process group is killed, which cancels the build: nothing is tagged.
 
         A build that BuildKit itself broke off at a step with its stream to the step cut

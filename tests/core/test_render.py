@@ -82,7 +82,7 @@ def test_layer_order_and_cache_contract(tmp_path: Path) -> None:
                                         "30-deps.txt", "from=source-flash-attn", "40-verl.txt",
                                         "COPY selftest/", "LABEL ")]
     assert order == sorted(order)
-    assert "--require-hashes" in runtime and "--mount=type=cache" in runtime
+    assert "--require-hashes" in runtime and "--cache-dir /tmp/verl-env-uv" in runtime
     assert "rm -rf /var/lib/apt/lists/*" in runtime
     assert "build-essential" not in runtime and "pip wheel" not in runtime  # compilers stay out
     assert 'org.verl-env.pin.vllm="0.24.0"' in df and "org.verl-env.lock-hash=" in df
@@ -106,8 +106,8 @@ def test_site_ca_is_a_build_secret_never_in_the_context(tmp_path: Path) -> None:
     assert "ARG SSL_CERT_FILE=/run/secrets/site-ca" in ctx.dockerfile
     assert "ENV SSL_CERT_FILE" not in ctx.dockerfile and "COPY site-ca" not in ctx.dockerfile
     # every step that reaches an index mounts it (apt, the venv's pip, each uv install)
-    runs = [line for line in ctx.dockerfile.splitlines() if line.startswith("RUN ")]
-    fetching = [r for r in runs if "apt-get" in r or "-m venv" in r or "--mount=type=cache" in r]
+    runs = _run_steps(ctx.dockerfile)
+    fetching = [r for r in runs if "apt-get" in r or "-m venv" in r or "uv pip install" in r]
     assert len(fetching) == 5 and all("--mount=type=secret,id=site-ca,required=true" in r
                                       for r in fetching)
     assert ctx.labels["org.verl-env.site-ca"].startswith("sha256:")
@@ -115,17 +115,37 @@ def test_site_ca_is_a_build_secret_never_in_the_context(tmp_path: Path) -> None:
     assert "site-ca" not in plain.dockerfile and plain.secrets == {}
 
 
+def _run_steps(dockerfile: str) -> list[str]:
+    """Each RUN instruction of ``dockerfile``, its continuation lines included."""
+    steps: list[str] = []
+    lines = iter(dockerfile.splitlines())
+    for line in lines:
+        if line.startswith("RUN "):
+            step = [line]
+            while step[-1].endswith("\\"):
+                step.append(next(lines))
+            steps.append("\n".join(step))
+    return steps
+
+
 def test_nothing_is_copied_in_only_to_be_deleted(tmp_path: Path) -> None:
-    """Local and source-built wheels are bind mounts, the uv cache a cache mount: no layer holds
+    """Local and source-built wheels are bind mounts, and uv's cache lives and dies inside the
+    step that installs (hard-linked into the venv, removed before the step ends): no layer holds
     a file a later layer removes (the pipeline tests measure it on the built fixture)."""
     for matrix, name in TARGETS:
         df = _render(matrix, name, tmp_path / name).dockerfile
-        assert "rm -rf /tmp" not in df and "COPY wheels" not in df, name
+        assert "COPY wheels" not in df and "--mount=type=cache,id=verl-env-uv" not in df, name
         assert "COPY --from" not in df, name
         assert "# syntax" not in df  # the built-in frontend: nothing to pull
-        for run in (r for r in df.split("\nRUN ")[1:] if "uv pip install" in r.split("\n\n")[0]):
-            assert run.startswith("--mount=type=cache,id=verl-env-uv,target=/root/.cache/uv")
-            assert "--link-mode=copy" in run and "--no-cache " not in run
+        steps = _run_steps(df)
+        installs = [r for r in steps if "uv pip install" in r]
+        assert installs, name
+        for run in installs:
+            assert "--cache-dir /tmp/verl-env-uv --link-mode=hardlink" in run, run
+            assert run.rstrip().endswith("rm -rf /tmp/verl-env-uv /tmp/uv-*.lock"), run
+            assert "--no-cache " not in run
+        # nothing else removes what /tmp held: an earlier layer never wrote it
+        assert all("rm -rf /tmp" not in r for r in steps if r not in installs), name
     cuda = _render("matrix.yaml", "cuda-x86_64", tmp_path / "c").dockerfile
     assert ("--mount=type=bind,from=source-flash-attn,source=/wheels,"
             "target=/tmp/verl-env/built/flash-attn" in cuda)
@@ -210,12 +230,11 @@ def test_a_site_index_reaches_the_build_as_secrets_only(tmp_path: Path,
     snap = load_snapshot(REPO / "tests/fixtures/metadata/pypi-snapshot.json")
     ctx = render_context(t, lock.read_text(), snap, tmp_path / "ctx", lock_file=lock,
                          index_url=url)
-    fetching = [line for line in ctx.dockerfile.splitlines() if line.startswith("RUN") and
-                ("uv pip install" in line or "pip install" in line or "apt-get" in line
-                 or "--mount=type=cache" in line)]
-    assert fetching and all("id=site-index-uv,target=/etc/uv/uv.toml" in line
-                            and "id=site-index-pip,target=/etc/pip.conf" in line
-                            for line in fetching if "pip" in line or "cache" in line)
+    fetching = [r for r in _run_steps(ctx.dockerfile) if "pip install" in r or "apt-get" in r]
+    assert len(fetching) == 5 and sum("uv pip install" in r for r in fetching) == 3
+    assert all("id=site-index-uv,target=/etc/uv/uv.toml" in step
+               and "id=site-index-pip,target=/etc/pip.conf" in step
+               for step in fetching if "pip install" in step)
     assert set(ctx.secrets) == {"site-index-pip", "site-index-uv"}
     uv = ctx.secrets["site-index-uv"]
     assert url in uv.read_text() and (uv.stat().st_mode & 0o777) == 0o600

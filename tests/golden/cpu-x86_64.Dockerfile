@@ -27,24 +27,24 @@ RUN python3.11 -m venv /opt/venv \
 
 # torch: 10 packages
 COPY layers/10-torch.txt /opt/verl-env/layers/
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,source=wheels,target=/tmp/verl-env/wheels \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/10-torch.txt \
+RUN --mount=type=bind,source=wheels,target=/tmp/verl-env/wheels \
+    uv pip install --python /opt/venv/bin/python --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/10-torch.txt \
     && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
-    && rm -f /tmp/uv-*.lock
+    && rm -rf /tmp/verl-env-uv /tmp/uv-*.lock
 
 # deps: 120 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,source=wheels,target=/tmp/verl-env/wheels \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/30-deps.txt \
+RUN --mount=type=bind,source=wheels,target=/tmp/verl-env/wheels \
+    uv pip install --python /opt/venv/bin/python --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/30-deps.txt \
     && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
-    && rm -f /tmp/uv-*.lock
+    && rm -rf /tmp/verl-env-uv /tmp/uv-*.lock
 
 # verl: 1 packages
 COPY layers/40-verl.txt /opt/verl-env/layers/
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,source=wheels,target=/tmp/verl-env/wheels \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/40-verl.txt \
+RUN --mount=type=bind,source=wheels,target=/tmp/verl-env/wheels \
+    uv pip install --python /opt/venv/bin/python --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --compile-bytecode --require-hashes --find-links /tmp/verl-env/wheels -r /opt/verl-env/layers/40-verl.txt \
     && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
-    && rm -f /tmp/uv-*.lock
+    && rm -rf /tmp/verl-env-uv /tmp/uv-*.lock
 
 # The gate: the self-test that verify, apptainer exec and srun run inside this image.
 COPY selftest/ /opt/verl-env/verl_env_selftest/

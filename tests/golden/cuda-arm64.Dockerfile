@@ -35,15 +35,15 @@ RUN python3.12 -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt \
     && /opt/venv/bin/python -m pip uninstall -y -q setuptools
 COPY layers/10-torch.txt /opt/verl-env/layers/
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --require-hashes -r /opt/verl-env/layers/10-torch.txt \
+RUN \
+    uv pip install --python /opt/venv/bin/python --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --require-hashes -r /opt/verl-env/layers/10-torch.txt \
     && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
-    && rm -f /tmp/uv-*.lock
+    && rm -rf /tmp/verl-env-uv /tmp/uv-*.lock
 COPY layers/build-tools.txt /opt/verl-env/layers/
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --require-hashes -r /opt/verl-env/layers/build-tools.txt \
+RUN \
+    uv pip install --python /opt/venv/bin/python --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --require-hashes -r /opt/verl-env/layers/build-tools.txt \
     && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
-    && rm -f /tmp/uv-*.lock
+    && rm -rf /tmp/verl-env-uv /tmp/uv-*.lock
 # One stage per source package below, so a change to one rebuilds only its own wheel (BuildKit
 # builds the stages side by side); each has its own pip cache, keyed by what its wheel is built
 # against. No build isolation (it must compile against the torch of this very lock); sources
@@ -107,38 +107,38 @@ RUN python3.12 -m venv /opt/venv \
 
 # torch: 29 packages
 COPY layers/10-torch.txt /opt/verl-env/layers/
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/10-torch.txt \
+RUN \
+    uv pip install --python /opt/venv/bin/python --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/10-torch.txt \
     && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
-    && rm -f /tmp/uv-*.lock
+    && rm -rf /tmp/verl-env-uv /tmp/uv-*.lock
 
 # engine: 165 packages
 COPY layers/20-engine.txt /opt/verl-env/layers/
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt \
+RUN \
+    uv pip install --python /opt/venv/bin/python --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/20-engine.txt \
     && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
-    && rm -f /tmp/uv-*.lock
+    && rm -rf /tmp/verl-env-uv /tmp/uv-*.lock
 
 # deps: 65 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt \
+RUN \
+    uv pip install --python /opt/venv/bin/python --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt \
     && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
-    && rm -f /tmp/uv-*.lock
+    && rm -rf /tmp/verl-env-uv /tmp/uv-*.lock
 
 # source-built: tensordict, flash-attn (wheels mounted from
 # their build stages, never copied into a layer)
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv --mount=type=bind,from=source-tensordict,source=/wheels,target=/tmp/verl-env/built/tensordict --mount=type=bind,from=source-flash-attn,source=/wheels,target=/tmp/verl-env/built/flash-attn \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode /tmp/verl-env/built/*/*.whl \
+RUN --mount=type=bind,from=source-tensordict,source=/wheels,target=/tmp/verl-env/built/tensordict --mount=type=bind,from=source-flash-attn,source=/wheels,target=/tmp/verl-env/built/flash-attn \
+    uv pip install --python /opt/venv/bin/python --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --compile-bytecode /tmp/verl-env/built/*/*.whl \
     && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
-    && rm -f /tmp/uv-*.lock
+    && rm -rf /tmp/verl-env-uv /tmp/uv-*.lock
 
 # verl: 1 packages
 COPY layers/40-verl.txt /opt/verl-env/layers/
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    uv pip install --python /opt/venv/bin/python --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt \
+RUN \
+    uv pip install --python /opt/venv/bin/python --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt \
     && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
-    && rm -f /tmp/uv-*.lock
+    && rm -rf /tmp/verl-env-uv /tmp/uv-*.lock
 
 # The gate: the self-test that verify, apptainer exec and srun run inside this image.
 COPY selftest/ /opt/verl-env/verl_env_selftest/

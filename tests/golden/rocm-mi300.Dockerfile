@@ -27,15 +27,15 @@ RUN python3 -m pip install --no-cache-dir --no-deps --require-hashes --target /o
 
 # deps: 118 packages
 COPY layers/30-deps.txt /opt/verl-env/layers/
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    /opt/verl-env/tools/bin/uv pip install --python python3 --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt \
-    && rm -f /tmp/uv-*.lock
+RUN \
+    /opt/verl-env/tools/bin/uv pip install --python python3 --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/30-deps.txt \
+    && rm -rf /tmp/verl-env-uv /tmp/uv-*.lock
 
 # verl: 1 packages
 COPY layers/40-verl.txt /opt/verl-env/layers/
-RUN --mount=type=cache,id=verl-env-uv,target=/root/.cache/uv \
-    /opt/verl-env/tools/bin/uv pip install --python python3 --link-mode=copy --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt \
-    && rm -f /tmp/uv-*.lock
+RUN \
+    /opt/verl-env/tools/bin/uv pip install --python python3 --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --compile-bytecode --require-hashes -r /opt/verl-env/layers/40-verl.txt \
+    && rm -rf /tmp/verl-env-uv /tmp/uv-*.lock
 
 # The gate: the self-test that verify, apptainer exec and srun run inside this image.
 COPY selftest/ /opt/verl-env/verl_env_selftest/

@@ -143,9 +143,9 @@ def private(debian_base: str) -> Iterator[Private]:
 
 def test_a_full_disk_is_found_in_what_buildkit_apt_and_uv_print() -> None:
     uv = ("#9 4.2 error: Failed to install: torch-2.13.0+cpu-cp311.whl\n"
-          "#9 4.2   Caused by: failed to write to file `/root/.cache/uv/x`: No space left on "
+          "#9 4.2   Caused by: failed to write to file `/tmp/verl-env-uv/x`: No space left on "
           "device (os error 28)\n#9 ERROR: process did not complete successfully: exit code: 2")
-    assert faults.no_space(uv) == ("#9 4.2   Caused by: failed to write to file `/root/.cache/uv/"
+    assert faults.no_space(uv) == ("#9 4.2   Caused by: failed to write to file `/tmp/verl-env-uv/"
                                    "x`: No space left on device (os error 28)")
     apt = "#5 3.1 E: Write error - write (28: No space left on device)"
     assert faults.no_space(apt) == apt
