@@ -64,8 +64,8 @@ def e2e(args: argparse.Namespace, workdir: Path, extra: list[str]) -> dict:
 
 def settle(seconds: float = 3.0) -> None:
     """Flush what was written before (the other side's files, the pruned cache) and let the
-    disk go quiet: measured here, a build started while the floor's 2 GB were still being
-    written back took 1.5 times as long."""
+    disk go quiet, so neither side pays for the other's writeback. (This machine's speed also
+    drifts by half over tens of minutes, whatever ran before: hence rounds, interleaved.)"""
     os.sync()
     time.sleep(seconds)
 
