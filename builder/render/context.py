@@ -48,7 +48,7 @@ class RenderContext:
     ca_bundle: Path | None
     ca_hash: str | None
     base_record: dict[str, Any] | None
-    venv_replaced: tuple[str, ...]
+    lock_has_pip: bool  # the lock pins pip: the venv step leaves the base's out
     site_index: bool  # every fetching step mounts the site's index config (secrets)
     manifest: dict[str, Any]
     labels: dict[str, str]
@@ -77,7 +77,7 @@ class RenderContext:
             ca_bundle=self.ca_bundle is not None, wheels=wheels,
             find_links=["/tmp/verl-env/wheels"] if wheels else [],
             source_builds=list(self.source_builds), gpus=list(t.gpus),
-            prebuilt=sorted(self.chosen), venv_replaced=self.venv_replaced, vendor=self.vendor,
+            prebuilt=sorted(self.chosen), lock_has_pip=self.lock_has_pip, vendor=self.vendor,
             image_env=dict(fam.image_env) if fam else {}, labels=self.labels)
 
 
@@ -125,7 +125,7 @@ def compute(target: Target, lock_text: str, snapshot: Snapshot, *,
         tools=tools, layers=layers, build_tools=build_tools, pins=pins, source_builds=stages,
         chosen=chosen, decided=decided, local_wheels=wheels, ca_bundle=ca_bundle,
         ca_hash=ca_hash, base_record=base_record,
-        venv_replaced=tuple(sorted({"pip", "setuptools", "wheel"} & set(locked))),
+        lock_has_pip="pip" in locked,
         site_index=bool(index_url or os.environ.get("VERL_ENV_INDEX_URL")),
         manifest=manifest(target, matrix_hash, lock_hash, base_record, pins, decided,
                           installed=tuple(locked)),

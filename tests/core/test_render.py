@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -231,7 +232,7 @@ def test_a_site_index_reaches_the_build_as_secrets_only(tmp_path: Path,
     ctx = render_context(t, lock.read_text(), snap, tmp_path / "ctx", lock_file=lock,
                          index_url=url)
     fetching = [r for r in _run_steps(ctx.dockerfile) if "pip install" in r or "apt-get" in r]
-    assert len(fetching) == 5 and sum("uv pip install" in r for r in fetching) == 3
+    assert len(fetching) == 5 and sum("uv pip install" in r for r in fetching) == 4
     assert all("id=site-index-uv,target=/etc/uv/uv.toml" in step
                and "id=site-index-pip,target=/etc/pip.conf" in step
                for step in fetching if "pip install" in step)
@@ -244,3 +245,41 @@ def test_a_site_index_reaches_the_build_as_secrets_only(tmp_path: Path,
     assert "t0ken" not in json.dumps(ctx.labels) and "mirror.example" not in ctx.dockerfile
     plain = render_context(t, lock.read_text(), snap, tmp_path / "plain", lock_file=lock)
     assert "site-index" not in plain.dockerfile and not plain.secrets
+
+
+def test_the_venv_gets_uv_from_the_bases_own_pip_and_pip_only_where_the_lock_has_none(
+        tmp_path: Path) -> None:
+    """pip runs from the wheel ensurepip would install (no ensurepip, no setuptools to remove);
+    uv then installs that pip into the venv, unless the lock pins pip, whose layer installs it
+    (so no layer replaces the venv step's files); a source stage runs pip, so keeps it."""
+    from builder.render.dockerfile import environment
+
+    env = environment()
+    env.globals["site_index"] = False
+    macro = env.from_string(
+        '{% import "_macros.j2" as m %}{{ m.venv("python3.11", none, with_pip=pip) }}')
+    with_pip, without = macro.render(pip=True), macro.render(pip=False)
+    for step in (with_pip, without):
+        assert "-m venv --without-pip /opt/venv" in step and "ensurepip -" not in step
+        assert '"$pip_wheel/pip" install --no-cache-dir --no-deps --require-hashes' in step
+        assert "uninstall" not in step
+    assert "--no-index --find-links \"${pip_wheel%/*}\" pip" in with_pip
+    assert "uv pip install" not in without and "rm -rf" not in without
+    cuda = _render("matrix.yaml", "cuda-x86_64", tmp_path / "cuda").dockerfile
+    assert cuda.count("--find-links \"${pip_wheel%/*}\" pip") == 2  # source stage and runtime
+
+
+def test_the_pip_wheel_finder_finds_what_ensurepip_installs() -> None:
+    """The one-line finder the venv step runs, against the interpreters here (this host's
+    Debian python3 and the test venv's): it prints a pip wheel in one of the directories
+    ensurepip takes its wheels from."""
+    from builder.render.dockerfile import environment
+
+    finder = environment().from_string(
+        '{% import "_macros.j2" as m %}{{ m.FIND_PIP_WHEEL }}').render()
+    for python in sorted({p for p in ("/usr/bin/python3", sys.executable) if Path(p).exists()}):
+        proc = subprocess.run([python, "-c", finder], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        wheel = Path(proc.stdout.strip())
+        assert wheel.is_file() and wheel.name.startswith("pip-") and wheel.suffix == ".whl"
+        assert wheel.parent.name in ("python-wheels", "_bundled"), wheel

@@ -31,9 +31,12 @@ RUN apt-get update \
               /var/log/dpkg.log /var/log/alternatives.log
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
-RUN python3.12 -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt \
-    && /opt/venv/bin/python -m pip uninstall -y -q setuptools
+RUN python3.12 -m venv --without-pip /opt/venv \
+    && pip_wheel=$(/opt/venv/bin/python -c 'import glob, os, sys, sysconfig; import ensurepip as e; d = [sysconfig.get_config_var("WHEEL_PKG_DIR") or "", "/usr/share/python-wheels", os.path.join(os.path.dirname(e.__file__), "_bundled")]; w = [p for x in d if x for p in sorted(glob.glob(os.path.join(x, "pip-*.whl")))]; print(w[-1]) if w else sys.exit("ensurepip has no pip for this interpreter in " + str(d))') \
+    && /opt/venv/bin/python "$pip_wheel/pip" install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt \
+    && uv pip install --python /opt/venv/bin/python --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --compile-bytecode --no-index --find-links "${pip_wheel%/*}" pip \
+    && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
+    && rm -rf /tmp/verl-env-uv /tmp/uv-*.lock
 COPY layers/10-torch.txt /opt/verl-env/layers/
 RUN \
     uv pip install --python /opt/venv/bin/python --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --require-hashes -r /opt/verl-env/layers/10-torch.txt \
@@ -91,9 +94,12 @@ RUN apt-get update \
               /var/log/dpkg.log /var/log/alternatives.log
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
-RUN python3.12 -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt \
-    && /opt/venv/bin/python -m pip uninstall -y -q setuptools
+RUN python3.12 -m venv --without-pip /opt/venv \
+    && pip_wheel=$(/opt/venv/bin/python -c 'import glob, os, sys, sysconfig; import ensurepip as e; d = [sysconfig.get_config_var("WHEEL_PKG_DIR") or "", "/usr/share/python-wheels", os.path.join(os.path.dirname(e.__file__), "_bundled")]; w = [p for x in d if x for p in sorted(glob.glob(os.path.join(x, "pip-*.whl")))]; print(w[-1]) if w else sys.exit("ensurepip has no pip for this interpreter in " + str(d))') \
+    && /opt/venv/bin/python "$pip_wheel/pip" install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt \
+    && uv pip install --python /opt/venv/bin/python --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --compile-bytecode --no-index --find-links "${pip_wheel%/*}" pip \
+    && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
+    && rm -rf /tmp/verl-env-uv /tmp/uv-*.lock
 
 # torch: 29 packages
 COPY layers/10-torch.txt /opt/verl-env/layers/

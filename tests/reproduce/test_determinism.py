@@ -42,7 +42,7 @@ def test_every_apt_and_uv_step_removes_what_differs_per_build() -> None:
         assert "apt-get clean" in step and "/var/cache/ldconfig/aux-cache" in step
         assert "/var/log/dpkg.log" in step
     for step in uv:
-        assert "uv_cache.json" in step and "rm -f /tmp/uv-*.lock" in step
+        assert "uv_cache.json" in step and "rm -rf /tmp/verl-env-uv /tmp/uv-*.lock" in step
 
 
 def test_the_uv_tidy_command_drops_uv_cache_json_and_its_record_line(tmp_path: Path) -> None:
