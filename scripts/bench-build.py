@@ -2,8 +2,8 @@
 """Benchmark the build against its floor, side by side in one run. Prints JSON.
 
 - ``cold_build_s``: the whole BuildKit build of the rendered context (BuildKit cache pruned, so
-  nothing is cached: uv's cache lives only inside each install step; the base image present), from the first line of output to the
-  image ID, layer export included;
+  nothing is cached: uv's cache lives only inside each install step; the base image present),
+  from the first line of output to the image ID, layer export included;
 - ``install_floor_s``: the same lock ``uv pip install --compile-bytecode``d on this host into an
   empty venv with an empty uv cache (the work the image's install steps must do), by the image's
   own interpreter where the host has it (``/usr/bin/pythonX.Y``: Debian's build, as in the
