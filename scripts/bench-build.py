@@ -86,7 +86,7 @@ def install_floor(lock: Path, python: str, find_links: list[str]) -> float:
     """`uv pip install --compile-bytecode` of the lock into a fresh venv, empty uv cache."""
     with tempfile.TemporaryDirectory(prefix="verl-env-floor-", dir="/var/tmp") as tmp:
         env = {**os.environ, "UV_CACHE_DIR": f"{tmp}/cache", "UV_NO_CONFIG": "1",
-               "SSL_CERT_FILE": str(CA)}
+               "SSL_CERT_FILE": str(CA), "TMPDIR": tmp}  # uv's leftovers removed with it
         subprocess.run(["uv", "venv", "-q", "--python", python, f"{tmp}/venv"], check=True,
                        env=env)
         cmd = ["uv", "pip", "install", "-q", "--python", f"{tmp}/venv/bin/python", "--no-deps",

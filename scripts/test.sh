@@ -22,12 +22,16 @@ root=$(mktemp -d /var/tmp/verl-env-test.XXXXXX) || exit 1
 trap 'rm -rf "$root"' EXIT
 # setuptools reuses build/lib and build/bdist.*: a stale file there would slip into the wheel
 rm -rf build/lib build/bdist.*
-uv build --wheel -q -o "$root/dist" . || exit 1
+# uv's own temporary files (the lock file of each setuptools build, which uv leaves behind) go
+# under $root, removed at exit, not into /tmp
+mkdir "$root/tmp" || exit 1
+TMPDIR="$root/tmp" uv build --wheel -q -o "$root/dist" . || exit 1
 wheel=$(ls "$root"/dist/verl_env-*.whl) || exit 1
-uv venv -q --seed --python "$(command -v python3)" "$root/venv" || exit 1
+TMPDIR="$root/tmp" uv venv -q --seed --python "$(command -v python3)" "$root/venv" || exit 1
 # Bytecode compiled once here: every `build-env` a test starts would otherwise compile its
 # modules (and requests', docker's, jsonschema's...) again where PYTHONDONTWRITEBYTECODE is set.
-uv pip install -q --compile-bytecode --python "$root/venv/bin/python" "${wheel}[test]" || exit 1
+TMPDIR="$root/tmp" uv pip install -q --compile-bytecode --python "$root/venv/bin/python" \
+    "${wheel}[test]" || exit 1
 export VERL_ENV_CLI="$root/venv/bin/build-env" PATH="$root/venv/bin:$PATH"
 pytest=("$root/venv/bin/python" -m pytest -rs -p no:cacheprovider --durations=15
         --expected-skips tests/expected-skips.txt)

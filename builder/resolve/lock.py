@@ -197,8 +197,10 @@ def _uv_compile(target: Target, requirements: list[str], *, constraints: list[st
         start = time.monotonic()
         limit = network_timeout() * RESOLVE_TIMEOUTS
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=uv_env(), cwd=tmpdir,
-                                  timeout=limit)
+            # TMPDIR: uv's own temporary files (the lock file of a setuptools build, one per
+            # run, that uv leaves behind) go into this directory and are removed with it
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmpdir, timeout=limit,
+                                  env={**uv_env(), "TMPDIR": str(tmpdir)})
         except subprocess.TimeoutExpired:
             raise NetworkError(site_index() or "the default index", f"uv did not finish "
                                f"resolving within {limit:g} s", way_out=INDEX_WAY_OUT,

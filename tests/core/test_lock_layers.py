@@ -122,6 +122,24 @@ def test_uv_resolves_the_fixture_target_reproducibly(tmp_path: Path) -> None:
 
 
 @pytest.mark.network
+def test_a_resolution_leaves_nothing_in_the_temporary_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """uv leaves a lock file of its setuptools build (``uv-setuptools-<hash>.lock``, a new one
+    each run) in its temporary directory: the resolution gives uv a directory of its own and
+    removes it, so a ``lock`` writes nothing the user did not name."""
+    import tempfile
+
+    _, snap, t = _fixture_target()
+    base = tmp_path / "tmp"
+    base.mkdir()
+    monkeypatch.setenv("TMPDIR", str(base))
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    compile_lock(t, snap, tmp_path / "lock.txt")
+    assert (tmp_path / "lock.txt").is_file()
+    assert sorted(p.name for p in base.iterdir()) == []
+
+
+@pytest.mark.network
 def test_an_override_moves_only_what_it_overrides(tmp_path: Path) -> None:
     """A verl-only bump keeps every other version of the committed lock (uv keeps the versions of
     the lock it is given), so only the verl layer is rebuilt."""
