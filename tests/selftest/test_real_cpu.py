@@ -87,11 +87,18 @@ def test_gloo_allreduce_ranks(selftest: RunSelftest, installed: dict[str, str],
     assert r.report and r.report["world_size"] == ranks
 
 
+def _logs(tmp_path: Path) -> list[str]:
+    """torchrun's logs in the test's directory (by default it leaves a ``torchelastic_*``
+    directory in /tmp for every run)."""
+    return ["--log-dir", str(tmp_path / "torchrun-logs")]
+
+
 def test_torchrun_two_ranks(selftest: RunSelftest, installed: dict[str, str],
-                            hostpy: str) -> None:
+                            hostpy: str, tmp_path: Path) -> None:
     torchrun = str(Path(hostpy).parent / "torchrun")
     r = selftest(manifest=manifest_for(installed, names=("torch",)),
-                 prefix=[torchrun, "--standalone", "--nproc-per-node", "2", "-m"])
+                 prefix=[torchrun, *_logs(tmp_path), "--standalone", "--nproc-per-node", "2",
+                         "-m"])
     print(f"\ntorchrun 2 ranks: {r.wall_s:.1f} s wall")
     assert r.rc == 0, r.stdout + r.stderr
     rep = r.report
@@ -183,12 +190,13 @@ def test_hung_phase_is_killed_and_named(selftest: RunSelftest,
 
 
 def test_hung_collective_under_torchrun(selftest: RunSelftest, installed: dict[str, str],
-                                        hostpy: str) -> None:
+                                        hostpy: str, tmp_path: Path) -> None:
     torchrun = str(Path(hostpy).parent / "torchrun")
     r = selftest("--phases", "collective", "--timeout", "2",
                  manifest=manifest_for(installed, names=("torch",)),
                  env={"VERL_ENV_SELFTEST_FAULT": "hang-rank:1"},
-                 prefix=[torchrun, "--standalone", "--nproc-per-node", "2", "-m"])
+                 prefix=[torchrun, *_logs(tmp_path), "--standalone", "--nproc-per-node", "2",
+                         "-m"])
     print(f"\ntorchrun hung collective: {r.wall_s:.1f} s wall")
     assert r.rc != 0
     rep = r.report
