@@ -283,3 +283,20 @@ def test_the_pip_wheel_finder_finds_what_ensurepip_installs() -> None:
         wheel = Path(proc.stdout.strip())
         assert wheel.is_file() and wheel.name.startswith("pip-") and wheel.suffix == ".whl"
         assert wheel.parent.name in ("python-wheels", "_bundled"), wheel
+
+
+def test_the_pip_wheel_finder_prefers_the_interpreters_wheel_dir(tmp_path: Path) -> None:
+    """As ensurepip does: the interpreter's WHEEL_PKG_DIR first, whatever the later places
+    (here this interpreter's own ensurepip/_bundled) hold."""
+    from builder.render.dockerfile import environment
+
+    finder = environment().from_string(
+        '{% import "_macros.j2" as m %}{{ m.FIND_PIP_WHEEL }}').render()
+    wheel = tmp_path / "pip-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    patched = ("import sysconfig; get = sysconfig.get_config_var; "
+               f"sysconfig.get_config_var = lambda k: {str(tmp_path)!r} "
+               "if k == 'WHEEL_PKG_DIR' else get(k); "
+               f"exec({finder!r})")
+    proc = subprocess.run([sys.executable, "-c", patched], capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout.strip()) == (0, str(wheel)), proc.stderr

@@ -32,7 +32,7 @@ RUN apt-get update \
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
 RUN python3.12 -m venv --without-pip /opt/venv \
-    && pip_wheel=$(/opt/venv/bin/python -c 'import glob, os, sys, sysconfig; import ensurepip as e; d = [sysconfig.get_config_var("WHEEL_PKG_DIR") or "", "/usr/share/python-wheels", os.path.join(os.path.dirname(e.__file__), "_bundled")]; w = [p for x in d if x for p in sorted(glob.glob(os.path.join(x, "pip-*.whl")))]; print(w[-1]) if w else sys.exit("ensurepip has no pip for this interpreter in " + str(d))') \
+    && pip_wheel=$(/opt/venv/bin/python -c 'import glob, os, sys, sysconfig; import ensurepip as e; d = [sysconfig.get_config_var("WHEEL_PKG_DIR") or "", "/usr/share/python-wheels", os.path.join(os.path.dirname(e.__file__), "_bundled")]; w = [sorted(g)[-1] for x in d if x for g in [glob.glob(os.path.join(x, "pip-*.whl"))] if g]; print(w[0]) if w else sys.exit("ensurepip has no pip for this interpreter in " + str(d))') \
     && /opt/venv/bin/python "$pip_wheel/pip" install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt \
     && uv pip install --python /opt/venv/bin/python --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --compile-bytecode --no-index --find-links "${pip_wheel%/*}" pip \
     && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
@@ -95,7 +95,7 @@ RUN apt-get update \
 
 COPY layers/00-tools.txt /opt/verl-env/layers/
 RUN python3.12 -m venv --without-pip /opt/venv \
-    && pip_wheel=$(/opt/venv/bin/python -c 'import glob, os, sys, sysconfig; import ensurepip as e; d = [sysconfig.get_config_var("WHEEL_PKG_DIR") or "", "/usr/share/python-wheels", os.path.join(os.path.dirname(e.__file__), "_bundled")]; w = [p for x in d if x for p in sorted(glob.glob(os.path.join(x, "pip-*.whl")))]; print(w[-1]) if w else sys.exit("ensurepip has no pip for this interpreter in " + str(d))') \
+    && pip_wheel=$(/opt/venv/bin/python -c 'import glob, os, sys, sysconfig; import ensurepip as e; d = [sysconfig.get_config_var("WHEEL_PKG_DIR") or "", "/usr/share/python-wheels", os.path.join(os.path.dirname(e.__file__), "_bundled")]; w = [sorted(g)[-1] for x in d if x for g in [glob.glob(os.path.join(x, "pip-*.whl"))] if g]; print(w[0]) if w else sys.exit("ensurepip has no pip for this interpreter in " + str(d))') \
     && /opt/venv/bin/python "$pip_wheel/pip" install --no-cache-dir --no-deps --require-hashes -r /opt/verl-env/layers/00-tools.txt \
     && uv pip install --python /opt/venv/bin/python --cache-dir /tmp/verl-env-uv --link-mode=hardlink --no-deps --compile-bytecode --no-index --find-links "${pip_wheel%/*}" pip \
     && find /opt/venv/lib -path '*.dist-info/uv_cache.json' -exec sh -c 'sed -i "/\.dist-info\/uv_cache\.json,/d" "${1%/*}/RECORD" && rm "$1"' sh {} \; \
