@@ -7,11 +7,12 @@ Side by side in one run, rounds interleaved with alternating order (both sides s
 machine load and page cache):
 
 * ``convert``: :func:`builder.sif.native.build`: the engine's export streamed through the
-  ``/.singularity.d`` overlay into ``mksquashfs - OUT -tar`` (gzip), then the SIF header; wall
-  and CPU seconds (this process and its children);
+  ``/.singularity.d`` overlay into ``mksquashfs - OUT -tar`` (gzip; ``--compression none``:
+  nothing compressed, as ``build-env sif --compression none``), then the SIF header; wall and
+  CPU seconds (this process and its children);
 * ``raw``: ``docker create`` + ``docker export C | mksquashfs - OUT -tar -noappend -comp gzip``
   through the docker CLI, the floor the issue sets (goal: convert <= 1.05x raw, wall), with the
-  conversion's own gzip level (``sif_native.GZIP``) so that both sides compress alike;
+  conversion's own options (``sif_native.COMPRESSIONS``) so that both sides compress alike;
   ``--raw-comp '-comp gzip'`` times it at mksquashfs's own default level (9) instead.
 
 The conversion's verification (siftool, unsquashfs, the self-test from the SIF) is not timed
@@ -53,12 +54,14 @@ def timed(fn: Any) -> tuple[float, dict[str, float], Any]:
     return time.monotonic() - w0, {"self": s1 - s0, "children": c1 - c0}, result
 
 
-def convert(engine: Engine, image: Any, ref: str, work: Path) -> dict[str, Any]:
+def convert(engine: Engine, image: Any, ref: str, work: Path, compression: str
+            ) -> dict[str, Any]:
     out = work / "bench.sif"
     scratch = sif_native.scratch_dir(out, work)
     try:
         wall, cpu, result = timed(lambda: sif_native.build(engine, image, out, source=ref,
-                                                           workdir=scratch))
+                                                           workdir=scratch,
+                                                           compression=compression))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     size = out.stat().st_size
@@ -89,10 +92,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp"))
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
-    ap.add_argument("--raw-comp", default=" ".join(sif_native.GZIP),
+    ap.add_argument("--compression", choices=sorted(sif_native.COMPRESSIONS), default="gzip",
+                    help="the conversion's compression (build-env sif --compression)")
+    ap.add_argument("--raw-comp", default=None,
                     help="mksquashfs compression options of the raw side (default: the "
                          "conversion's own)")
     args = ap.parse_args()
+    if args.raw_comp is None:
+        args.raw_comp = " ".join(sif_native.COMPRESSIONS[args.compression])
     if not shutil.which("docker"):
         sys.exit("bench-sif: the docker CLI is needed for the raw baseline")
 
@@ -104,9 +111,9 @@ def main() -> int:
         for i in range(args.rounds):
             if i % 2:
                 r = raw(args.image, work, args.raw_comp.split())
-                c = convert(engine, image, args.image, work)
+                c = convert(engine, image, args.image, work, args.compression)
             else:
-                c = convert(engine, image, args.image, work)
+                c = convert(engine, image, args.image, work, args.compression)
                 r = raw(args.image, work, args.raw_comp.split())
             rounds.append({"convert": c, "raw": r, "ratio": c["wall"] / r["wall"]})
             print(f"round {i + 1} ({'raw' if i % 2 else 'convert'} first): convert "
@@ -122,7 +129,8 @@ def main() -> int:
     raw_wall = med([r["raw"]["wall"] for r in rounds])
     last = rounds[-1]["convert"]
     result = {
-        "image": args.image, "image_size": image.size, "convert_comp": sif_native.GZIP,
+        "image": args.image, "image_size": image.size,
+        "convert_comp": sif_native.COMPRESSIONS[args.compression],
         "raw_comp": args.raw_comp.split(),
         "cpus": os.cpu_count(), "loadavg_after": os.getloadavg(), "rounds": rounds,
         "convert_wall_s": conv_wall, "raw_wall_s": raw_wall,

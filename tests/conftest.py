@@ -211,7 +211,9 @@ def cpu_sif(cpu_image: dict, docker_host: str, tmp_path_factory: pytest.TempPath
     through a docker context (DOCKER_HOST empty, as a login node driving a build node), its
     self-test run from the SIF by a real runtime: ``{"path": SIF, "report": its report}``.
     tests/sif/test_cpu_sif.py holds the conversion to what apptainer writes; the train check
-    from the job's SIF (tests/train) runs on the same file."""
+    from the job's SIF (tests/train) runs on the same file. Uncompressed (``--compression
+    none``): gzip of the 2 GiB export is about 70 CPU-seconds; the main job extended
+    (tests/publish/test_main_job_extended.py) converts this image with gzip, and runs it."""
     import json
 
     missing = [t for t in ("mksquashfs", "unsquashfs", "siftool", "ch-run", "squashfuse")
@@ -222,7 +224,8 @@ def cpu_sif(cpu_image: dict, docker_host: str, tmp_path_factory: pytest.TempPath
     work = tmp_path_factory.mktemp("cpu-sif")
     out, report = work / "cpu-x86_64.sif", work / "report.json"
     proc = run_build_env("sif", "--target", "cpu-x86_64", "--matrix", str(FIXTURE),
-                         "--output", str(out), "--report", str(report), timeout=1800,
+                         "--compression", "none", "--output", str(out), "--report", str(report),
+                         timeout=1800,
                          env=docker_context(docker_host, work / "docker-config"))
     if proc.returncode != 0:
         pytest.fail(f"build-env sif of the CPU fixture failed (exit {proc.returncode}):\n"

@@ -170,6 +170,18 @@ def _cat(path: Path, offset: int, member: str) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
+def _compression(superblock: str) -> str:
+    """What ``unsquashfs -s`` says of a gzip squashfs's compression: the level, or which parts
+    are stored uncompressed (``--compression none``: all of them)."""
+    stored = [part for part in ("Inodes", "Data", "Fragments")
+              if f"{part} are uncompressed" in superblock or f"{part} is uncompressed" in superblock]
+    if len(stored) == 3:
+        return "gzip superblock, nothing compressed"
+    level = re.search(r"compression-level (\d+)", superblock)  # listed where not mksquashfs's 9
+    parts = f"; {', '.join(stored).lower()} stored uncompressed" if stored else ""
+    return f"gzip (level {level.group(1) if level else 9}{parts})"
+
+
 def check_contents(path: Path, info: sif_format.SifInfo, report: Report) -> None:
     """The squashfs holds the tree apptainer adds, consistent with the SIF's metadata objects."""
     part = info.primary_partition()
@@ -180,10 +192,9 @@ def check_contents(path: Path, info: sif_format.SifInfo, report: Report) -> None
         return
     off = part.offset
     sb = _run(["unsquashfs", "-o", str(off), "-s", str(path)]).stdout
-    level = re.search(r"compression-level (\d+)", sb)  # listed where it is not mksquashfs's 9
     report.add("contents.squashfs", "Compression gzip" in sb and "Block size 131072" in sb,
-               f"gzip (level {level.group(1) if level else 9}), 128 KiB blocks"
-               if "Compression gzip" in sb else sb.strip()[:200])
+               f"{_compression(sb)}, 128 KiB blocks" if "Compression gzip" in sb
+               else sb.strip()[:200])
     listing = _run(["unsquashfs", "-o", str(off), "-lln", str(path), *TREE]).stdout
     present = {line.split("squashfs-root/", 1)[1].split(" -> ")[0]
                for line in listing.splitlines() if "squashfs-root/" in line}

@@ -30,7 +30,7 @@ from typing import Any
 
 from builder.gate import verdicts
 from builder.engine import ContainerEngine, ImageInfo, interrupts_raise
-from builder.errors import EngineError, InfraError, SifError
+from builder.errors import EngineError, InfraError, SifError, UsageError
 from builder.matrix.families import family
 from builder.files import atomic_write_text
 from builder.sif import native as sif_native
@@ -45,8 +45,9 @@ REPORT_SCHEMA = "verl-env/sif-report/v1"
 def summary(report: dict[str, Any]) -> list[str]:
     """A few human lines: what was written, how, and what proved it."""
     v = report["verification"]
-    lines = [f"{report['output']}: {report['size'] / 2**20:.0f} MiB SIF ({report['backend']}, "
-             f"{report['seconds']['convert']:.1f} s) from {report['source']} "
+    stored = ", nothing compressed" if report.get("compression") == "none" else ""
+    lines = [f"{report['output']}: {report['size'] / 2**20:.0f} MiB SIF ({report['backend']}"
+             f"{stored}, {report['seconds']['convert']:.1f} s) from {report['source']} "
              f"({report['image_size'] / 2**20:.0f} MiB image)",
              "verification: {} ({})".format(v["overall"], ", ".join(
                  f"{n} {s}" for s in ("pass", "fail", "skip")
@@ -86,7 +87,8 @@ def convert(engine: ContainerEngine, image: ImageInfo, *, output: Path, source: 
             target: str | None = None, backend: str = "auto", force: bool = False,
             run: bool = True, phases: str = DEFAULT_PHASES, timeout: float = 900,
             tmpdir: Path | None = None, require: str = verdicts.BUILD,
-            verdict: verdicts.Verdict | None = None) -> dict[str, Any]:
+            verdict: verdicts.Verdict | None = None, compression: str = "gzip"
+            ) -> dict[str, Any]:
     """Build, verify, then atomically place the SIF. Raises SifError on any failure.
 
     The image needs a passing release verdict at the ``require`` level (the one release rule,
@@ -103,34 +105,37 @@ def convert(engine: ContainerEngine, image: ImageInfo, *, output: Path, source: 
         raise SifError(f"image {source} ({image.id[7:19]}) has no passing verdict: {problem}; "
                        "run `build-env verify` on it first, or pass --force", target=target)
     labels = verdict.labels() if verdict is not None else {}
-    chosen = pick_backend(backend, target)
+    chosen = pick_backend(backend, target, compression)
     output = output.absolute()
     with interrupts_raise(), placing(output, tmpdir, what=f"sif of {source} to {output}",
-                                     needs=space_needs(chosen, image.size),
+                                     needs=space_needs(chosen, image.size, compression),
                                      target=target) as work:
         started = time.monotonic()
         details = _build(engine, chosen, image, work.partial, source, work.scratch, target,
-                         labels)
+                         labels, compression)
         converted = time.monotonic() - started
         verification = verify_sif(work.partial, run=run, phases=phases, timeout=timeout,
                                   flags=_runtime_flags(image))
         _accept(verification, run, target)
         os.replace(work.partial, output)
     return {"schema": REPORT_SCHEMA, "target": target, "image_id": image.id, "source": source,
-            "output": str(output), "backend": chosen, "size": output.stat().st_size,
+            "output": str(output), "backend": chosen, "compression": compression,
+            "size": output.stat().st_size,
             "image_size": image.size, "build": details,
             "seconds": {"convert": round(converted, 1),
                         "total": round(time.monotonic() - started, 1)},
             "verification": verification, "verdict": labels}
 
 
-def space_needs(backend: str, image_size: int) -> list[Need]:
+def space_needs(backend: str, image_size: int, compression: str = "gzip") -> list[Need]:
     """What a conversion of an image of ``image_size`` bytes (the engine's uncompressed size)
     needs. The SIF is a gzip squashfs: at most about the image's size, rarely under an eighth of
-    it. The apptainer backend also writes the image's export as an archive into the scratch
-    directory (about the image's size, at least half of it) and unpacks it there again."""
-    sif = Need("output", image_size // 8, image_size,
-               f"the SIF (a gzip squashfs of a {mib(image_size)} image)")
+    it (with nothing compressed, ``none``, rarely under half). The apptainer backend also writes
+    the image's export as an archive into the scratch directory (about the image's size, at
+    least half of it) and unpacks it there again."""
+    kind = "a gzip squashfs" if compression == "gzip" else "an uncompressed squashfs"
+    sif = Need("output", image_size // (8 if compression == "gzip" else 2), image_size,
+               f"the SIF ({kind} of a {mib(image_size)} image)")
     if backend != "apptainer":
         return [sif]
     return [sif, Need("scratch", image_size // 2, 2 * image_size,
@@ -159,11 +164,12 @@ def _accept(verification: dict[str, Any], run: bool, target: str | None) -> None
 
 
 def _build(engine: ContainerEngine, backend: str, image: ImageInfo, partial: Path, source: str,
-           scratch: Path, target: str | None, labels: dict[str, str]) -> dict[str, Any]:
+           scratch: Path, target: str | None, labels: dict[str, str], compression: str
+           ) -> dict[str, Any]:
     try:
         if backend == "native":
             result = sif_native.build(engine, image, partial, source=source, workdir=scratch,
-                                      labels=labels)
+                                      labels=labels, compression=compression)
             st = result.overlay
             return {"arch": result.arch, "source": "docker-export", "members": st.members,
                     "bytes_exported": st.bytes_in, "replaced": st.replaced,
@@ -183,9 +189,21 @@ def _build(engine: ContainerEngine, backend: str, image: ImageInfo, partial: Pat
         raise SifError(f"{backend} conversion failed: {exc}", target=target) from None
 
 
-def pick_backend(requested: str, target: str | None = None) -> str:
-    """``auto``: apptainer when installed, else native (which needs mksquashfs)."""
-    if requested in ("auto", "apptainer") and apptainer_binary():
+def refuse_backend_compression(backend: str, compression: str, target: str | None = None
+                               ) -> None:
+    """A SIF with nothing compressed is the native backend's: apptainer's build always
+    compresses with gzip. Bad input (exit 2), before any engine is asked."""
+    if compression != "gzip" and backend == "apptainer":
+        raise UsageError(f"--compression {compression} needs the native backend: apptainer's "
+                         "build always compresses with gzip (pass --backend native or auto)",
+                         target=target)
+
+
+def pick_backend(requested: str, target: str | None = None, compression: str = "gzip") -> str:
+    """``auto``: apptainer when installed, else native (which needs mksquashfs); a SIF with
+    nothing compressed (``compression`` ``none``) is always the native backend's."""
+    refuse_backend_compression(requested, compression, target)
+    if requested in ("auto", "apptainer") and compression == "gzip" and apptainer_binary():
         return "apptainer"
     if requested == "apptainer":
         raise SifError("--backend apptainer: neither apptainer nor singularity is installed",

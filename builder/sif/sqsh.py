@@ -90,7 +90,7 @@ class EnrootOverlay(Overlay):
 
 
 COMPRESSIONS = {"gzip": sif_native.GZIP, "lzo": ["-comp", "lzo"], "zstd": ["-comp", "zstd"],
-                "none": ["-noI", "-noD", "-noF", "-noX"]}
+                "none": sif_native.STORED}
 
 
 def mksquashfs_command(output: Path, compression: str = "gzip") -> list[str]:

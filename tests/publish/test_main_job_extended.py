@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from builder.sif import format as sif_format
 from tests.conftest import FIXTURE, run_build_env
 from tests.publish.conftest import RegistryServer
 
@@ -45,6 +46,13 @@ def test_build_sif_and_push_in_one_run(cpu_image: dict, ca_bundle: Path, tmp_pat
     listing = subprocess.run(["siftool", "list", str(sif)], capture_output=True, text=True,
                              check=True).stdout
     assert "FS (Squashfs/*System/amd64)" in listing and "Def.FILE" in listing
+    # the main job's SIF is gzip (apptainer's compression; the session's other SIFs of this
+    # image are uncompressed, tests/conftest.py), and its self-test ran from it
+    part = sif_format.read_info(sif).primary_partition()
+    assert part is not None
+    superblock = subprocess.run(["unsquashfs", "-o", str(part.offset), "-s", str(sif)],
+                                capture_output=True, text=True, check=True).stdout
+    assert "compression-level 6" in superblock and "Data is compressed" in superblock
     record = report["stages"]["publish"]
     accept = ("application/vnd.oci.image.manifest.v1+json, "
               "application/vnd.docker.distribution.manifest.v2+json")

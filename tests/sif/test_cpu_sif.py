@@ -26,6 +26,7 @@ def test_cpu_image_to_sif_runs_its_selftest(cpu_image: dict, cpu_sif: dict, tmp_
     need_tools("mksquashfs", "unsquashfs", "siftool", "ch-run")
     out, report = cpu_sif["path"], cpu_sif["report"]
     assert report["image_id"] == cpu_image["image_id"] and report["backend"] == "native"
+    assert report["compression"] == "none"  # the session's SIF (tests/conftest.py: cpu_sif)
     v = report["verification"]
     assert v["overall"] == "pass", v["checks"]
     st = v["selftest"]

@@ -168,6 +168,37 @@ def test_cli_no_run_places_sif_and_report(layered: Any, tmp_path: Path) -> None:
     assert "incomplete" in proc.stdout
 
 
+def test_an_uncompressed_sif_is_read_as_the_gzip_one(layered: Any, layered_sif: Path,
+                                                     mount_sif: Any, tmp_path: Path) -> None:
+    """``--compression none``: the same files in a squashfs whose every block is stored as it
+    is (unsquashfs says so; the SIF's check names it), larger than the gzip SIF, mounted by
+    squashfuse and run by ch-run like it; the report and the summary line say what it is."""
+    need_tools("mksquashfs", "siftool", "unsquashfs", "ch-run")
+    out = tmp_path / "x.sif"
+    proc = run_build_env("sif", "--image", LAYERED_TAG, "--force", "--no-run", "--compression",
+                         "none", "--output", str(out), "--report", str(tmp_path / "r.json"),
+                         timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["compression"] == "none" and report["backend"] == "native"
+    assert "SIF (native, nothing compressed, " in proc.stdout, proc.stdout
+    [squashfs] = [c for c in report["verification"]["checks"] if c["id"] == "contents.squashfs"]
+    assert squashfs["status"] == "pass"
+    assert squashfs["detail"] == "gzip superblock, nothing compressed, 128 KiB blocks"
+    part = sif_format.read_info(out).primary_partition()
+    assert part is not None
+    sb = subprocess.run(["unsquashfs", "-o", str(part.offset), "-s", str(out)],
+                        capture_output=True, text=True, check=True).stdout
+    assert "Data is uncompressed" in sb and "Inodes are uncompressed" in sb
+    assert out.stat().st_size > layered_sif.stat().st_size
+    assert walk(mount_sif(out)) == walk(mount_sif(layered_sif))
+    proc = subprocess.run(["ch-run", "--no-passwd", str(mount_sif(out)), "--",
+                           "/.singularity.d/runscript"],
+                          env={"USER": "root", "PATH": "/usr/bin:/bin"}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "it's default arg\n", proc.stderr
+
+
 def test_interrupt_leaves_nothing_behind(layered: Any, tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """SIGINT/SIGTERM (KeyboardInterrupt) in the middle of the stream, mksquashfs running: no

@@ -41,7 +41,10 @@ def fixture_sif(cpu_image: dict, docker_host: str) -> Iterator[tuple[Path, Path]
     """The verified fixture image as a native SIF (``build-env sif --no-run``) and what that SIF
     holds, unpacked for ch-run, its image ENV in ``/ch/environment`` as ``ch-convert`` writes
     it: ``(SIF, directory)``. Made once for the group: every ch-run job runs this tree, and the
-    cluster verdict names this SIF (it used to be a ``docker export`` per test module)."""
+    cluster verdict names this SIF (it used to be a ``docker export`` per test module).
+    Uncompressed (``--compression none``), as the pyxis tests' squashfs: gzip of the 2 GiB
+    fixture is about 70 CPU-seconds, which no test here is about (tests/sif and the main job
+    extended convert with gzip)."""
     for tool in ("ch-run", "mksquashfs", "unsquashfs"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not installed (scripts/os-packages.sh)")
@@ -52,8 +55,9 @@ def fixture_sif(cpu_image: dict, docker_host: str) -> Iterator[tuple[Path, Path]
     sif = root / "cpu-x86_64.sif"
     try:
         start = time.monotonic()
-        proc = run_build_env("sif", "--image", cpu_image["image_id"], "--no-run", "--output",
-                             str(sif), env={"DOCKER_HOST": docker_host}, timeout=1800)
+        proc = run_build_env("sif", "--image", cpu_image["image_id"], "--no-run",
+                             "--compression", "none", "--output", str(sif),
+                             env={"DOCKER_HOST": docker_host}, timeout=1800)
         assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
         built = time.monotonic() - start
         info = sif_format.read_info(sif)
