@@ -231,7 +231,9 @@ def plan_build(req: BuildRequest, opened: OpenTarget | None = None, *,
     out = scratch if scratch is not None else workdir
     committed = lock_path(matrix, target)
     base_record = vendor.load_record(target, committed)
-    base_refs = tuple(dict.fromkeys([target.base.ref, target.base.source_image or target.base.ref]))
+    base_refs = tuple(dict.fromkeys([target.base.ref, target.base.source_image or target.base.ref,
+                                     *([target.base.bytecode_image]
+                                       if target.base.bytecode_image else [])]))
     if base_record is not None and not base_record.get("inspected"):
         return BuildPlan(req, target, matrix, workdir, base_refs, base_record, True, None, None,
                          None, steps_of("inspect-base"))

@@ -52,6 +52,12 @@ def selftest_files() -> list[tuple[str, bytes]]:
                    (PAYLOAD_CHECKS, checks.encode())])
 
 
+def native_bytecode_script() -> bytes:
+    """The bytecode stage's script (stdlib only: it runs in the build, under the build
+    machine's own interpreter), ``builder/render/native_bytecode.py`` as shipped."""
+    return (PACKAGE / "render" / "native_bytecode.py").read_bytes()
+
+
 def copy_selftest(dest: Path) -> Path:
     """Write the self-test payload under ``dest`` (created); returns ``dest``."""
     for rel, data in selftest_files():

@@ -250,4 +250,10 @@ def read_base(ctx: Ctx, t: dict[str, Any], key: str) -> Base:
     interpreter = (ctx.matching(_INTERPRETER, b["interpreter"], f"{key}.base.interpreter",
                                 "an interpreter (a command or path of letters, digits, ./+-_)")
                    if "interpreter" in b else None)
-    return Base(image, digest, glibc, source_image, vendor, interpreter, tuple(sources))
+    bytecode_image = (ctx.checked(grammar.oci_reference, b["bytecode_image"],
+                                  f"{key}.base.bytecode_image") if "bytecode_image" in b else None)
+    if bytecode_image and vendor:
+        raise ctx.error(f"{key}.base.bytecode_image", "a vendor base's packages are byte-compiled "
+                        "by its own interpreter (bytecode_image is for the image's own venv)")
+    return Base(image, digest, glibc, source_image, vendor, interpreter, tuple(sources),
+                bytecode_image)

@@ -82,6 +82,10 @@ class Base:
     vendor: str | None = None  # probe | declared: the base provides packages (builder.resolve.vendor)
     interpreter: str | None = None  # declared vendor bases: the base's python (else probed)
     sources: tuple[str, ...] = ()  # declared vendor bases: where the declared facts come from
+    # an image for the build machine's platform whose python byte-compiles the image's modules
+    # natively (builder/render/native_bytecode.py): a build under emulation then compiles in
+    # seconds, not minutes
+    bytecode_image: str | None = None
 
     @property
     def pinned_digest(self) -> str | None:

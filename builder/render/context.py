@@ -54,6 +54,16 @@ class RenderContext:
     labels: dict[str, str]
 
     @property
+    def bytecode(self) -> dict[str, str] | None:
+        """What the templates need to byte-compile with the build machine's interpreter
+        (``base.bytecode_image``; None: each install step's uv compiles with the image's)."""
+        t = self.target
+        if not t.base.bytecode_image:
+            return None
+        return {"image": t.base.bytecode_image, "python": t.python,
+                "site": f"/opt/venv/lib/python{t.python}/site-packages"}
+
+    @property
     def vendor(self) -> dict[str, Any] | None:
         """What the templates say about a vendor base (None: the image's own venv)."""
         record = self.base_record
@@ -78,6 +88,7 @@ class RenderContext:
             find_links=["/tmp/verl-env/wheels"] if wheels else [],
             source_builds=list(self.source_builds), gpus=list(t.gpus),
             prebuilt=sorted(self.chosen), lock_has_pip=self.lock_has_pip, vendor=self.vendor,
+            bytecode=self.bytecode,
             image_env=dict(fam.image_env) if fam else {}, labels=self.labels)
 
 

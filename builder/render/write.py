@@ -200,6 +200,9 @@ def _write_files(ctx: RenderContext, dockerfile: str, tmp: Path, fetch_prebuilt:
         for w in ctx.local_wheels:
             shutil.copyfile(w, tmp / "wheels" / w.name)
     shipped.copy_selftest(tmp / "selftest")
+    if ctx.bytecode is not None:  # the bytecode stage's script (base.bytecode_image)
+        (tmp / "bytecode").mkdir()
+        (tmp / "bytecode" / "compile.py").write_bytes(shipped.native_bytecode_script())
     for path in sorted(tmp.rglob("*")):  # fixed mtimes/modes: stable context hashes
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
     (tmp / CONTEXT_MARKER).write_text(CONTEXT_MARKER_TEXT)

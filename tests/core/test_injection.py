@@ -45,6 +45,7 @@ FRAGMENTS = ["\n", "\r", "\r\n", ";", "&&", "||", "|", "$()", "$(id)", "`id`", "
 FIELDS: list[tuple[str, tuple[Any, ...], str]] = [
     ("cuda-x86_64", ("base", "image"), "nvidia/cuda:13.0.2-base-ubuntu24.04"),
     ("cuda-x86_64", ("base", "source_image"), "nvidia/cuda:13.0.2-devel-ubuntu24.04"),
+    ("cuda-x86_64", ("base", "bytecode_image"), "debian:bookworm"),
     ("cuda-x86_64", ("base", "digest"), DIGEST),
     ("cuda-x86_64", ("base", "glibc"), "2.39"),
     ("cuda-x86_64", ("apt", 0), "libibverbs1"),

@@ -22,7 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 TARGETS = [("matrix.yaml", "cuda-x86_64"), ("matrix.yaml", "cuda-arm64"),
-           ("matrix.yaml", "rocm-mi300"), ("tests/fixtures/cpu.yaml", "cpu-x86_64")]
+           ("matrix.yaml", "rocm-mi300"), ("tests/fixtures/cpu.yaml", "cpu-x86_64"),
+           # a source stage, and byte code by the build machine's python (base.bytecode_image)
+           ("tests/fixtures/arm64/matrix.yaml", "cpu-arm64")]
 
 
 def _render(matrix: str, name: str, out: Path, ca: Path | None = None, overrides=()):

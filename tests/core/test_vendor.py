@@ -214,6 +214,9 @@ targets:
         load('{image: i, vendor: probe, interpreter: /usr/bin/python3}')
     with pytest.raises(SpecError, match="needs the packages it provides"):
         load('{image: i, vendor: probe}', provided='provided: {}')
+    with pytest.raises(SpecError, match=r"m.yaml:7: targets.t.base.bytecode_image: a vendor "
+                                        r"base's packages are byte-compiled by its own"):
+        load('{image: i, vendor: probe, bytecode_image: debian:bookworm}')
 
 
 def test_the_rocm_family_data() -> None:

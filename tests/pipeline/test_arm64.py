@@ -25,6 +25,51 @@ pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow, pytest.
 EXT = "verl-env-ext"
 
 
+# Run in the arm64 image by its own interpreter: every .py under the venv's site-packages and
+# /opt/verl-env whose .pyc is missing or not of its source (that compiles at all), and, for a
+# sample, whether this interpreter's byte code for the file equals the .pyc's bytes.
+BYTECODE_CHECK = r"""
+import importlib.util, json, os, platform, sys
+from importlib._bootstrap_external import _code_to_hash_pyc
+roots = [os.path.join(sys.prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}",
+                      "site-packages"), "/opt/verl-env"]
+sample = ("torch/__init__.py", "ray/__init__.py", "pip/__init__.py",
+          "verl_env_selftest/__init__.py", "torch/nn/modules/module.py")
+modules, stale, differ, sampled = 0, [], [], 0
+for root in roots:
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if x != "__pycache__"]
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(d, name)
+            modules += 1
+            data = open(path, "rb").read()
+            try:
+                pyc = open(importlib.util.cache_from_source(path), "rb").read()
+            except OSError:
+                pyc = b""
+            if pyc[:16] != (importlib.util.MAGIC_NUMBER + (3).to_bytes(4, "little")
+                            + importlib.util.source_hash(data)):
+                try:
+                    compile(data, path, "exec")
+                except (SyntaxError, ValueError):
+                    continue
+                stale.append(path)
+            elif path.endswith(sample):
+                sampled += 1
+                code = compile(data, path, "exec", dont_inherit=True)
+                if bytes(_code_to_hash_pyc(code, importlib.util.source_hash(data))) != pyc:
+                    differ.append(path)
+print(json.dumps({"machine": platform.machine(), "modules": modules, "stale": stale,
+                  "differ": differ, "sampled": sampled,
+                  "bytecode_stage": [p for p in ("/opt/verl-env-bytecode", "/usr/bin/python3.11")
+                                     if os.path.lexists("/tmp/verl-env-native" + p)],
+                  "mount_points": {p: sorted(os.listdir(p)) for p in ("/tmp/verl-env-native",
+                                   "/tmp/verl-env/built/verl-env-ext") if os.path.isdir(p)}}))
+"""
+
+
 def _checks(report: dict) -> dict[str, dict]:
     return {c["id"]: c for c in report["verification"]["checks"]}
 
@@ -53,6 +98,21 @@ def test_arm64_fixture_is_built_verified_under_emulation_and_tagged(
     # the compiler stayed in the source-build stage: the final image has no g++
     history = " ".join(h.get("CreatedBy", "") for h in image.history())
     assert "build-essential" not in history
+    # byte-compiled by the host's python3.11 (base.bytecode_image), natively: every module of
+    # the venv and the self-test has current byte code, and the image's own (emulated)
+    # interpreter writes the very same bytes for a sample of them
+    out = docker.from_env().containers.run(
+        "verl-env:cpu-arm64", ["/opt/venv/bin/python", "-c", BYTECODE_CHECK], remove=True,
+        network_disabled=True).decode()
+    result = json.loads(out)
+    assert result["machine"] == "aarch64" and result["modules"] > 2000, result
+    assert result["stale"] == [], result["stale"][:20]
+    assert result["differ"] == [] and result["sampled"] >= 4, result
+    # the stage is only ever mounted: nothing of it is in a layer; BuildKit leaves the mount
+    # point, an empty directory, as it does for every bind mount (the source build's wheels')
+    assert result["bytecode_stage"] == [], result
+    assert all(v == [] for v in result["mount_points"].values()), result["mount_points"]
+    print(f"mount points left in the image: {sorted(result['mount_points'])}")
     stages = report["stages"]
     print(f"\narm64 timings: base {TIMINGS.get('arm64_base', 0):.0f} s, pipeline "
           f"{TIMINGS.get('pipeline', 0):.0f} s, build {stages['build'].get('seconds')} s, "

@@ -82,10 +82,11 @@ def arm64_base(emulation: str | None, docker_host: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def arm64_image(arm64_base: str, ca_bundle: Path, tmp_path_factory: pytest.TempPathFactory
-                ) -> dict[str, Any]:
+def arm64_image(arm64_base: str, debian_base: str, ca_bundle: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The arm64 fixture target built, verified (emulated) and tagged by the installed CLI:
-    its build report (``--json``)."""
+    its build report (``--json``). The x86_64 base (``debian_base``) is its
+    ``base.bytecode_image``: the build byte-compiles with that base's python3.11, natively."""
     workdir = tmp_path_factory.mktemp("arm64-build")
     t0 = time.monotonic()
     proc = run_build_env("--target", ARM64_TARGET, "--matrix", FIXTURE, "--ca-bundle",
