@@ -28,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "auto: apptainer when installed")
     p.add_argument("--compression", choices=sorted(COMPRESSIONS), default="gzip",
                    help="squashfs compression (default gzip, as apptainer's; none: nothing "
-                        "compressed, about twice the size, written in seconds; the native "
-                        "backend)")
+                        "compressed, about three times gzip's size, written in seconds; the "
+                        "native backend)")
     _shared.require(p)
     p.add_argument("--phases", default=DEFAULT_PHASES,
                    help=f"self-test phases run from the SIF (default: {DEFAULT_PHASES})")

@@ -3,7 +3,7 @@
 Stdlib only: this file goes into a build context as ``bytecode/compile.py`` (the bytecode stage
 of ``dockerfiles/Dockerfile.j2``, for a target with ``base.bytecode_image``) and runs there, never
 inside the tool. An image built under emulation (arm64 on an x86_64 host, QEMU) would otherwise
-byte-compile every module with its own interpreter, emulated: minutes for torch alone. The
+byte-compile every module with its own interpreter, emulated: about a minute for torch alone. The
 same CPython version writes the same byte code on every architecture (the magic number and
 cache tag are the version's, and checked-hash ``.pyc`` files hold no time stamp), so the build
 machine's interpreter compiles them natively, in the very step that installed them.

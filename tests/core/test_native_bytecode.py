@@ -23,11 +23,15 @@ ENV = {"SOURCE_DATE_EPOCH": "315532800", "PYC_INVALIDATION_MODE": "CHECKED_HASH"
 
 
 def _pip_wheel() -> Path:
+    """This interpreter's own pip wheel, where the image's venv step finds one (WHEEL_PKG_DIR,
+    Debian's python-wheels, ensurepip's bundle)."""
     import ensurepip
+    import sysconfig
 
-    found = glob.glob(os.path.join(os.path.dirname(ensurepip.__file__), "_bundled", "pip-*.whl"))
-    if not found:
-        pytest.skip("this interpreter's ensurepip carries no pip wheel")
+    dirs = [sysconfig.get_config_var("WHEEL_PKG_DIR") or "", "/usr/share/python-wheels",
+            os.path.join(os.path.dirname(ensurepip.__file__), "_bundled")]
+    found = [w for d in dirs if d for w in sorted(glob.glob(os.path.join(d, "pip-*.whl")))]
+    assert found, f"no pip wheel for this interpreter in {dirs}"
     return Path(found[0])
 
 
