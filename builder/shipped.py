@@ -53,9 +53,10 @@ def selftest_files() -> list[tuple[str, bytes]]:
 
 
 def native_bytecode_script() -> bytes:
-    """The bytecode stage's script (stdlib only: it runs in the build, under the build
-    machine's own interpreter), ``builder/render/native_bytecode.py`` as shipped."""
-    return (PACKAGE / "render" / "native_bytecode.py").read_bytes()
+    """The bytecode stage's script, beside the templates that run it
+    (``dockerfiles/native_bytecode.py``): a program of the build, not of the tool (stdlib only,
+    run by the build machine's own interpreter in the bytecode stage and the install steps)."""
+    return (dockerfiles_dir() / "native_bytecode.py").read_bytes()
 
 
 def copy_selftest(dest: Path) -> Path:

@@ -83,7 +83,7 @@ class Base:
     interpreter: str | None = None  # declared vendor bases: the base's python (else probed)
     sources: tuple[str, ...] = ()  # declared vendor bases: where the declared facts come from
     # an image for the build machine's platform whose python byte-compiles the image's modules
-    # natively (builder/render/native_bytecode.py), not emulated in a cross-build
+    # natively (dockerfiles/native_bytecode.py), not emulated in a cross-build
     bytecode_image: str | None = None
 
     @property

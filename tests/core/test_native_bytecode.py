@@ -1,4 +1,4 @@
-"""The bytecode stage's script (builder/render/native_bytecode.py), run as the build runs it, on
+"""The bytecode stage's script (dockerfiles/native_bytecode.py), run as the build runs it, on
 this host's interpreters: its byte code is the bytes ``uv pip install --compile-bytecode``
 writes, it compiles only what has no current byte code (no layer rewrites another's), and the
 launcher it writes starts the interpreter through its own loader from where the stage is
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -17,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from builder import shipped
-from builder.render import native_bytecode as nb
+
+# a program of the build, beside the templates (no module of the tool): loaded from its file
+_SPEC = importlib.util.spec_from_file_location("native_bytecode",
+                                               shipped.dockerfiles_dir() / "native_bytecode.py")
+assert _SPEC is not None and _SPEC.loader is not None
+nb = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(nb)
 
 ENV = {"SOURCE_DATE_EPOCH": "315532800", "PYC_INVALIDATION_MODE": "CHECKED_HASH"}
 

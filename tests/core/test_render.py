@@ -99,7 +99,7 @@ def test_a_bytecode_image_compiles_every_shipped_step_natively(tmp_path: Path) -
     assert "--expect 3.11 /opt/verl-env\n" in runtime and "-m compileall" not in runtime
     assert "--compile-bytecode" not in df  # the source stage's pip too; its torch: no byte code
     assert (ctx.path / "bytecode" / "compile.py").read_bytes() == \
-        (REPO / "builder/render/native_bytecode.py").read_bytes()
+        (REPO / "dockerfiles/native_bytecode.py").read_bytes()
     hadolint = shutil.which("hadolint")
     if hadolint:
         proc = subprocess.run([hadolint, "-f", "json", "--no-fail", str(ctx.path / "Dockerfile")],

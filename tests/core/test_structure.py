@@ -22,11 +22,9 @@ BUILDER = Path(__file__).resolve().parents[2] / "builder"
 # The command layers: build-env's (cli.py, argtypes.py, commands/) and the self-test's own entry
 # points, which ship inside images as a separate stdlib-only program (`python -m
 # verl_env_selftest`, its rank and worker processes) and so parse their own command lines.
-# the command layers, and the programs that run inside an image or its build (the self-test's,
-# the bytecode stage's script)
 ARGPARSE_ALLOWED = ("cli.py", "argtypes.py", "commands/", "selftest/cli.py",
                     "selftest/launch/rank.py", "selftest/launch/worker.py",
-                    "selftest/launch/distributed.py", "render/native_bytecode.py")
+                    "selftest/launch/distributed.py")
 MAX_INNER_IMPORTS = 15
 MAX_FUNCTION_LINES = 80
 

@@ -1,7 +1,7 @@
 """Byte-compile an image's Python modules with the build machine's own interpreter.
 
 Stdlib only: this file goes into a build context as ``bytecode/compile.py`` (the bytecode stage
-of ``dockerfiles/Dockerfile.j2``, for a target with ``base.bytecode_image``) and runs there, never
+of ``Dockerfile.j2`` beside it, for a target with ``base.bytecode_image``) and runs there, never
 inside the tool. An image built under emulation (arm64 on an x86_64 host, QEMU) would otherwise
 byte-compile every module with its own interpreter, emulated: about a minute for torch alone. The
 same CPython version writes the same byte code on every architecture (the magic number and
