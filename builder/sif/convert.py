@@ -134,7 +134,7 @@ def space_needs(backend: str, image_size: int, compression: str = "gzip") -> lis
     the image's export as an archive into the scratch directory (about the image's size, at
     least half of it) and unpacks it there again."""
     kind = "a gzip squashfs" if compression == "gzip" else "an uncompressed squashfs"
-    sif = Need("output", image_size // (8 if compression == "gzip" else 2), image_size,
+    sif = Need("output", sif_native.least_size(image_size, compression), image_size,
                f"the SIF ({kind} of a {mib(image_size)} image)")
     if backend != "apptainer":
         return [sif]

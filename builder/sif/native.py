@@ -92,6 +92,13 @@ def feed(fd: int, pieces: Iterable[Piece]) -> int:
     return total
 
 
+def least_size(image_size: int, compression: str) -> int:
+    """The least a squashfs of an image of ``image_size`` bytes (the engine's uncompressed size)
+    is likely to take: compressed, rarely under an eighth of it; with nothing compressed
+    (``none``), rarely under half. At most it takes about the image's size."""
+    return image_size // 2 if compression == "none" else image_size // 8
+
+
 def mksquashfs_command(output: Path, offset: int, compression: str = "gzip") -> list[str]:
     """``mksquashfs`` as apptainer runs it (gzip, default block size; :data:`GZIP`'s level,
     or :data:`STORED` for ``none``), reading a tar from stdin; the root directory is 0755

@@ -131,10 +131,8 @@ def check(path: Path, config: dict[str, Any] | None) -> None:
 
 
 def space_needs(compression: str, image_size: int) -> list[Need]:
-    """The squashfs is at most about the image's size; compressed rarely under an eighth of it,
-    uncompressed (``none``) rarely under half."""
-    floor = image_size // 2 if compression == "none" else image_size // 8
-    return [Need("output", floor, image_size,
+    """The squashfs: :func:`builder.sif.native.least_size` to about the image's size."""
+    return [Need("output", sif_native.least_size(image_size, compression), image_size,
                  f"the squashfs ({compression}) of a {mib(image_size)} image")]
 
 
