@@ -31,6 +31,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from builder import children
 from builder.files import atomic_write_text
 from builder.resolve.compat import check_target, holds, local_sources
 from builder.errors import CompatError, LockError, NetworkError
@@ -199,8 +200,8 @@ def _uv_compile(target: Target, requirements: list[str], *, constraints: list[st
         try:
             # TMPDIR: uv's own temporary files (the lock file of a setuptools build, one per
             # run, that uv leaves behind) go into this directory and are removed with it
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmpdir, timeout=limit,
-                                  env={**uv_env(), "TMPDIR": str(tmpdir)})
+            proc = children.run(cmd, cwd=tmpdir, timeout=limit,
+                                env={**uv_env(), "TMPDIR": str(tmpdir)})
         except subprocess.TimeoutExpired:
             raise NetworkError(site_index() or "the default index", f"uv did not finish "
                                f"resolving within {limit:g} s", way_out=INDEX_WAY_OUT,

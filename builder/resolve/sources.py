@@ -31,6 +31,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+from builder import children
 from builder.resolve import records
 from builder.errors import LockError, NetworkError, RenderError, redact
 from builder.resolve.metadata import Snapshot, network_timeout
@@ -88,8 +89,7 @@ def _git(*args: str, cwd: Path | None = None, url: str | None = None,
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_SSH_COMMAND": os.environ.get(
         "GIT_SSH_COMMAND", f"ssh -o BatchMode=yes -o ConnectTimeout={wait}")}
     try:
-        proc = subprocess.run([git, *stall, *args], capture_output=True, text=True, cwd=cwd,
-                              timeout=limit, env=env)
+        proc = children.run([git, *stall, *args], cwd=cwd, timeout=limit, env=env)
     except subprocess.TimeoutExpired:
         if url is None or url.startswith("file://"):
             raise LockError(f"git {args[0]} {url or ''}: no result within {limit:g} s") from None
