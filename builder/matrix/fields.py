@@ -201,7 +201,7 @@ def _source(ctx: Ctx, value: Any, key: str) -> Source:
         Path(ctx.file).parent / raw)
     if not where.exists():
         raise ctx.error(f"{key}.path", f"no such directory or archive: {where}")
-    return Source("path", str(where.resolve()), sha)
+    return Source("path", str(where.resolve()), sha, written=str(value["path"]))
 
 
 def read_packages(ctx: Ctx, value: Any, key: str) -> tuple[Package, ...]:

@@ -38,13 +38,18 @@ class Source:
     archive ``url`` with its ``sha256``. Local and URL sources are copied into the build context."""
 
     kind: str  # git | path | url
-    location: str
+    location: str  # a path source: resolved, absolute
     sha256: str = ""
+    #: a path source as the matrix wrote it (relative to the matrix file, or as given to --set):
+    #: what the canonical entry and its hash carry, so that they do not depend on where the
+    #: checkout lies (the files themselves reach the content tag through the build context)
+    written: str = field(default="", compare=False)
 
     def to_value(self) -> Any:
         if self.kind == "git":
             return self.location
-        return {self.kind: self.location, **({"sha256": self.sha256} if self.sha256 else {})}
+        where = self.written or self.location if self.kind == "path" else self.location
+        return {self.kind: where, **({"sha256": self.sha256} if self.sha256 else {})}
 
 
 @dataclass(frozen=True)

@@ -137,3 +137,24 @@ def test_build_print_is_the_plan_without_an_engine(
         "known": False, "needs": "the network", "why": "not fetched: tensordict"}
     assert plans["cuda-arm64"]["context"]["source_pins"]["tensordict"]["kind"] == "git"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_path_sources_entry_hash_is_the_same_in_another_checkout(tmp_path: Path) -> None:
+    """The arm64 fixture's ``source: {path: ext}`` is hashed as written, not as the absolute
+    path it resolves to: the entry hash (and with it the verdict binding and the content tag)
+    is the same in two copies of one site, and still follows the path as written."""
+    import shutil
+
+    fixture = REPO / "tests/fixtures/arm64"
+    first, second = tmp_path / "a", tmp_path / "deeper/b"
+    for copy in (first, second):
+        shutil.copytree(fixture, copy)
+    hashes = {load_matrix(copy / "matrix.yaml").target("cpu-arm64").entry_hash
+              for copy in (first, second)}
+    assert len(hashes) == 1, hashes
+    target = load_matrix(first / "matrix.yaml").target("cpu-arm64")
+    ext = next(p for p in target.packages if p.source)
+    assert ext.source is not None and Path(ext.source.location) == (first / "ext").resolve()
+    moved = first / "matrix.yaml"
+    moved.write_text(moved.read_text().replace("{path: ext}", "{path: ./ext}"))
+    assert load_matrix(moved).target("cpu-arm64").entry_hash not in hashes
