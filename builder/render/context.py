@@ -19,6 +19,7 @@ from builder.resolve.layers import Layer, split_layers
 from builder.resolve.lock import LockedPackage, build_lock_path, parse_lock
 from builder.resolve.metadata import Snapshot
 from builder.render.baked import labels, manifest
+from builder.render.blocks.base import venv_site
 from builder.render.stages import (SourceStage, source_packages, source_pins,
                                    source_stages)
 from builder.resolve.sources import Pin, refuse_problems
@@ -61,7 +62,7 @@ class RenderContext:
         if not t.base.bytecode_image:
             return None
         return {"image": t.base.bytecode_image, "python": t.python,
-                "site": f"/opt/venv/lib/python{t.python}/site-packages"}
+                "site": venv_site(t)}
 
     @property
     def vendor(self) -> dict[str, Any] | None:

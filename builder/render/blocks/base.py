@@ -19,6 +19,11 @@ from builder.matrix.spec import Package, Target
 Env = list[tuple[str, str]]  # (variable, value as the Dockerfile writes it)
 
 
+def venv_site(target: Target) -> str:
+    """The image venv's site-packages (the templates create the venv at /opt/venv)."""
+    return f"/opt/venv/lib/python{target.python}/site-packages"
+
+
 def _no_env(target: Target) -> Env:
     return []
 

@@ -17,7 +17,7 @@ The extension is host code (C++ only, no CUDA sources): its GPU kernels are in t
 from __future__ import annotations
 
 from builder.matrix import families
-from builder.render.blocks.base import Block, Env, register
+from builder.render.blocks.base import Block, Env, register, venv_site
 from builder.matrix.spec import Target
 
 NOTES = (
@@ -39,7 +39,7 @@ def env(target: Target) -> Env:
     return [("NVTE_PYTORCH_FORCE_BUILD", "TRUE"), ("NVTE_FRAMEWORK", "pytorch"),
             ("NVTE_BUILD_USE_NVIDIA_WHEELS", "1"),
             ("NVTE_WITH_NCCL_EP", "1" if nccl_ep(target.gpus) else "0"),
-            ("CUDA_HOME", f"/opt/venv/lib/python{target.python}/site-packages/nvidia/cu{major}"),
+            ("CUDA_HOME", f"{venv_site(target)}/nvidia/cu{major}"),
             ("MAX_JOBS", MAX_JOBS)]
 
 
