@@ -219,7 +219,7 @@ def test_lock_passes_exactly_the_override_to_uv(monkeypatch: pytest.MonkeyPatch,
             returncode, stderr = 0, ""
         return P()
 
-    monkeypatch.setattr(lockmod.subprocess, "run", fake_run)
+    monkeypatch.setattr(lockmod.children, "run", fake_run)
     (workdir / "matrix.yaml").write_text(GOOD + OVERRIDE)
     t = load_matrix(workdir / "matrix.yaml").target("t")
     snap = load_snapshot(workdir / "metadata" / "pypi-snapshot.json")
