@@ -804,3 +804,26 @@ def test_installed_cli_writes_every_runtime(tmp_path: Path) -> None:
         assert f'RUNTIME="{runtime}"' in text and "#SBATCH --account=p" in text
         assert "\nNODE_CHECK_INTERVAL=7 " in text
         assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
+
+
+@pytest.mark.parametrize("gives_up, expected", [(True, "retry 1"), (False, "fail")])
+def test_a_wait_that_fails_as_a_ray_gives_up_is_a_retry(tmp_path: Path, gives_up: bool,
+                                                        expected: str) -> None:
+    """CI 2026-12-07: the ray-wait step failed (ray.init lost the GCS under it) a moment before
+    the head's Ray step ended on Ray's own startup timeout, and the job failed instead of starting
+    Ray again. ray_gave_up waits for such a step: a Ray step that ends with Ray's timeout message
+    in its log within the wait is a retry (RAY_EXITED names it); one that ends without it, or
+    runs on, is not."""
+    text = render_sbatch(job_for("cpu"))
+    body = _function(text, "ray_cluster")
+    assert "ray_gave_up 15; then return 1; fi" in body
+    assert body.index("ray_gave_up") < body.index("fail \"not all")
+    line = "The current node timed out during startup" if gives_up else "raylet exited: 1"
+    code = ("\n".join(ln for ln in text.splitlines() if ln.startswith("RAY_STARTUP_TIMEOUT="))
+            + "\n" + _function(text, "ray_timed_out") + "\n" + _function(text, "ray_gave_up")
+            + f"\nVERL_ENV_JOB_DIR={tmp_path}\nNODES=(node1 node2)\nsleep 60 &\n"
+            + f"(sleep 2; echo '{line}' >{tmp_path}/ray-node2.log) &\n"
+            + "RAY_PIDS=($! $!)\nRAY_PIDS[0]=$(jobs -p | head -1)\n"
+            + "if ray_gave_up 5; then echo \"retry $RAY_EXITED\"; else echo fail; fi\n"
+            + "kill %1")
+    assert _bash(code) == expected
