@@ -4,8 +4,8 @@ tool did not write, and an unproven proposal is never applied."""
 from __future__ import annotations
 
 import json
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import run_build_env
 from tests.propose.test_search import site  # noqa: F401  (the fixture)
