@@ -22,7 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 TARGETS = [("matrix.yaml", "cuda-x86_64"), ("matrix.yaml", "cuda-arm64"),
-           ("matrix.yaml", "rocm-mi300"), ("tests/fixtures/cpu.yaml", "cpu-x86_64")]
+           ("matrix.yaml", "rocm-mi300"), ("tests/fixtures/cpu.yaml", "cpu-x86_64"),
+           # a source stage, and byte code by the build machine's python (base.bytecode_image);
+           # its path source is hashed as written, so the golden is the same in every checkout
+           ("tests/fixtures/arm64/matrix.yaml", "cpu-arm64")]
 
 
 def _render(matrix: str, name: str, out: Path, ca: Path | None = None, overrides=()):
@@ -80,8 +83,7 @@ def test_a_bytecode_image_compiles_every_shipped_step_natively(tmp_path: Path) -
     """``base.bytecode_image`` (the arm64 fixture): a bytecode stage for the build platform,
     every install step of the runtime stage (and the source stage's venv) mounts it and runs its
     launcher on the venv instead of uv's compile, the self-test is compiled by it too, the
-    stage's script is in the context; hadolint finds nothing above style. (Not a golden: the
-    fixture's path source makes its entry hash the checkout's.)"""
+    stage's script is in the context (hadolint: test_hadolint_finds_no_error, over TARGETS)."""
     ctx = _render("tests/fixtures/arm64/matrix.yaml", "cpu-arm64", tmp_path / "ctx")
     df = ctx.dockerfile
     stages = df.split("\nFROM ")
@@ -100,11 +102,6 @@ def test_a_bytecode_image_compiles_every_shipped_step_natively(tmp_path: Path) -
     assert "--compile-bytecode" not in df  # the source stage's pip too; its torch: no byte code
     assert (ctx.path / "bytecode" / "compile.py").read_bytes() == \
         (REPO / "dockerfiles/native_bytecode.py").read_bytes()
-    hadolint = shutil.which("hadolint")
-    if hadolint:
-        proc = subprocess.run([hadolint, "-f", "json", "--no-fail", str(ctx.path / "Dockerfile")],
-                              capture_output=True, text=True, check=True)
-        assert all(f["level"] in ("info", "style") for f in json.loads(proc.stdout))
 
 
 def test_layer_order_and_cache_contract(tmp_path: Path) -> None:
