@@ -46,10 +46,13 @@ def with_modeline(text: str) -> str:
 TARGET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
 
-def load_matrix(path: str | Path) -> Matrix:
-    """Parse and validate a matrix file. Raises :class:`SpecError` naming file:line:key."""
+def load_matrix(path: str | Path, text: str | None = None) -> Matrix:
+    """Parse and validate a matrix file. Raises :class:`SpecError` naming file:line:key.
+    With ``text``: that text read as if it were ``path``'s (an edit checked before it is
+    written: relative paths in it resolve beside ``path``)."""
     path = Path(path)
-    doc = yamldoc.read(path, "matrix")
+    doc = (yamldoc.read(path, "matrix") if text is None
+           else yamldoc.parse(text.encode(), str(path), "matrix"))
     file, raw, lines = doc.file, doc.data, doc.lines
     ctx = Ctx(file, lines)
     yamldoc.validate(doc, schema())  # the shape: matrix.schema.json

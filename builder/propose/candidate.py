@@ -175,14 +175,10 @@ def _child_indent(lines: list[str], key_line: int) -> str:
 
 def _check_edit(site_matrix: Path, text: str, before: Any, target: Target,
                 proposal: Proposal) -> None:
-    with tempfile.TemporaryDirectory(prefix="verl-env-propose-") as tmp:
-        probe = Path(tmp) / site_matrix.name
-        probe.write_text(text)
-        try:
-            after = load_matrix(probe)
-        except BuildEnvError as exc:
-            raise ProposeError(f"{site_matrix}: the edited matrix does not load ({exc})"
-                               ) from None
+    try:  # read as the site's own file: a relative path source resolves where it lives
+        after = load_matrix(site_matrix, text=text)
+    except BuildEnvError as exc:
+        raise ProposeError(f"{site_matrix}: the edited matrix does not load ({exc})") from None
     want = proposal.versions()
     t = after.targets.get(target.name)
     got = {p.name: p.version for p in t.enabled_packages} if t else {}

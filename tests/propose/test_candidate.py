@@ -100,3 +100,29 @@ def test_candidate_entry_keeps_every_key_of_the_target() -> None:
             assert _resolved(back) == _resolved(t), t.name
             assert {p.name: p.import_name for p in back.packages} == {
                 p.name: p.import_name for p in t.packages}, t.name
+
+
+def test_the_edit_of_a_matrix_with_a_relative_path_source_is_checked_where_it_lives(
+        tmp_path: Path) -> None:
+    """The edited matrix is loaded as the site's own file: a ``source: {path: ext}`` beside it
+    resolves, so the edit is written in place (it was refused: the check loaded the edited text
+    from a temporary directory, where ``ext`` does not exist). Nothing is written anywhere."""
+    import shutil
+
+    from builder.matrix.spec import load_matrix
+    from builder.propose.candidate import matrix_diff
+    from builder.propose.proposal import Pin, Proposal
+    from tests.conftest import REPO
+
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "tests/fixtures/arm64", site)
+    matrix = site / "matrix.yaml"
+    target = load_matrix(matrix).target("cpu-arm64")
+    proposal = Proposal(target=target.name, python=target.python, arch="aarch64",
+                        platform="linux", accelerator="cpu", anchors={},
+                        pins=[Pin("ray", "2.60.0", "2.61.0", "2.61.0")])
+    before = sorted(p for p in tmp_path.rglob("*"))
+    diff, new = matrix_diff(matrix, target, proposal)
+    assert new is not None, diff
+    assert diff.count('-      ray: "2.60.0"') == 1 and '+      ray: "2.61.0"' in diff, diff
+    assert sorted(p for p in tmp_path.rglob("*")) == before
