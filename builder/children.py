@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Sequence
+from typing import Any
 
 #: How long a killed child may take to die (one that is writing to a slow disk finishes the
 #: write first); past it the command goes on rather than hang.
 REAP_S = 30.0
 
 
-def run(cmd: Sequence[str], *, timeout: float | None = None,
-        **popen: object) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **popen)``, except
+def run(cmd: Sequence[str], *, timeout: float | None = None, text: bool = True,
+        **popen: object) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run(cmd, capture_output=True, text=text, timeout=timeout, **popen)``, except
     that on a timeout or any interruption the child is killed and waited for before the
-    exception goes on (``subprocess.TimeoutExpired`` stays what a timeout raises)."""
+    exception goes on (``subprocess.TimeoutExpired`` stays what a timeout raises). ``text=False``
+    gives the output as bytes (an archive)."""
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, **popen)  # type: ignore[call-overload]
+                            text=text, **popen)  # type: ignore[call-overload]
     try:
         out, err = proc.communicate(timeout=timeout)
     except BaseException:

@@ -255,8 +255,8 @@ def fetch_git(target: Target, p: Package, commit: str, dest: Path) -> None:
         found = _git("rev-parse", "FETCH_HEAD^{commit}", cwd=repo).stdout.strip()
         if found != commit:
             raise RenderError(moved_message(target, p, ref, commit, found), target=target.name)
-        archive = subprocess.run([shutil.which("git") or "git", "archive", "--format=tar",
-                                  commit], cwd=repo, capture_output=True)
+        archive = children.run([shutil.which("git") or "git", "archive", "--format=tar",
+                                commit], cwd=repo, text=False)
         if archive.returncode != 0:
             raise RenderError(f"{p.name}: git archive {commit}: "
                               f"{archive.stderr.decode(errors='replace').strip()}",

@@ -25,6 +25,9 @@ def test_output_and_exit_code_as_subprocess_run() -> None:
     proc = children.run([sys.executable, "-c", "import sys; print('out'); "
                          "print('err', file=sys.stderr); sys.exit(3)"])
     assert (proc.returncode, proc.stdout, proc.stderr) == (3, "out\n", "err\n")
+    raw = children.run([sys.executable, "-c",
+                        "import sys; sys.stdout.buffer.write(b'\\xff\\x00')"], text=False)
+    assert (raw.returncode, raw.stdout, raw.stderr) == (0, b"\xff\x00", b"")
 
 
 def test_a_timeout_kills_and_reaps_the_child(tmp_path: Path) -> None:
