@@ -40,3 +40,29 @@ def test_processes_of_the_failed_attempt_are_stopped_and_no_others(tmp_path: Pat
 def test_nothing_named_nothing_stopped(tmp_path: Path) -> None:
     assert rayphase.stop_processes_under(f"{tmp_path}/none/") == []
     assert rayphase.stop_processes_under(f"{tmp_path}/", proc=str(tmp_path / "noproc")) == []
+
+
+def test_ray_directories_a_killed_self_test_left_are_removed_by_the_next(tmp_path: Path) -> None:
+    """SIGKILL skips the self-test's ``finally``: the next run removes what it left, and only
+    that (a live run's directory, a fresh one, one not named like ours stay)."""
+    import os
+    import subprocess
+
+    from builder.selftest import cli
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    old = time.time() - cli.RAY_TMP_STALE_S - 60
+    left = tmp_path / f"vst-ray-{dead.pid}-abcd1234"
+    (left / "session_x" / "logs").mkdir(parents=True)
+    live = tmp_path / f"vst-ray-{os.getpid()}-efgh5678"
+    fresh = tmp_path / f"vst-ray-{dead.pid}-ijkl9012"
+    other = tmp_path / f"vst-ray-{dead.pid}"
+    for d in (live, fresh, other):
+        d.mkdir()
+    for d in (left, live, other):
+        os.utime(d, (old, old))
+    made = Path(cli.ray_tmp(str(tmp_path)))
+    assert made.name.startswith(f"vst-ray-{os.getpid()}-") and made.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [made.name, live.name, fresh.name, other.name])
