@@ -274,11 +274,13 @@ def ray_tmp(parent: str = "/tmp") -> str:
         entries = []
     for entry in entries:
         m = RAY_TMP.fullmatch(entry.name)
+        if m is None:
+            continue
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        if (m is None or not entry.is_dir(follow_symlinks=False) or st.st_uid != os.getuid()
+        if (not entry.is_dir(follow_symlinks=False) or st.st_uid != os.getuid()
                 or now - st.st_mtime < RAY_TMP_STALE_S or _alive(int(m.group(1)))):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
