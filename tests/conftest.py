@@ -160,15 +160,19 @@ atexit.register(shutil.rmtree, OUTSIDE, ignore_errors=True)
 
 
 def install_wheel(root: Path) -> Path:
-    """``uv build --wheel`` of this checkout, installed into a fresh venv under ``root``."""
+    """``uv build --wheel`` of this checkout, installed into a fresh venv under ``root``. uv's
+    temporary files (a lock file per setuptools build, which uv leaves) go under ``root``, as in
+    scripts/test.sh, not into /tmp."""
+    (root / "tmp").mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(root / "tmp")}
     subprocess.run(["uv", "build", "--wheel", "-q", "-o", str(root / "dist"), str(REPO)],
-                   check=True, capture_output=True, text=True)
+                   check=True, capture_output=True, text=True, env=env)
     wheel = next((root / "dist").glob("verl_env-*.whl"))
     subprocess.run(["uv", "venv", "-q", "--seed", "--python", sys.executable, str(root / "venv")],
-                   check=True, capture_output=True, text=True)
+                   check=True, capture_output=True, text=True, env=env)
     subprocess.run(["uv", "pip", "install", "-q", "--compile-bytecode", "--python",
                     str(root / "venv" / "bin" / "python"), str(wheel)],
-                   check=True, capture_output=True, text=True)
+                   check=True, capture_output=True, text=True, env=env)
     return root / "venv" / "bin" / "build-env"
 
 
