@@ -46,7 +46,6 @@ def test_ray_directories_a_killed_self_test_left_are_removed_by_the_next(tmp_pat
     """SIGKILL skips the self-test's ``finally``: the next run removes what it left, and only
     that (a live run's directory, a fresh one, one not named like ours stay)."""
     import os
-    import subprocess
 
     from builder.selftest import cli
 
