@@ -12,7 +12,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import shutil
 import signal
 import socket
@@ -29,6 +28,7 @@ from . import DEFAULT_MANIFEST, SCHEMA, __version__
 from .phases.bandwidth import FAIL_FRAC, WARN_FRAC, BwRefError, load_reference
 from .launch.distributed import run_distributed
 from .phases.gpu import decide_device_count
+from .phases import rayphase
 from .launch.launcher import LauncherError, RankInfo, detect
 from .manifest import (ManifestError, load_manifest, needs_detection, parse_expect,
                        parse_size, resolve_expectation)
@@ -247,54 +247,13 @@ def run(a: argparse.Namespace, started: str, t0: float) -> int:
     workdir = tempfile.mkdtemp(prefix="verl-env-selftest-", dir=a.keep_logs)
     # Ray's sockets need a short path, so its temp dir is not under workdir; made and removed
     # here so that a Ray phase killed on timeout leaves nothing behind.
-    options["ray_tmp"] = ray_tmp()
+    options["ray_tmp"] = rayphase.ray_tmp()
     try:
         return _run(a, started, t0, manifest, expect_n, info, phases, options, workdir)
     finally:
         shutil.rmtree(options["ray_tmp"], ignore_errors=True)
         if not a.keep_logs:
             shutil.rmtree(workdir, ignore_errors=True)
-
-
-RAY_TMP = re.compile(r"vst-ray-(\d+)-[A-Za-z0-9_]+")
-#: A directory a killed self-test left is removed only once it is this old: a run in another PID
-#: namespace sharing /tmp (its PID invisible here) is long over by then.
-RAY_TMP_STALE_S = 6 * 3600
-
-
-def ray_tmp(parent: str = "/tmp") -> str:
-    """Ray's temporary directory for this run, ``vst-ray-PID-XXXXXXXX`` under ``parent``. First
-    the ones a self-test killed outright left behind (SIGKILL skips its ``finally``) are removed:
-    this user's, named by a process that no longer exists, older than :data:`RAY_TMP_STALE_S`.
-    Under ch-run, Apptainer and enroot /tmp is the node's, so they would pile up there."""
-    now = time.time()
-    try:
-        entries = list(os.scandir(parent))
-    except OSError:
-        entries = []
-    for entry in entries:
-        m = RAY_TMP.fullmatch(entry.name)
-        if m is None:
-            continue
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if (not entry.is_dir(follow_symlinks=False) or st.st_uid != os.getuid()
-                or now - st.st_mtime < RAY_TMP_STALE_S or _alive(int(m.group(1)))):
-            continue
-        shutil.rmtree(entry.path, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"vst-ray-{os.getpid()}-", dir=parent)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's: alive
-        return True
-    return True
 
 
 def _load(a: argparse.Namespace) -> dict[str, Any]:

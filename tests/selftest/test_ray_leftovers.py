@@ -47,11 +47,9 @@ def test_ray_directories_a_killed_self_test_left_are_removed_by_the_next(tmp_pat
     that (a live run's directory, a fresh one, one not named like ours stay)."""
     import os
 
-    from builder.selftest import cli
-
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    old = time.time() - cli.RAY_TMP_STALE_S - 60
+    old = time.time() - rayphase.RAY_TMP_STALE_S - 60
     left = tmp_path / f"vst-ray-{dead.pid}-abcd1234"
     (left / "session_x" / "logs").mkdir(parents=True)
     live = tmp_path / f"vst-ray-{os.getpid()}-efgh5678"
@@ -61,7 +59,7 @@ def test_ray_directories_a_killed_self_test_left_are_removed_by_the_next(tmp_pat
         d.mkdir()
     for d in (left, live, other):
         os.utime(d, (old, old))
-    made = Path(cli.ray_tmp(str(tmp_path)))
+    made = Path(rayphase.ray_tmp(str(tmp_path)))
     assert made.name.startswith(f"vst-ray-{os.getpid()}-") and made.is_dir()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [made.name, live.name, fresh.name, other.name])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import shutil
 import signal
 import socket
@@ -275,6 +276,37 @@ def _running(pid: int, proc: str) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
+
+
+RAY_TMP = re.compile(r"vst-ray-(\d+)-[A-Za-z0-9_]+")
+#: A directory a killed self-test left is removed only once it is this old: a run in another PID
+#: namespace sharing /tmp (its PID invisible here) is long over by then.
+RAY_TMP_STALE_S = 6 * 3600
+
+
+def ray_tmp(parent: str = "/tmp") -> str:
+    """Ray's temporary directory for this run, ``vst-ray-PID-XXXXXXXX`` under ``parent``. First
+    the ones a self-test killed outright left behind (SIGKILL skips its ``finally``) are removed:
+    this user's, named by a process that no longer runs, older than :data:`RAY_TMP_STALE_S`.
+    Under ch-run, Apptainer and enroot /tmp is the node's, so they would pile up there."""
+    now = time.time()
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        entries = []
+    for entry in entries:
+        m = RAY_TMP.fullmatch(entry.name)
+        if m is None:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if (not entry.is_dir(follow_symlinks=False) or st.st_uid != os.getuid()
+                or now - st.st_mtime < RAY_TMP_STALE_S or _running(int(m.group(1)), "/proc")):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"vst-ray-{os.getpid()}-", dir=parent)
 
 
 # Ray's own startup deadlines, as environment overrides of its C++ config (RAY_<name>): the
