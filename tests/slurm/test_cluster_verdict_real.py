@@ -10,10 +10,10 @@ on the job's PATH) writes ``cluster-verdict.json`` into the job directory after 
 self-test and its one inter-node gloo all-reduce. While the job runs, the image and the SIF are
 published to a real ``docker-registry``, as a site publishes a release before its first job. The
 verdict is then signed (``trust sign --cluster-verdict``), attached to that image and SIF by a
-second ``publish --attach`` (which sends only what the registry lacks: the same digests come
-back), listed by ``status`` from the registry and from the SIF's sidecar, and an edited copy is
-refused. A node whose self-test fails gives a failed
-verdict naming it, and the job stops at the self-test stage (exit 13).
+second ``publish --attach`` (which sends only what the registry lacks: the same image and SIF
+file digests come back), listed by ``status`` from the registry and from the SIF's sidecar, and
+an edited copy is refused. A node whose self-test fails gives a failed verdict naming it, and
+the job stops at the self-test stage (exit 13).
 """
 
 from __future__ import annotations
@@ -144,9 +144,10 @@ def _verdict_signed_attached_and_listed(
     assert f"attached cluster verdict verlenvtest (pass, build level, job {info['JobId']})" \
         in proc.stdout, proc.stdout
     record = json.loads((tmp_path / "record.json").read_text())
-    # attached to what the first publish sent: the same image and SIF artifact
+    # attached to what the first publish sent: the same image and the same SIF file (the SIF's
+    # manifest is new: it records when it was made)
     assert record["image_digest"] == published["image_digest"]
-    assert record["sif"]["digest"] == published["sif"]["digest"]
+    assert record["sif"]["blob_digest"] == published["sif"]["blob_digest"]
     ref = f"{registry.host}/{REPO}@{record['image_digest']}"
     proc = run_build_env("status", ref, "--key", str(key.public),
                          "--cluster", "verlenvtest", timeout=300)
