@@ -7,23 +7,19 @@ directory, so the job runs what that SIF holds: its squashfs partition extracted
 written to ``/ch/environment`` (as ``ch-convert`` does). The
 job is told the SIF (``verdict_sif``); the batch host's ``build-env cluster`` (the test venv's,
 on the job's PATH) writes ``cluster-verdict.json`` into the job directory after the per-node
-self-test and its one inter-node gloo all-reduce. While the job runs, the image and the SIF are
-published to a real ``docker-registry``, as a site publishes a release before its first job. The
-verdict is then signed (``trust sign --cluster-verdict``), attached to that image and SIF by a
-second ``publish --attach`` (which sends only what the registry lacks: the same image and SIF
-file digests come back), listed by ``status`` from the registry and from the SIF's sidecar, and
-an edited copy is refused. A node whose self-test fails gives a failed verdict naming it, and
-the job stops at the self-test stage (exit 13).
+self-test and its one inter-node gloo all-reduce. The verdict is then signed
+(``trust sign --cluster-verdict``), attached to the image and the SIF in a real
+``docker-registry`` (``publish --attach``), listed by ``status`` from the registry and from the
+SIF's sidecar, and an edited copy is refused. A node whose self-test fails gives a failed
+verdict naming it, and the job stops at the self-test stage (exit 13).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,8 +27,7 @@ import pytest
 
 from builder.files import sha256_file
 from builder.trust.keys import KeyFiles
-from tests.conftest import OUTSIDE, installed_build_env, run_build_env
-from tests.publish.conftest import RegistryServer, start_registry
+from tests.conftest import run_build_env
 from tests.slurm.conftest import SlurmCluster
 from tests.slurm.test_sbatch_real import Bench, _bench, _leftover_ray
 
@@ -52,56 +47,11 @@ def sif_bench(slurm_cluster: SlurmCluster, fixture_sif: tuple[Path, Path],
 def test_job_writes_a_cluster_verdict_signed_attached_and_listed(
         sif_bench: Bench, fixture_sif: tuple[Path, Path], cpu_image: dict,
         keypair: KeyFiles, tmp_path: Path) -> None:
+    from builder.cluster import verdict as cluster
     from builder.trust.cluster_signing import clusters_sidecar
+    from tests.publish.conftest import start_registry
 
     bench, (sif, _) = sif_bench, fixture_sif
-    registry = start_registry(tmp_path / "registry")
-    env = {"HOME": str(tmp_path / "home"), "DOCKER_CONFIG": str(tmp_path / "docker-config")}
-    publish = ["publish", "--image", cpu_image["image_id"], "--registry",
-               f"{registry.host}/{REPO}", "--tag", "cpu", "--sif", str(sif)]
-    # The image and the SIF go up while the job runs, as a site publishes a release before any
-    # job has run on it; the verdict is attached afterwards by a second publish, which sends
-    # only what the registry does not hold yet.
-    first = _in_background(publish + ["--record", str(tmp_path / "first.json")], env,
-                           tmp_path / "first-publish.log")
-    try:
-        _verdict_signed_attached_and_listed(bench, sif, cpu_image, keypair, tmp_path, registry,
-                                            env, publish, first)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
-        registry.stop()
-
-    # the sidecar lists it; an edited copy of the signed verdict is refused
-    proc = run_build_env("status", str(sif), "--key", str(keypair.public), timeout=300)
-    assert proc.returncode == 0 and "cluster pass on verlenvtest" in proc.stdout, proc.stdout
-    sidecar = clusters_sidecar(sif)
-    envelope = json.loads(sidecar.read_text().splitlines()[0])
-    stmt = json.loads(base64.b64decode(envelope["payload"]))
-    stmt["predicate"]["clusterVerdict"]["nodes"][1]["overall"] = "pass-edited"
-    envelope["payload"] = base64.b64encode(json.dumps(stmt).encode()).decode()
-    sidecar.write_text(json.dumps(envelope) + "\n")
-    proc = run_build_env("status", str(sif), "--key", str(keypair.public), timeout=300)
-    assert proc.returncode == 1 and "REFUSED cluster" in proc.stdout, proc.stdout + proc.stderr
-    assert "does not verify" in proc.stdout
-
-
-def _in_background(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """``build-env ARGS`` started as :func:`run_build_env` runs it, its output into ``log``."""
-    environ = {**os.environ, **env}
-    environ.pop("PYTHONPATH", None)
-    with log.open("wb") as out:
-        return subprocess.Popen([str(installed_build_env()), *args], cwd=OUTSIDE, env=environ,
-                                stdout=out, stderr=subprocess.STDOUT)
-
-
-def _verdict_signed_attached_and_listed(
-        bench: Bench, sif: Path, cpu_image: dict, key: KeyFiles, tmp_path: Path,
-        registry: RegistryServer, env: dict[str, str], publish: list[str],
-        first: subprocess.Popen[bytes]) -> None:
-    from builder.cluster import verdict as cluster
-
     info, out, wall = bench.submit(bench.job(verdict_sif=str(sif)), "verdict")
     assert info["JobState"] == "COMPLETED", out
     assert "cluster verdict: pass on verlenvtest" in out, out  # Slurm's SLURM_CLUSTER_NAME
@@ -121,39 +71,52 @@ def _verdict_signed_attached_and_listed(
     print(f"TIMING verdict job wall {wall:.1f}s; {v.describe()}")
     assert _leftover_ray(bench) == []
 
-    # published while the job ran
-    assert first.wait(timeout=1800) == 0, (tmp_path / "first-publish.log").read_text()[-3000:]
-    published = json.loads((tmp_path / "first.json").read_text())
-
     # signed beside the SIF, and attached (signed again) to the image and the SIF in a registry
+    key = keypair
     proc = run_build_env("trust", "sign", str(sif), "--key", str(key.private),
                          "--cluster-verdict", str(verdict_file), timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = Path(cpu_image["stages"]["render"]["context"]).parent / "report.json"
-    publish = [*publish, "--sign-key", str(key.private), "--report", str(report),
-               "--record", str(tmp_path / "record.json")]
-    # a verdict about another file is refused before anything is pushed
-    other = tmp_path / "other-verdict.json"
-    doc = json.loads(verdict_file.read_text())
-    doc["subject"]["digest"] = "sha256:" + "0" * 64
-    other.write_text(json.dumps(doc))
-    proc = run_build_env(*publish, "--attach", str(other), env=env, timeout=900)
-    assert proc.returncode != 0 and "the cluster verdict is about" in proc.stderr, proc.stderr
-    proc = run_build_env(*publish, "--attach", str(verdict_file), env=env, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"attached cluster verdict verlenvtest (pass, build level, job {info['JobId']})" \
-        in proc.stdout, proc.stdout
-    record = json.loads((tmp_path / "record.json").read_text())
-    # attached to what the first publish sent: the same image and the same SIF file (the SIF's
-    # manifest is new: it records when it was made)
-    assert record["image_digest"] == published["image_digest"]
-    assert record["sif"]["blob_digest"] == published["sif"]["blob_digest"]
-    ref = f"{registry.host}/{REPO}@{record['image_digest']}"
-    proc = run_build_env("status", ref, "--key", str(key.public),
-                         "--cluster", "verlenvtest", timeout=300)
-    assert proc.returncode == 0, proc.stderr + proc.stdout
-    assert "cluster pass on verlenvtest (2 node(s); ch-run" in proc.stdout, proc.stdout
-    assert f"last passed on verlenvtest: {ref}" in proc.stdout
+    registry = start_registry(tmp_path / "registry")
+    try:
+        env = {"HOME": str(tmp_path / "home"), "DOCKER_CONFIG": str(tmp_path / "docker-config")}
+        publish = ["publish", "--image", cpu_image["image_id"], "--registry",
+                   f"{registry.host}/{REPO}", "--tag", "cpu", "--sif", str(sif),
+                   "--sign-key", str(key.private), "--report", str(report),
+                   "--record", str(tmp_path / "record.json")]
+        # a verdict about another file is refused before anything is pushed
+        other = tmp_path / "other-verdict.json"
+        doc = json.loads(verdict_file.read_text())
+        doc["subject"]["digest"] = "sha256:" + "0" * 64
+        other.write_text(json.dumps(doc))
+        proc = run_build_env(*publish, "--attach", str(other), env=env, timeout=900)
+        assert proc.returncode != 0 and "the cluster verdict is about" in proc.stderr, proc.stderr
+        proc = run_build_env(*publish, "--attach", str(verdict_file), env=env, timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"attached cluster verdict verlenvtest (pass, build level, job {info['JobId']})" \
+            in proc.stdout, proc.stdout
+        record = json.loads((tmp_path / "record.json").read_text())
+        ref = f"{registry.host}/{REPO}@{record['image_digest']}"
+        proc = run_build_env("status", ref, "--key", str(key.public),
+                             "--cluster", "verlenvtest", timeout=300)
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        assert "cluster pass on verlenvtest (2 node(s); ch-run" in proc.stdout, proc.stdout
+        assert f"last passed on verlenvtest: {ref}" in proc.stdout
+    finally:
+        registry.stop()
+
+    # the sidecar lists it; an edited copy of the signed verdict is refused
+    proc = run_build_env("status", str(sif), "--key", str(key.public), timeout=300)
+    assert proc.returncode == 0 and "cluster pass on verlenvtest" in proc.stdout, proc.stdout
+    sidecar = clusters_sidecar(sif)
+    envelope = json.loads(sidecar.read_text().splitlines()[0])
+    stmt = json.loads(base64.b64decode(envelope["payload"]))
+    stmt["predicate"]["clusterVerdict"]["nodes"][1]["overall"] = "pass-edited"
+    envelope["payload"] = base64.b64encode(json.dumps(stmt).encode()).decode()
+    sidecar.write_text(json.dumps(envelope) + "\n")
+    proc = run_build_env("status", str(sif), "--key", str(key.public), timeout=300)
+    assert proc.returncode == 1 and "REFUSED cluster" in proc.stdout, proc.stdout + proc.stderr
+    assert "does not verify" in proc.stdout
 
 
 def test_a_failing_node_fails_the_cluster_verdict_naming_it(
