@@ -5,6 +5,7 @@ process that names the attempt's session directory, on real processes here."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -45,8 +46,6 @@ def test_nothing_named_nothing_stopped(tmp_path: Path) -> None:
 def test_ray_directories_a_killed_self_test_left_are_removed_by_the_next(tmp_path: Path) -> None:
     """SIGKILL skips the self-test's ``finally``: the next run removes what it left, and only
     that (a live run's directory, a fresh one, one not named like ours stay)."""
-    import os
-
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     old = time.time() - rayphase.RAY_TMP_STALE_S - 60
